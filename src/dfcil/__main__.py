@@ -1,0 +1,5 @@
+import sys
+
+from dfcil.cli import main
+
+sys.exit(main())

@@ -1,0 +1,164 @@
+"""Command line: parsing only; the work is done by :mod:`dfcil.runner` and :mod:`dfcil.engine`.
+
+dfcil train --config FILE.yaml [--config MORE.yaml] [--section.key VALUE ...] [--out DIR]
+            [--device DEV] [--print-config] [--dry-run] [--progress | --no-progress]
+dfcil methods
+dfcil datasets
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from dfcil.config import ConfigError, RunConfig, dump_config, load_config
+
+log = logging.getLogger("dfcil")
+
+EPILOG = """\
+Any config key can be set with a dotted option, LightningCLI style: --train.epochs 3, --data.root DIR,
+--method.name finetune (switches the method; file keys the new method lacks are dropped), --data.class_order
+"[3, 1, 2]". Values are parsed as YAML.
+"""
+
+
+def _split_overrides(tokens: Sequence[str]) -> list[tuple[str, str]]:
+    """``--a.b V`` / ``--a.b=V`` pairs from the tokens argparse did not recognise."""
+    out, i = [], 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--") or "." not in token.split("=", 1)[0]:
+            raise ConfigError(f"unrecognised argument {token!r}; config keys are given as --section.key VALUE")
+        if "=" in token:
+            key, value = token[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(tokens):
+                raise ConfigError(f"option {token} needs a value")
+            key, value = token[2:], tokens[i + 1]
+            i += 2
+        out.append((key, value))
+    return out
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dfcil", description="Data-free class-incremental learning.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train",
+        help="train a method through a protocol into a run directory",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML config (repeatable)")
+    train.add_argument("--out", metavar="DIR", help="run directory to create (default runs/<method>-<time>)")
+    train.add_argument("--device", help="auto, cpu, cuda or cuda:N (same as --device in the config)")
+    train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    train.add_argument("--dry-run", action="store_true", help="validate config and data, print the protocol, exit")
+    bars = train.add_mutually_exclusive_group()
+    bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
+    bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    sub.add_parser("methods", help="list the registered methods")
+    sub.add_parser("datasets", help="list the registered datasets")
+    return parser
+
+
+def _print_protocol(cfg: RunConfig) -> None:
+    from dfcil.engine import prepare, resolve_device
+    from dfcil.methods import TaskContext, build_method
+
+    protocol = prepare(cfg)
+    split, ds = protocol.split, protocol.dataset
+    method = build_method(cfg.method, cfg.train)
+    print(f"method:      {cfg.method.name}")
+    print(f"dataset:     {ds.name} ({ds.num_classes} classes, {ds.image_size}x{ds.image_size}) from {ds.source}")
+    print(f"device:      {resolve_device(cfg.device)}")
+    print(f"tasks:       {split.num_tasks}, classes per task {list(split.task_sizes)}")
+    print(f"class order: {list(split.class_order)}")
+    for t, classes in enumerate(split.tasks):
+        ctx = TaskContext(
+            t, split.offsets[t], len(classes), split.num_tasks, None, None, ds.image_size, cfg.train.batch_size,
+            None, None,
+        )  # fmt: skip
+        phases = ", ".join(f"{p.name} {p.epochs} ep @ lr {p.lr:g}" for p in method.phases(ctx))
+        print(
+            f"  task {t}: {len(classes)} classes, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
+            f"images; {phases}; classes {classes}"
+        )
+
+
+def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Sequence[str]) -> int:
+    if args.device:
+        overrides.append(("device", args.device))
+    if not args.config:
+        raise ConfigError("dfcil train needs --config FILE.yaml (try configs/smoke.yaml)")
+    cfg, dropped = load_config(args.config, overrides)
+    if dropped:
+        log.warning("method switched to %r: ignoring the config file's %s", cfg.method.name, ", ".join(dropped))
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
+    if args.dry_run:
+        _print_protocol(cfg)
+        return 0
+    from dfcil.runner import train
+
+    out = args.out or f"runs/{cfg.method.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with logging_redirect_tqdm(loggers=[log]):
+        train(cfg, Path(out), progress=args.progress, argv=argv)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+    from dfcil.data.archive import DatasetError
+    from dfcil.data.splits import SplitError
+    from dfcil.engine import NonFiniteLossError
+    from dfcil.registry import RegistryError
+
+    try:
+        if args.command != "train" and unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        if args.command == "methods":
+            from dfcil.methods import METHODS
+
+            for name in METHODS.names():
+                doc = (METHODS.get(name).__doc__ or "").strip().splitlines()
+                print(f"{name:14s} {doc[0] if doc else ''}")
+            return 0
+        if args.command == "datasets":
+            from dfcil.data.datasets import DATASETS
+
+            for name in DATASETS.names():
+                doc = (DATASETS.get(name).__doc__ or "").strip().splitlines()
+                print(f"{name:14s} {doc[0] if doc else ''}")
+            return 0
+        return _train(args, _split_overrides(unknown), argv)
+    except (ConfigError, SplitError, DatasetError, RegistryError) as err:
+        print(f"dfcil: error: {err}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as err:
+        print(f"dfcil: training stopped: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dfcil: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

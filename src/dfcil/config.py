@@ -1,0 +1,295 @@
+"""Typed run configuration: frozen dataclasses, strict YAML decoding, dotted overrides, resolved-config saving.
+
+A run is described by one YAML document with the sections ``method``, ``data``, ``model`` and ``train`` and the
+top-level keys ``seed`` and ``device``. ``method.name`` selects a registered method, whose own ``Config`` dataclass
+(declared next to its code) validates the rest of the ``method`` section. Validation is strict: unknown keys and
+ill-typed values are errors that name the key and the fix. The validated config is saved as ``config.yaml`` in
+every run directory and is all that is needed to repeat the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as _pydantic_dataclass
+
+T = TypeVar("T")
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be run: unknown key, wrong type, impossible value."""
+
+
+def configclass(cls: type[T]) -> type[T]:
+    """Make ``cls`` a frozen, validated dataclass that rejects unknown keys."""
+    return _pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))(cls)
+
+
+@configclass
+class DataConfig:
+    name: str = "cifar100"  # registered dataset (see `dfcil datasets`)
+    root: str | None = None  # data root; None → $DFCIL_DATA, else the per-user cache directory
+    download: bool = False  # fetch (and checksum) the official archive when the data root lacks it
+    num_tasks: PositiveInt = 5  # N, tasks in the protocol, first task included
+    base_classes: NonNegativeInt = 0  # classes in the first task; 0 → equal split (reference: init_task_splits)
+    class_order: tuple[int, ...] | None = None  # explicit order of raw class ids; overrides class_order_seed
+    class_order_seed: int = 0  # order = random.Random(seed).shuffle(range(C)), as ABD and R-DFCIL
+    num_classes: PositiveInt | None = None  # keep only the first K classes of the order (mini protocols)
+    train_per_class: PositiveInt | None = None  # cap on training images per class (first n in file order)
+    test_per_class: PositiveInt | None = None  # cap on test images per class (first n in file order)
+
+
+@configclass
+class ModelConfig:
+    backbone: str = "resnet32"  # registered backbone (reference: cl-lite/PODNet CIFAR ResNet-32)
+    head_init_std: PositiveFloat = 0.001  # std of the N(0, std²) init of every new classifier block
+
+
+@configclass
+class TrainConfig:
+    epochs: PositiveInt = 200  # epochs per task, all phases included (reference: max_epochs)
+    batch_size: PositiveInt = 128  # real images per step; drop_last, as the reference
+    lr: PositiveFloat = 0.1  # SGD lr at the start of each task
+    momentum: NonNegativeFloat = 0.9
+    weight_decay: NonNegativeFloat = 5e-4  # applied to every parameter, BN and projectors included
+    milestones: tuple[NonNegativeInt, ...] = (80, 120)  # epochs (from the phase start) where lr *= gamma
+    gamma: PositiveFloat = 0.1
+    eval_batch_size: PositiveInt = 1000  # test images per forward; no effect on results
+
+
+@configclass
+class MethodConfig:
+    """Base of every method's config; the method's own fields are added by its ``Config`` subclass."""
+
+    name: str = "rdfcil"  # registered method (see `dfcil methods`)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    method: MethodConfig
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    seed: int = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
+    device: str = "auto"  # auto | cpu | cuda | cuda:N; runtime only, may change on resume
+
+
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
+TOP_LEVEL_SCALARS: dict[str, type] = {"seed": int, "device": str}
+RUNTIME_KEYS = frozenset({"device"})  # keys a resume may change; everything else shapes the results
+
+
+# --------------------------------------------------------------------------------------------------- decoding
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _format_errors(err: ValidationError, cls: type, where: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in (where, *e["loc"]) if p != "")
+        if e["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
+            key = str(e["loc"][-1])
+            parent = cls
+            for part in e["loc"][:-1]:  # walk into nested dataclasses to list the right keys
+                nested = typing.get_type_hints(parent).get(str(part))
+                parent = nested if isinstance(nested, type) and dataclasses.is_dataclass(nested) else parent
+            valid = _field_names(parent)
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            lines.append(f"unknown config key {loc!r}.{hint} Valid keys here: {', '.join(valid)}")
+        else:
+            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(lines)
+
+
+def validate_section(cls: type[T], raw: Any, where: str) -> T:
+    """Decode ``raw`` (a mapping from YAML) into the dataclass ``cls``, strictly."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config section {where!r} must be a mapping of keys to values, got {raw!r}")
+    try:
+        return TypeAdapter(cls).validate_python(dict(raw))
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, cls, where)) from None
+
+
+def build_config(raw: Mapping[str, Any]) -> RunConfig:
+    """Validate a raw config mapping (merged YAML + overrides) into a :class:`RunConfig`."""
+    from dfcil.methods import METHODS  # late import: method modules import this module
+
+    allowed = {"method", *SECTIONS, *TOP_LEVEL_SCALARS}
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown config key {key!r}.{hint} Valid top-level keys: {', '.join(sorted(allowed))}")
+    method_raw = dict(raw.get("method") or {})
+    name = method_raw.get("name", MethodConfig.name)
+    if not isinstance(name, str):
+        raise ConfigError(f"method.name must be a string, got {name!r}")
+    try:
+        method_cls = METHODS.get(name)
+    except KeyError as err:
+        raise ConfigError(f"method.name: {err}. List them with `dfcil methods`.") from None
+    method_raw["name"] = name
+    method_cfg = validate_section(method_cls.Config, method_raw, "method")
+    kwargs: dict[str, Any] = {name: validate_section(cls, raw.get(name), name) for name, cls in SECTIONS.items()}
+    for key, typ in TOP_LEVEL_SCALARS.items():
+        if key in raw:
+            try:
+                kwargs[key] = TypeAdapter(typ).validate_python(raw[key])
+            except ValidationError:
+                raise ConfigError(f"{key}: expected {typ.__name__}, got {raw[key]!r}") from None
+    return RunConfig(method=method_cfg, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------------- loading
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    return data
+
+
+def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``update`` into ``base`` recursively (mappings merge, everything else replaces); returns ``base``."""
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            deep_merge(base[key], value)
+        else:
+            base[key] = dict(value) if isinstance(value, Mapping) else value
+    return base
+
+
+def parse_value(text: str) -> Any:
+    """Parse a command-line value as YAML (``3`` → int, ``[1, 2]`` → list, ``null`` → None), else keep the string."""
+    try:
+        return yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise ConfigError(f"malformed override key {key!r}: expected dotted names such as train.epochs")
+    node = raw
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key!r}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _prune_method_section(raw: dict[str, Any], old_name: str | None) -> list[str]:
+    """After ``--method.name`` switched the method, drop file keys the new method does not have."""
+    from dfcil.methods import METHODS
+
+    section = raw.get("method") or {}
+    name = section.get("name")
+    if name == old_name or name not in METHODS:
+        return []
+    fields = set(_field_names(METHODS.get(name).Config))
+    dropped = sorted(k for k in section if k not in fields)
+    for key in dropped:
+        del section[key]
+    return dropped
+
+
+def load_config(
+    paths: Sequence[str | Path] = (),
+    overrides: Iterable[tuple[str, str]] = (),
+    base: Mapping[str, Any] | None = None,
+) -> tuple[RunConfig, list[str]]:
+    """Merge YAML files and ``key=value`` overrides (command-line strings) into a validated config.
+
+    When an override switches ``method.name``, keys of the files' method section that the new method does not
+    accept are dropped (so ``--config rdfcil.yaml --method.name finetune`` works) and their names are returned,
+    so the caller can say so. Keys given on the command line are never dropped.
+
+    Returns:
+        The config and the list of dropped ``method.*`` keys.
+    """
+    raw: dict[str, Any] = deep_merge({}, base or {})
+    for path in paths:
+        deep_merge(raw, read_yaml(path))
+    file_method = (raw.get("method") or {}).get("name", MethodConfig.name)
+    overrides = list(overrides)
+    dropped: list[str] = []
+    for key, text in overrides:
+        if key == "method.name":
+            set_dotted(raw, key, parse_value(text))
+    if any(key == "method.name" for key, _ in overrides):
+        dropped = [f"method.{k}" for k in _prune_method_section(raw, file_method)]
+    for key, text in overrides:
+        if key != "method.name":
+            set_dotted(raw, key, parse_value(text))
+    return build_config(raw), dropped
+
+
+# --------------------------------------------------------------------------------------------------- saving
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The config as plain YAML-able data; ``build_config(config_to_dict(c)) == c``."""
+    out = {
+        "method": dataclasses.asdict(cfg.method),
+        **{name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS},
+        **{key: getattr(cfg, key) for key in TOP_LEVEL_SCALARS},
+    }
+    return _plain(out)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def config_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain config dicts."""
+    keys = sorted(set(a) | set(b))
+    out: list[str] = []
+    for key in keys:
+        path = f"{prefix}{key}"
+        va, vb = a.get(key), b.get(key)
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            out += config_diff(va, vb, prefix=f"{path}.")
+        elif va != vb:
+            out.append(path)
+    return out

@@ -1,0 +1,1 @@
+"""Data: datasets (registry), class-incremental splits, device-resident batches."""

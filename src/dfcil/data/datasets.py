@@ -1,0 +1,186 @@
+"""Datasets as in-memory uint8 arrays, behind a registry.
+
+Every dataset is a pair of arrays per split: images ``x`` uint8 ``[N, H, W, 3]`` (HWC, RGB) and labels ``y``
+int64 ``[N]``, plus the normalisation constants of the reference code. The fast path reads prepared
+``<root>/<name>/{train,test}.npz`` files; official formats are read (or downloaded) where a dataset has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from dfcil.data.archive import DatasetError, Downloader, fetch, safe_extract
+from dfcil.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageArrays:
+    x: np.ndarray  # (N, H, W, 3) uint8
+    y: np.ndarray  # (N,) int64 raw labels
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageDataset:
+    name: str
+    num_classes: int
+    image_size: int
+    mean: tuple[float, float, float]  # per-channel, of x / 255
+    std: tuple[float, float, float]
+    train: ImageArrays
+    test: ImageArrays
+    source: str  # where it was read from, for the log
+
+
+DatasetBuilder = Callable[..., ImageDataset]
+DATASETS: Registry[DatasetBuilder] = Registry("dataset")
+
+
+def default_data_root() -> Path:
+    """``$DFCIL_DATA`` if set, else the per-user cache directory (e.g. ``~/.cache/dfcil/data``)."""
+    env = os.environ.get("DFCIL_DATA")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("dfcil")) / "data"
+
+
+def resolve_root(root: str | os.PathLike | None) -> Path:
+    return Path(root).expanduser() if root is not None else default_data_root()
+
+
+def build_dataset(name: str, root: str | os.PathLike | None, download: bool = False, **kwargs) -> ImageDataset:
+    """Load the registered dataset ``name`` from ``root`` (see :func:`resolve_root`)."""
+    return DATASETS.get(name)(resolve_root(root), download=download, **kwargs)
+
+
+def check_arrays(x: np.ndarray, y: np.ndarray, num_classes: int, image_size: int, source: str) -> ImageArrays:
+    """Validate image/label arrays; raise a :class:`DatasetError` naming ``source`` if they are malformed."""
+    shape = (image_size, image_size, 3)
+    if x.dtype != np.uint8 or x.ndim != 4 or tuple(x.shape[1:]) != shape:
+        raise DatasetError(f"{source}: images must be uint8 [N, {', '.join(map(str, shape))}], got {x.dtype} {x.shape}")
+    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+        raise DatasetError(f"{source}: labels must be an integer vector of length {len(x)}, got {y.dtype} {y.shape}")
+    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+        raise DatasetError(f"{source}: labels must lie in 0..{num_classes - 1}, found {y.min()}..{y.max()}")
+    return ImageArrays(np.ascontiguousarray(x), y.astype(np.int64))
+
+
+def read_npz(path: Path, num_classes: int, image_size: int) -> ImageArrays:
+    """Read a prepared ``{x, y}`` archive (no pickle)."""
+    fix = f"Delete {path} and prepare it again (uint8 x [N,{image_size},{image_size},3], int64 y [N])."
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = {"x", "y"} - set(data.files)
+            if missing:
+                raise DatasetError(f"{path}: missing arrays {sorted(missing)}. {fix}")
+            x, y = data["x"], data["y"]
+    except DatasetError:
+        raise
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as err:
+        raise DatasetError(f"{path} is corrupt or not an .npz archive ({err}). {fix}") from err
+    return check_arrays(x, y, num_classes, image_size, str(path))
+
+
+# ------------------------------------------------------------------------------------------------- CIFAR-100
+
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+CIFAR100_MD5 = "eb9058c3a382ffc7106e4002c42a8d85"  # the checksum torchvision verifies
+CIFAR100_ARCHIVE = "cifar-100-python.tar.gz"
+# Normalisation of the R-DFCIL reference code (cl-lite CIFAR100 base transform), applied to x / 255.
+CIFAR100_MEAN = (0.5071, 0.4867, 0.4408)
+CIFAR100_STD = (0.2675, 0.2565, 0.2761)
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickler for the official CIFAR files that only rebuilds NumPy arrays (no arbitrary code)."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def read_cifar100_python(folder: Path, split: str) -> ImageArrays:
+    """Read ``cifar-100-python/{train,test}`` (the official pickled format)."""
+    path = folder / split
+    fix = f"Delete {folder} and extract the official archive again (or use --data.download true)."
+    try:
+        with open(path, "rb") as f:
+            entry = _ArrayUnpickler(f, encoding="latin1").load()
+        data, labels = entry["data"], entry["fine_labels"]
+        x = np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        y = np.asarray(labels, dtype=np.int64)
+    except FileNotFoundError:
+        raise DatasetError(f"{path} is missing. {fix}") from None
+    except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError, AttributeError) as err:
+        raise DatasetError(f"{path} is corrupt ({err}). {fix}") from err
+    return check_arrays(x, y, 100, 32, str(path))
+
+
+@DATASETS.register("cifar100")
+def cifar100(root: Path, download: bool = False, downloader: Downloader | None = None, **_) -> ImageDataset:
+    """CIFAR-100 from ``root``: ``cifar100/{train,test}.npz`` (fast path), else ``cifar-100-python/``, else a
+    checksummed download of the official archive when ``download`` is set."""
+    prepared, official = root / "cifar100", root / "cifar-100-python"
+    if (prepared / "train.npz").exists() or (prepared / "test.npz").exists():
+        train, test = (read_npz(prepared / f"{s}.npz", 100, 32) for s in ("train", "test"))
+        source = str(prepared)
+    else:
+        if not official.is_dir():
+            if not download:
+                raise DatasetError(
+                    f"CIFAR-100 not found under data root {root}: expected {prepared}/{{train,test}}.npz or "
+                    f"{official}/. Point --data.root (or $DFCIL_DATA) to a folder holding one of them, or pass "
+                    f"--data.download true to fetch the official archive (161 MB, md5-checked)."
+                )
+            archive = fetch(CIFAR100_URL, f"md5:{CIFAR100_MD5}", root, CIFAR100_ARCHIVE, downloader=downloader)
+            safe_extract(archive, root)
+            if not official.is_dir():
+                raise DatasetError(f"{archive} did not contain cifar-100-python/. Delete it and download again.")
+        train, test = (read_cifar100_python(official, s) for s in ("train", "test"))
+        source = str(official)
+    return ImageDataset("cifar100", 100, 32, CIFAR100_MEAN, CIFAR100_STD, train, test, source)
+
+
+# ------------------------------------------------------------------------------------------------- generated
+
+
+def make_fake_arrays(num_classes: int, per_class: int, image_size: int, seed: int) -> ImageArrays:
+    """Learnable generated images: a fixed low-resolution colour template per class plus pixel noise."""
+    rng = np.random.default_rng(1234)  # templates are shared by train and test
+    cells = 4
+    templates = rng.integers(0, 256, size=(num_classes, cells, cells, 3)).astype(np.float32)
+    scale = image_size // cells
+    templates = templates.repeat(scale, axis=1).repeat(scale, axis=2)
+    noise_rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(num_classes), per_class)
+    x = templates[y] + noise_rng.normal(0.0, 48.0, size=(len(y), image_size, image_size, 3))
+    return ImageArrays(np.clip(x, 0, 255).astype(np.uint8), y.astype(np.int64))
+
+
+@DATASETS.register("fake")
+def fake(root: Path, download: bool = False, num_classes: int | None = None, **_) -> ImageDataset:
+    """A tiny generated 32×32 dataset (10 classes unless ``num_classes``; 48 train / 16 test per class) for tests
+    and smoke runs. Needs no files."""
+    n = num_classes or 10
+    train = make_fake_arrays(n, 48, 32, seed=0)
+    test = make_fake_arrays(n, 16, 32, seed=1)
+    return ImageDataset("fake", n, 32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), train, test, "generated")

@@ -1,0 +1,123 @@
+"""Device-resident task data and batched augmentation: no DataLoader, no per-image Python in the hot loop.
+
+A task's training images stay on the training device as one uint8 tensor. Each step gathers a batch, normalises
+it and applies the reference augmentation per sample with batched tensor ops:
+
+    ToTensor → Normalize(mean, std) → RandomCrop(size, padding=4) → RandomHorizontalFlip
+
+in that order, as cl-lite. Padding happens *after* normalisation, so the border is zero in normalised space, i.e.
+the dataset-mean colour, not black. Crop offsets are uniform in 0..2·pad on each axis, independently per image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dfcil.data.datasets import ImageArrays
+
+
+def select_classes(
+    arrays: ImageArrays, label_map: np.ndarray, labels: Sequence[int], per_class: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Images whose remapped label is in ``labels`` (at most ``per_class`` each, first in file order).
+
+    Returns:
+        (x, y) with y the remapped labels (order positions).
+    """
+    mapped = label_map[arrays.y]
+    keep = np.isin(mapped, np.asarray(labels))
+    if per_class is not None:
+        idx = np.flatnonzero(keep)
+        ranks = np.zeros(len(idx), dtype=np.int64)
+        for label in labels:  # rank of each image within its class, in file order
+            members = mapped[idx] == label
+            ranks[members] = np.arange(members.sum())
+        keep[idx[ranks >= per_class]] = False
+    return arrays.x[keep], mapped[keep]
+
+
+class Normalizer:
+    """uint8 (B, H, W, C) → float (B, C, H, W), ``(x / 255 − mean) / std``."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device) -> None:
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=device)
+        self.std = torch.tensor(std, dtype=torch.float32, device=device)
+
+    def nhwc(self, x: Tensor) -> Tensor:
+        return (x.float().div_(255.0) - self.mean) / self.std
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.nhwc(x).permute(0, 3, 1, 2).contiguous()
+
+
+def crop_flip(x: Tensor, pad: int, generator: torch.Generator | None = None) -> Tensor:
+    """Per-sample zero-padded random crop and horizontal flip of a float (B, H, W, C) batch.
+
+    Args:
+        x: normalised images, channels last.
+        pad: padding on each side; offsets are uniform in ``0..2·pad``.
+        generator: random stream for offsets and flips (on ``x``'s device).
+
+    Returns:
+        (B, C, H, W) contiguous float tensor.
+    """
+    b, h, w, _ = x.shape
+    dev = x.device
+    padded = F.pad(x, (0, 0, pad, pad, pad, pad))  # (B, H+2p, W+2p, C), zeros = the mean colour
+    dy = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator, device=dev)
+    dx = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator, device=dev)
+    flip = torch.rand(b, 1, generator=generator, device=dev) < 0.5
+    rows = dy + torch.arange(h, device=dev)  # (B, H)
+    cols = dx + torch.arange(w, device=dev)  # (B, W)
+    cols = torch.where(flip, cols.flip(1), cols)  # flipping the crop = reading its columns backwards
+    out = padded[torch.arange(b, device=dev)[:, None, None], rows[:, :, None], cols[:, None, :]]  # (B, H, W, C)
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+class TrainBatches:
+    """Shuffled, augmented, fixed-size batches of one task's images (``drop_last``, as the reference).
+
+    Args:
+        x: (N, H, W, C) uint8 images on the training device.
+        y: (N,) int64 labels (order positions) on the same device.
+        batch_size: images per batch.
+        normalizer: maps uint8 images to normalised floats.
+        generator: random stream for shuffling and augmentation.
+        pad: crop padding (0 disables crop; flip stays).
+        augment: apply crop and flip.
+    """
+
+    def __init__(
+        self,
+        x: Tensor,
+        y: Tensor,
+        batch_size: int,
+        normalizer: Normalizer,
+        generator: torch.Generator,
+        pad: int = 4,
+        augment: bool = True,
+    ) -> None:
+        self.x, self.y = x, y
+        self.batch_size = batch_size
+        self.normalizer = normalizer
+        self.generator = generator
+        self.pad = pad
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return len(self.x) // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        perm = torch.randperm(len(self.x), generator=self.generator, device=self.x.device)
+        for i in range(len(self)):
+            idx = perm[i * self.batch_size : (i + 1) * self.batch_size]
+            x = self.x[idx]
+            if self.augment:
+                yield crop_flip(self.normalizer.nhwc(x), self.pad, self.generator), self.y[idx]
+            else:
+                yield self.normalizer(x), self.y[idx]

@@ -1,0 +1,1 @@
+"""Loss functions: pure, tested, each with its formula and a reference."""

@@ -1,0 +1,60 @@
+"""Distillation losses: hard (logit L1) KD and angle-wise relational KD."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def hkd_l1(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+    """Hard knowledge distillation (R-DFCIL eq. 3): mean absolute difference of raw logits.
+
+    L = 1/(B·K) Σ_b Σ_k |s_bk − t_bk|; no temperature or softmax. Shapes (B, K) with K = old classes.
+    """
+    return F.l1_loss(student_logits, teacher_logits)
+
+
+def angle_matrix(e: Tensor) -> Tensor:
+    """Cosines of all triplet angles: A[i, j, k] = ⟨e_ij, e_ik⟩ with e_ij = normalise(e_j − e_i).
+
+    Zero differences (j = i) stay zero vectors, so A[i, i, :] = A[i, :, i] = 0, and A[i, j, j] = 1 for j ≠ i.
+
+    Args:
+        e: (N, D) embeddings.
+
+    Returns:
+        (N, N, N) tensor.
+    """
+    diff = e.unsqueeze(0) - e.unsqueeze(1)  # (N, N, D): diff[i, j] = e[j] - e[i]
+    unit = F.normalize(diff, p=2, dim=2)
+    return torch.bmm(unit, unit.transpose(1, 2))
+
+
+def rkd_angle(student: Tensor, teacher: Tensor) -> Tensor:
+    """Angle-wise relational KD (Park et al. 2019; R-DFCIL eq. 6), as cl-lite ``RKDAngleLoss``.
+
+    L = 1/N³ Σ_ijk |A^s_ijk − A^t_ijk|: plain L1 (not smooth-L1) over all N³ entries, degenerate ones included.
+
+    Args:
+        student: (N, D) student embeddings.
+        teacher: (N, D) teacher embeddings.
+    """
+    return F.l1_loss(angle_matrix(student), angle_matrix(teacher))
+
+
+class RelationProjector(nn.Module):
+    """The two learned maps of R-DFCIL's RKD: ``student`` (ψ) and ``teacher`` (φ), each Linear(d, 2d) with bias.
+
+    Both are trained by the RKD loss (the teacher's features are constants, its projection is not) and
+    re-created at every task, as in the reference.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int | None = None) -> None:
+        super().__init__()
+        out_dim = out_dim or 2 * in_dim
+        self.student = nn.Linear(in_dim, out_dim)
+        self.teacher = nn.Linear(in_dim, out_dim)
+
+    def forward(self, student_features: Tensor, teacher_features: Tensor) -> tuple[Tensor, Tensor]:
+        return self.student(student_features), self.teacher(teacher_features)

@@ -1,0 +1,110 @@
+"""The method contract. A method says *what* to compute (named loss terms per step, phases, state); the engine
+decides *how* to optimise (optimiser, schedule, freezing, backward, logging)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+from dfcil.config import MethodConfig, TrainConfig
+from dfcil.models.network import IncrementalNet
+from dfcil.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """A stretch of epochs of one task with its own lr schedule and set of trained parameters."""
+
+    name: str  # "base", "rrl", "chr", ...
+    epochs: int
+    lr: float  # lr at the start of the phase
+    milestones: tuple[int, ...] = ()  # epochs from the phase start where lr *= gamma
+    trainable: Literal["all", "head"] = "all"  # "head": backbone frozen (requires_grad=False) and in eval mode
+    reset_optimizer: bool = False  # default: one optimiser per task, so momentum carries over between phases
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    x: Tensor  # (B, C, H, W) augmented, normalised real images of the current task
+    y: Tensor  # (B,) labels in order position, all in [n_old, n_seen)
+
+
+ProgressFactory = Callable[..., Any]  # (total=int, desc=str) -> a tqdm-like object
+
+
+@dataclasses.dataclass
+class TaskContext:
+    """What a method may know about the task at hand."""
+
+    task_id: int
+    n_old: int  # classes learned before this task
+    n_new: int  # classes of this task
+    num_tasks: int
+    net: IncrementalNet  # the network being trained (head already expanded to n_seen)
+    device: torch.device
+    image_size: int
+    batch_size: int  # real images per training step
+    rng: torch.Generator  # the method's own random stream (latent codes), on ``device``
+    progress: ProgressFactory
+
+    @property
+    def n_seen(self) -> int:
+        return self.n_old + self.n_new
+
+
+class Method:
+    """One DFCIL algorithm. Owns its teacher, synthesizer and losses; never the optimisation loop."""
+
+    name: ClassVar[str]
+    head: ClassVar[str] = "linear"  # which head IncrementalNet must build
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
+
+    def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:
+        self.cfg = cfg
+        self.train = train
+
+    def phases(self, ctx: TaskContext) -> list[Phase]:
+        """The phases of task ``ctx.task_id``; default: one phase with the train schedule."""
+        t = self.train
+        return [Phase("train", epochs=t.epochs, lr=t.lr, milestones=t.milestones)]
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        """Called after the head grew for the new task, before training: teacher snapshot, inversion."""
+
+    def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
+        """Modules trained with the network by the same optimiser (e.g. RKD projectors)."""
+        return []
+
+    def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
+        """Named, already-weighted loss terms for one batch; the engine sums them and steps."""
+        raise NotImplementedError
+
+    def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
+        """Called after every epoch."""
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        """Called after the last phase of a task, before evaluation."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that shapes the rest of the run (teacher, generator, projectors, counters)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext) -> None:
+        """Restore :meth:`state_dict` inside task ``ctx.task_id`` (the network is already restored)."""
+
+
+METHODS: Registry[type[Method]] = Registry("method")
+
+
+def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
+    """Class decorator: register a :class:`Method` subclass under ``name`` and set its ``name``."""
+
+    def decorator(cls: type[Method]) -> type[Method]:
+        cls.name = name
+        return METHODS.register(name)(cls)
+
+    return decorator

@@ -1,0 +1,17 @@
+"""Fine-tuning, the lower bound: plain CE over all seen classes on the current task's data; no replay, no KD."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.models.network import IncrementalNet
+
+
+@register_method("finetune")
+class Finetune(Method):
+    """Fine-tuning (ABD's "Base"): catastrophic forgetting made visible."""
+
+    def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
+        return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}

@@ -1,0 +1,1 @@
+"""Networks: CIFAR ResNets, incremental heads, inversion generators."""

@@ -1,0 +1,85 @@
+"""The CIFAR ResNet of the R-DFCIL reference (cl-lite ``resnet_cifar``, a port of PODNet's "rebuffi" ResNet).
+
+Differences from the common (Idelbayev/ABD) CIFAR ResNet, all kept on purpose (reference §3):
+* no ReLU after any residual addition and no final ReLU: features are pre-activation;
+* an extra one-block stage at the widest width (``stage_4``), so ResNet-32 has 5 + 5 + 4 + 1 = 15 blocks;
+* widening blocks use the "option A" shortcut: ``x[..., ::2, ::2]`` and zero channel padding;
+* Kaiming-normal (fan_out) convs, and the last BN of every block starts with weight 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dfcil.models.batchnorm import BatchNorm2d, BNMode
+from dfcil.registry import Registry
+
+BACKBONES: Registry = Registry("backbone")
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, in_planes: int, increase_dim: bool = False) -> None:
+        super().__init__()
+        self.increase_dim = increase_dim
+        planes = in_planes * 2 if increase_dim else in_planes
+        self.conv_a = nn.Conv2d(in_planes, planes, 3, stride=2 if increase_dim else 1, padding=1, bias=False)
+        self.bn_a = BatchNorm2d(planes)
+        self.conv_b = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn_b = BatchNorm2d(planes)
+
+    def forward(self, x: Tensor, bn: BNMode | None = None) -> Tensor:
+        y = F.relu(self.bn_a(self.conv_a(x), bn))
+        y = self.bn_b(self.conv_b(y), bn)
+        if self.increase_dim:  # option A: subsample, then pad the new channels with zeros
+            x = x[..., ::2, ::2]
+            x = torch.cat((x, torch.zeros_like(x)), dim=1)
+        return x + y  # no ReLU after the addition (last_relu=False)
+
+
+class CifarResNet(nn.Module):
+    """ResNet-(6n+2) for 32×32 (or 64×64) inputs; returns the last feature map and each stage's output.
+
+    Stage outputs (shapes for 32×32 input, nf=16): (B,16,32,32), (B,32,16,16), (B,64,8,8), (B,64,8,8).
+    """
+
+    def __init__(self, n: int = 5, nf: int = 16, in_channels: int = 3) -> None:
+        super().__init__()
+        self.conv_1 = nn.Conv2d(in_channels, nf, 3, stride=1, padding=1, bias=False)
+        self.bn_1 = BatchNorm2d(nf)
+        self.stage_1 = nn.ModuleList([BasicBlock(nf) for _ in range(n)])
+        self.stage_2 = nn.ModuleList([BasicBlock(nf, increase_dim=True)] + [BasicBlock(2 * nf) for _ in range(n - 1)])
+        self.stage_3 = nn.ModuleList(
+            [BasicBlock(2 * nf, increase_dim=True)] + [BasicBlock(4 * nf) for _ in range(n - 2)]
+        )
+        self.stage_4 = nn.ModuleList([BasicBlock(4 * nf)])
+        self.out_dim = 4 * nf
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if isinstance(m, BasicBlock):  # zero_residual: every block starts as the identity
+                nn.init.zeros_(m.bn_b.weight)
+
+    def forward(self, x: Tensor, bn: BNMode | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        x = F.relu(self.bn_1(self.conv_1(x), bn))
+        stage_outputs = []
+        for stage in (self.stage_1, self.stage_2, self.stage_3, self.stage_4):
+            for block in stage:
+                x = block(x, bn)
+            stage_outputs.append(x)
+        return x, tuple(stage_outputs)
+
+
+def _register(name: str, n: int) -> None:
+    BACKBONES.register(name)(lambda: CifarResNet(n=n))
+
+
+_register("resnet8", 1)  # 4 blocks: tests and smoke runs only
+_register("resnet20", 3)
+_register("resnet32", 5)  # the reference backbone for CIFAR-100 and Tiny-ImageNet
+_register("resnet56", 9)

@@ -1,0 +1,1 @@
+"""Synthetic replay: model inversion of the frozen old model into a generator."""

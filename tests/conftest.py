@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+def shared_cifar_root() -> Path | None:
+    """A data root holding the real CIFAR-100 arrays: $DFCIL_CIFAR_ROOT, else ../shared/data next to the repo."""
+    candidates = [os.environ.get("DFCIL_CIFAR_ROOT"), REPO.parent / "shared" / "data"]
+    for c in candidates:
+        if c and (Path(c) / "cifar100" / "train.npz").is_file():
+            return Path(c)
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_threads():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def cifar_root() -> Path:
+    root = shared_cifar_root()
+    if root is None:
+        pytest.skip("real CIFAR-100 arrays not found: set DFCIL_CIFAR_ROOT to a folder holding cifar100/train.npz")
+    return root

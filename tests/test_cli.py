@@ -1,0 +1,116 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import CONFIGS
+from dfcil.cli import main
+from dfcil.config import build_config, load_config
+
+SMOKE = str(CONFIGS / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "smoke"
+    assert main(["train", "--config", SMOKE, "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+def test_smoke_run_writes_a_consistent_run_directory(smoke_run):
+    assert sorted(p.name for p in smoke_run.iterdir()) == [
+        "config.yaml", "meta.json", "metrics.jsonl", "run.log", "summary.json"
+    ]  # fmt: skip
+    s = json.loads((smoke_run / "summary.json").read_text())
+    n = len(s["tasks"])
+    assert n == 2 and s["task_sizes"] == [5, 5] and len(s["class_order"]) == 10
+    m = np.array(s["accuracy_matrix"], dtype=float)  # None (above the diagonal) → nan
+    assert m.shape == (n, n) and np.isnan(m[np.triu_indices(n, 1)]).all() and not np.isnan(np.tril(m)).any()
+    assert s["last_acc"] == s["acc_per_task"][-1]
+    assert s["avg_inc_acc"] == pytest.approx(np.mean(s["acc_per_task"]), abs=1e-3)
+    correct, count = np.array(s["correct_matrix"]), np.array(s["count_matrix"])
+    assert s["acc_per_task"][1] == pytest.approx(100 * correct[1].sum() / count[1].sum(), abs=1e-3)
+    assert count[1].tolist() == [80, 80]  # 16 test images × 5 classes per task
+    assert 0 <= s["last_acc"] <= 100 and s["acc_per_task"][0] > 20  # task 0 learns something (chance is 20%)
+
+
+def test_smoke_run_records_and_config(smoke_run):
+    records = [json.loads(line) for line in (smoke_run / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    tasks = [r for r in records if r["type"] == "task"]
+    assert [(r["task"], r["phase"]) for r in epochs] == [(0, "base"), (0, "base"), (1, "rrl"), (1, "rrl"), (1, "chr")]
+    assert set(epochs[2]["loss"]) == {"lce", "hkd", "rkd"} and set(epochs[4]["loss"]) == {"gce", "hkd"}
+    assert [r["lr"] for r in epochs] == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.005])
+    assert [r["task"] for r in tasks] == [0, 1]
+    saved = build_config(yaml.safe_load((smoke_run / "config.yaml").read_text()))
+    assert saved == load_config([SMOKE])[0]
+    meta = json.loads((smoke_run / "meta.json").read_text())
+    assert {"git_sha", "torch", "device", "argv"} <= set(meta)
+    assert "task 1: accuracy on 10 seen classes" in (smoke_run / "run.log").read_text()
+
+
+def test_rerun_is_deterministic(smoke_run, tmp_path):
+    assert main(["train", "--config", SMOKE, "--out", str(tmp_path / "again"), "--no-progress"]) == 0
+    a = json.loads((smoke_run / "summary.json").read_text())
+    b = json.loads((tmp_path / "again" / "summary.json").read_text())
+    for key in ("accuracy_matrix", "correct_matrix", "class_order"):
+        assert a[key] == b[key]
+
+
+def test_module_entry_point_and_method_list():
+    out = subprocess.run([sys.executable, "-m", "dfcil", "methods"], capture_output=True, text=True, check=True)
+    names = [line.split()[0] for line in out.stdout.splitlines()]
+    assert "rdfcil" in names and "finetune" in names
+
+
+def test_dry_run_prints_the_protocol_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--config", SMOKE, "--dry-run", "--data.num_tasks", "3", "--data.base_classes", "4"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "classes per task [4, 3, 3]" in out and "class order: [7, 8, 1, 5, 3, 4, 2, 0, 9, 6]" in out
+    assert "task 1: 3 classes, 144 train / 48 test images; rrl 2 ep @ lr 0.1, chr 1 ep @ lr 0.005" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_print_config(capsys):
+    assert main(["train", "--config", SMOKE, "--print-config", "--train.epochs=4", "--device", "cpu"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["train"]["epochs"] == 4 and cfg["device"] == "cpu" and cfg["method"]["name"] == "rdfcil"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--data.name", "cifar100", "--data.root", "{tmp}/empty"], "CIFAR-100 not found under data root"),
+        (["--data.name", "cifar100", "--data.root", "{tmp}/corrupt"], "corrupt or not an .npz"),
+        (["--train.epoks", "2"], "unknown config key 'train.epoks'. Did you mean 'epochs'?"),
+        (["--data.num_tasks", "3", "--data.base_classes", "5"], "5 remaining classes are not divisible by 2"),
+        (["--method.name", "rdfcl"], "unknown method 'rdfcl'. Did you mean 'rdfcil'?"),
+        (["--train.batch_size", "500"], "fewer than train.batch_size=500"),
+        (["--method.chr_epochs", "3"], "chr_epochs (3) must be smaller than train.epochs (3)"),
+        (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "tpu"], "device"),
+        (["--bogus"], "unrecognised argument '--bogus'"),
+    ],
+)
+def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, extra, message):
+    corrupt = tmp_path / "corrupt" / "cifar100"
+    corrupt.mkdir(parents=True)
+    (corrupt / "train.npz").write_bytes(b"not a zip")
+    (corrupt / "test.npz").write_bytes(b"not a zip")
+    out = tmp_path / "run"
+    args = ["train", "--config", SMOKE, "--out", str(out)] + [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("dfcil: error:")
+    assert not out.exists()
+
+
+def test_existing_run_directory_is_not_overwritten(smoke_run, capsys):
+    before = (smoke_run / "summary.json").read_text()
+    assert main(["train", "--config", SMOKE, "--out", str(smoke_run)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (smoke_run / "summary.json").read_text() == before

@@ -1,0 +1,125 @@
+import pytest
+import yaml
+
+from conftest import CONFIGS
+from dfcil.config import ConfigError, build_config, config_diff, config_to_dict, dump_config, load_config
+from dfcil.methods.rdfcil import RDFCILConfig
+
+
+def test_defaults_are_the_reference_values():
+    cfg = build_config({})
+    assert isinstance(cfg.method, RDFCILConfig)
+    m, t = cfg.method, cfg.train
+    assert (m.lambda_ce, m.lambda_hkd, m.lambda_rkd, m.chr_epochs, m.chr_lr, m.chr_hkd) == (
+        0.5,
+        0.15,
+        0.5,
+        40,
+        0.005,
+        True,
+    )
+    i = m.inversion
+    assert (i.steps, i.lr, i.tau, i.w_bn, i.w_prior, i.zdim) == (5000, 1e-3, 1000, 50, 1e-3, 1000)
+    assert (t.epochs, t.batch_size, t.lr, t.momentum, t.weight_decay, t.milestones) == (
+        200,
+        128,
+        0.1,
+        0.9,
+        5e-4,
+        (80, 120),
+    )
+    assert cfg.seed == 1 and cfg.model.backbone == "resnet32" and cfg.model.head_init_std == 0.001
+
+
+def test_yaml_roundtrip_is_exact():
+    cfg, _ = load_config([CONFIGS / "smoke.yaml"])
+    again = build_config(yaml.safe_load(dump_config(cfg)))
+    assert again == cfg
+    assert config_diff(config_to_dict(cfg), config_to_dict(again)) == []
+
+
+def test_dotted_overrides_are_parsed_as_yaml():
+    cfg, _ = load_config(
+        [CONFIGS / "smoke.yaml"],
+        [("train.epochs", "7"), ("train.milestones", "[3, 5]"), ("data.class_order", "null"), ("data.root", "/x y")],
+    )
+    assert cfg.train.epochs == 7 and cfg.train.milestones == (3, 5) and cfg.data.root == "/x y"
+    cfg, _ = load_config([], [("method.inversion.lr", "1e-2"), ("data.download", "true")])
+    assert cfg.method.inversion.lr == 0.01 and cfg.data.download is True
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ([("train.epoch", "3")], r"unknown config key 'train.epoch'. Did you mean 'epochs'\?"),
+        ([("trian.epochs", "3")], r"unknown config key 'trian'. Did you mean 'train'\?"),
+        ([("method.inversion.stepz", "3")], r"unknown config key 'method.inversion.stepz'. Did you mean 'steps'"),
+        ([("method.lambda_kd", "1")], r"unknown config key 'method.lambda_kd'"),
+        ([("train.epochs", "three")], r"train.epochs: Input should be a valid integer"),
+        ([("train.epochs", "0")], r"train.epochs: Input should be greater than or equal to 1"),
+        ([("train.lr", "-1")], r"train.lr: Input should be greater than 0"),
+        ([("method.name", "rdfcill")], r"unknown method 'rdfcill'. Did you mean 'rdfcil'\?"),
+        ([("seed", "x")], r"seed: expected int"),
+        ([("train", "5")], r"section 'train' must be a mapping"),
+        ([("method.chr_epochs", "300")], None),  # valid for the schema; the method rejects it (see below)
+    ],
+)
+def test_bad_keys_and_values_name_the_problem(overrides, match):
+    if match is None:
+        load_config([], overrides)
+        return
+    with pytest.raises(ConfigError, match=match):
+        load_config([], overrides)
+
+
+def test_method_cross_field_check():
+    from dfcil.methods import build_method
+
+    cfg, _ = load_config([], [("method.chr_epochs", "300")])
+    with pytest.raises(ConfigError, match=r"chr_epochs \(300\) must be smaller than train.epochs \(200\)"):
+        build_method(cfg.method, cfg.train)
+
+
+def test_switching_method_drops_the_old_methods_keys(tmp_path):
+    cfg, dropped = load_config([CONFIGS / "smoke.yaml"], [("method.name", "finetune")])
+    assert cfg.method.name == "finetune"
+    assert dropped == ["method.chr_epochs", "method.inversion"]
+    # keys given on the command line are never dropped silently
+    with pytest.raises(ConfigError, match="unknown config key 'method.chr_epochs'"):
+        load_config([CONFIGS / "smoke.yaml"], [("method.name", "finetune"), ("method.chr_epochs", "2")])
+
+
+def test_several_config_files_merge_in_order(tmp_path):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("train:\n  epochs: 9\nmethod:\n  inversion:\n    lr: 0.5\n")
+    cfg, _ = load_config([CONFIGS / "smoke.yaml", extra])
+    assert cfg.train.epochs == 9 and cfg.train.batch_size == 32  # merged, not replaced
+    assert cfg.method.inversion.lr == 0.5 and cfg.method.inversion.steps == 5
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config([tmp_path / "nope.yaml"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config([bad])
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config([bad])
+
+
+def test_configs_are_frozen():
+    cfg = build_config({})
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        cfg.train.epochs = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_shipped_config_is_valid_and_states_its_command(path):
+    cfg, _ = load_config([path])
+    from dfcil.methods import build_method
+
+    build_method(cfg.method, cfg.train)
+    header = path.read_text().split("\n", 12)
+    assert any("dfcil train --config" in line for line in header), f"{path} has no command in its header"

@@ -1,0 +1,250 @@
+import hashlib
+import io
+import os
+import pickle
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+
+from dfcil.data import datasets as ds
+from dfcil.data.archive import DatasetError, safe_extract
+from dfcil.data.datasets import ImageArrays, build_dataset, read_npz
+from dfcil.data.device import Normalizer, TrainBatches, crop_flip, select_classes
+
+# ------------------------------------------------------------------------------------------- augmentation
+
+
+def test_crop_flip_is_a_padded_crop_possibly_flipped():
+    torch.manual_seed(0)
+    x = torch.randn(64, 8, 8, 3)
+    out = crop_flip(x, pad=2, generator=torch.Generator().manual_seed(1))
+    assert out.shape == (64, 3, 8, 8) and out.is_contiguous()
+    padded = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (2, 2, 2, 2))
+    seen = set()
+    for b in range(64):
+        matches = [
+            (dy, dx, f)
+            for dy in range(5)
+            for dx in range(5)
+            for f in (False, True)
+            if torch.equal(out[b], (lambda c: c.flip(-1) if f else c)(padded[b, :, dy : dy + 8, dx : dx + 8]))
+        ]
+        assert len(matches) == 1, f"sample {b} is not a unique crop/flip"
+        seen.add(matches[0])
+    assert len(seen) > 30  # offsets and flips vary per sample
+
+
+def test_padding_is_the_mean_colour_after_normalisation():
+    norm = Normalizer((0.5, 0.4, 0.3), (0.2, 0.2, 0.2), torch.device("cpu"))
+    img = torch.full((256, 4, 4, 3), 0, dtype=torch.uint8)
+    out = crop_flip(norm.nhwc(img), pad=4, generator=torch.Generator().manual_seed(0))
+    black = ((0 - torch.tensor([0.5, 0.4, 0.3])) / 0.2).view(1, 3, 1, 1)
+    is_border = (out == 0).all(dim=1)  # zero in normalised space = the mean colour
+    is_image = torch.isclose(out, black.expand_as(out), atol=1e-6).all(dim=1)
+    assert torch.all(is_border | is_image) and is_border.any() and is_image.any()
+
+
+def test_normalizer_matches_to_tensor_then_normalize():
+    x = torch.randint(0, 256, (2, 5, 5, 3), dtype=torch.uint8)
+    mean, std = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)
+    out = Normalizer(mean, std, torch.device("cpu"))(x)
+    ref = (x.permute(0, 3, 1, 2).float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1
+    )
+    torch.testing.assert_close(out, ref)
+
+
+def test_train_batches_drop_last_and_cover_a_permutation():
+    x = torch.arange(10, dtype=torch.uint8).view(10, 1, 1, 1).expand(10, 2, 2, 3).contiguous()
+    y = torch.arange(10)
+    norm = Normalizer((0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255), torch.device("cpu"))  # identity on values
+    batches = TrainBatches(x, y, 4, norm, torch.Generator().manual_seed(0), augment=False)
+    assert len(batches) == 2
+    got = [(bx, by) for bx, by in batches]
+    assert [len(by) for _, by in got] == [4, 4]
+    labels = torch.cat([by for _, by in got])
+    assert len(set(labels.tolist())) == 8
+    for bx, by in got:  # images travel with their labels
+        assert torch.equal(bx[:, 0, 0, 0].round().long(), by)
+    again = torch.cat([by for _, by in batches])
+    assert not torch.equal(labels, again)  # a new shuffle every epoch
+
+
+def test_select_classes_remaps_and_caps_per_class():
+    arrays = ImageArrays(np.zeros((12, 2, 2, 3), np.uint8), np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]))
+    lut = np.array([2, -1, 0])  # raw 0 → position 2, raw 2 → position 0, raw 1 unused
+    x, y = select_classes(arrays, lut, [0, 2], per_class=3)
+    assert sorted(y.tolist()) == [0, 0, 0, 2, 2, 2]
+    x, y = select_classes(arrays, lut, [2])
+    assert y.tolist() == [2, 2, 2, 2]
+
+
+# ------------------------------------------------------------------------------------------- CIFAR-100 files
+
+
+def _write_npz(folder, n_per_class=2, dtype=np.uint8):
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        y = np.repeat(np.arange(100), n_per_class)
+        x = np.random.default_rng(0).integers(0, 256, (len(y), 32, 32, 3)).astype(dtype)
+        np.savez(folder / f"{split}.npz", x=x, y=y)
+
+
+def test_prepared_npz_layout(tmp_path):
+    _write_npz(tmp_path / "cifar100")
+    d = build_dataset("cifar100", tmp_path)
+    assert d.train.x.shape == (200, 32, 32, 3) and d.test.y.dtype == np.int64 and d.num_classes == 100
+    assert d.mean == (0.5071, 0.4867, 0.4408)
+
+
+def test_missing_dataset_says_how_to_fix(tmp_path):
+    with pytest.raises(DatasetError, match=r"CIFAR-100 not found under data root .*--data.download true"):
+        build_dataset("cifar100", tmp_path)
+
+
+def test_root_from_environment(tmp_path, monkeypatch):
+    _write_npz(tmp_path / "cifar100")
+    monkeypatch.setenv("DFCIL_DATA", str(tmp_path))
+    assert build_dataset("cifar100", None).source == str(tmp_path / "cifar100")
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "match"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[:1000]), "corrupt or not an .npz"),
+        (lambda p: p.write_bytes(b"hello"), "corrupt or not an .npz"),
+        (lambda p: np.savez(p, x=np.zeros((2, 32, 32, 3), np.float32), y=np.zeros(2, np.int64)), "must be uint8"),
+        (
+            lambda p: np.savez(p, x=np.zeros((2, 32, 32, 3), np.uint8), y=np.array([0, 100])),
+            r"labels must lie in 0..99",
+        ),
+        (lambda p: np.savez(p, x=np.zeros((2, 32, 32, 3), np.uint8), y=np.zeros(3, np.int64)), "length 2"),
+        (lambda p: np.savez(p, images=np.zeros(2)), r"missing arrays \['x', 'y'\]"),
+    ],
+)
+def test_corrupt_npz_is_reported_with_the_file(tmp_path, corrupt, match):
+    _write_npz(tmp_path / "cifar100")
+    path = tmp_path / "cifar100" / "train.npz"
+    corrupt(path)
+    with pytest.raises(DatasetError, match=match) as err:
+        build_dataset("cifar100", tmp_path)
+    assert "train.npz" in str(err.value)
+
+
+def _official_folder(root, n=3):
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    data = {}
+    for split, count in (("train", 100 * n), ("test", 100)):
+        x = rng.integers(0, 256, (count, 3072)).astype(np.uint8)
+        labels = list(np.arange(count) % 100)
+        entry = {"data": x, "fine_labels": [int(v) for v in labels], "filenames": [b"a.png"] * count}
+        (folder / split).write_bytes(pickle.dumps(entry, protocol=2))
+        data[split] = (x, labels)
+    return folder, data
+
+
+def test_official_python_folder(tmp_path):
+    _, data = _official_folder(tmp_path)
+    d = build_dataset("cifar100", tmp_path)
+    x, labels = data["train"]
+    assert d.train.x.shape == (300, 32, 32, 3)
+    np.testing.assert_array_equal(d.train.x[5], x[5].reshape(3, 32, 32).transpose(1, 2, 0))  # CHW rows → HWC
+    assert d.train.y.tolist() == labels
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_official_files_are_unpickled_without_running_code(tmp_path, monkeypatch):
+    folder, _ = _official_folder(tmp_path)
+    (folder / "train").write_bytes(pickle.dumps({"data": _Evil(), "fine_labels": []}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError, match="refusing to load"):
+        build_dataset("cifar100", tmp_path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def _tar_of(folder_root, name, extra=None):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(folder_root / "cifar-100-python", arcname="cifar-100-python")
+        for member, payload in extra or []:
+            tar.addfile(member, io.BytesIO(payload) if payload is not None else None)
+    path = folder_root / name
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def test_download_is_checksummed_and_extracted(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    _official_folder(src)
+    archive = _tar_of(src, "cifar.tar.gz")
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    monkeypatch.setattr(ds, "CIFAR100_MD5", md5)
+    calls = []
+
+    def local_downloader(url, output_file, pooch):
+        calls.append(url)
+        shutil.copyfile(archive, output_file)
+
+    root = tmp_path / "root"
+    d = ds.cifar100(root, download=True, downloader=local_downloader)
+    assert calls == [ds.CIFAR100_URL] and d.train.x.shape == (300, 32, 32, 3)
+    assert (root / "cifar-100-python" / "train").is_file()
+    ds.cifar100(root, download=True, downloader=local_downloader)
+    assert len(calls) == 1  # the extracted folder is reused
+
+
+def test_download_with_a_bad_checksum_fails_and_leaves_nothing(tmp_path):
+    src = tmp_path / "src"
+    _official_folder(src)
+    archive = _tar_of(src, "cifar.tar.gz")
+    root = tmp_path / "root"
+    with pytest.raises(DatasetError, match="checksum"):
+        ds.cifar100(root, download=True, downloader=lambda url, out, p: shutil.copyfile(archive, out))
+    assert not (root / "cifar-100-python").exists() and not (root / ds.CIFAR100_ARCHIVE).exists()
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        ("../escape.txt", tarfile.REGTYPE, ""),
+        ("/abs.txt", tarfile.REGTYPE, ""),
+        ("cifar-100-python/link", tarfile.SYMTYPE, "../../outside"),
+        ("cifar-100-python/hard", tarfile.LNKTYPE, "../x"),
+        ("cifar-100-python/dev", tarfile.CHRTYPE, ""),
+    ],
+)
+def test_safe_extract_rejects_escaping_members(tmp_path, member):
+    name, kind, link = member
+    src = tmp_path / "src"
+    _official_folder(src)
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    info.size = 0
+    archive = _tar_of(src, "evil.tar.gz", [(info, b"" if kind == tarfile.REGTYPE else None)])
+    dest = tmp_path / "dest"
+    with pytest.raises(DatasetError, match="unsafe archive member"):
+        safe_extract(archive, dest)
+    assert not (tmp_path / "escape.txt").exists() and list(dest.iterdir()) == []  # nothing half-extracted
+
+
+def test_fake_dataset_is_deterministic_and_learnable_shaped():
+    a, b = build_dataset("fake", None), build_dataset("fake", None, num_classes=4)
+    assert a.train.x.shape == (480, 32, 32, 3) and b.num_classes == 4 and b.test.y.max() == 3
+    np.testing.assert_array_equal(a.train.x, build_dataset("fake", None).train.x)
+
+
+def test_read_npz_of_real_cifar(cifar_root):
+    train = read_npz(cifar_root / "cifar100" / "train.npz", 100, 32)
+    assert train.x.shape == (50000, 32, 32, 3) and train.y[:5].tolist() == [19, 29, 0, 11, 1]
+    assert np.bincount(train.y).tolist() == [500] * 100
+    d = build_dataset("cifar100", cifar_root)
+    assert d.test.x.shape == (10000, 32, 32, 3)

@@ -1,0 +1,130 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from dfcil.models.batchnorm import BNMode
+from dfcil.models.network import build_network
+from dfcil.synthesis.inversion import InversionConfig, ModelInversion
+from dfcil.synthesis.regularizers import (
+    bn_statistics_loss,
+    content_loss,
+    diversity_loss,
+    gaussian_kernel,
+    smoothness_prior,
+)
+
+
+def test_content_and_diversity_hand_values():
+    logits = torch.tensor([[2.0, 0.0]])
+    assert content_loss(logits, tau=1.0).item() == pytest.approx(math.log(1 + math.exp(-2)), rel=1e-6)
+    # τ = 1000 flattens the distribution: CE ≈ log K
+    assert content_loss(logits, tau=1000.0).item() == pytest.approx(math.log(2), abs=2e-3)
+    p = torch.tensor([[0.0, math.log(3.0)]])  # softmax = [1/4, 3/4]
+    expected = 1 + (0.25 * math.log(0.25) + 0.75 * math.log(0.75)) / math.log(2)
+    assert diversity_loss(p).item() == pytest.approx(expected, rel=1e-5)
+    assert diversity_loss(torch.zeros(4, 10)).item() == pytest.approx(0, abs=1e-6)  # uniform mean prediction
+    assert diversity_loss(torch.tensor([[100.0, 0, 0]] * 3)).item() == pytest.approx(1, abs=1e-6)
+    assert diversity_loss(torch.randn(4, 1)).item() == 0  # a single class has no diversity to measure
+
+
+def test_gaussian_kernel_keeps_the_reference_bug():
+    k = gaussian_kernel()
+    taps = k.sum(dim=0)
+    assert taps.tolist() == pytest.approx([0.1117, 0.2365, 0.3036, 0.2365, 0.1117], abs=1e-4)
+    assert k.sum().item() == pytest.approx(1.0)
+
+
+def test_smoothness_prior_against_direct_blur():
+    x = torch.randn(2, 3, 8, 8)
+    k = gaussian_kernel()
+    taps = k.sum(dim=0).double().numpy()
+    xp = np.pad(x.double().numpy(), ((0, 0), (0, 0), (2, 2), (2, 2)), mode="reflect")
+    blurred = np.zeros_like(x.double().numpy())
+    for di in range(5):
+        for dj in range(5):
+            blurred += taps[di] * taps[dj] * xp[:, :, di : di + 8, dj : dj + 8]
+    expected = ((x.double().numpy() - blurred) ** 2).mean()
+    assert smoothness_prior(x, k).item() == pytest.approx(expected, rel=1e-5)
+    assert smoothness_prior(torch.full((1, 3, 8, 8), 0.7), k).item() == pytest.approx(0, abs=1e-10)
+
+
+def _teacher(n_classes=5, seed=0):
+    torch.manual_seed(seed)
+    net = build_network("resnet8")
+    net.expand(n_classes)
+    net.train()
+    with torch.no_grad():  # give the BN layers non-trivial running statistics
+        for _ in range(5):
+            net(torch.randn(16, 3, 32, 32) * 1.5 + 0.3)
+    return net.frozen_copy()
+
+
+def test_bn_statistics_loss_against_direct_computation():
+    teacher = _teacher()
+    x = torch.randn(8, 3, 32, 32)
+    inputs = []  # capture every BN input with plain forward hooks, independently of BNMode
+    hooks = [
+        m.register_forward_hook(lambda mod, inp, out: inputs.append((mod, inp[0].detach().double())))
+        for m in teacher.modules()
+        if isinstance(m, nn.BatchNorm2d)
+    ]
+    record = []
+    teacher(x, bn=BNMode(record=record))
+    for h in hooks:
+        h.remove()
+    assert len(record) == len(inputs) == 9  # resnet8: stem + 4 blocks × 2
+    kls = []
+    for mod, a in inputs:
+        mean = a.mean(dim=(0, 2, 3))
+        var = a.var(dim=(0, 2, 3), unbiased=False) + 1e-8
+        rv, rm = mod.running_var.double() + 1e-8, mod.running_mean.double()
+        kls.append((torch.log(var.sqrt() / rv.sqrt()) - 0.5 * (1 - (rv + (rm - mean) ** 2) / var)).mean())
+    assert bn_statistics_loss(record).item() == pytest.approx(torch.stack(kls).mean().item(), rel=1e-5)
+    assert len(_bn_count(build_network("resnet32"))) == 31
+
+
+def _bn_count(net):
+    record = []
+    net.expand(2)
+    net.eval()
+    net(torch.randn(2, 3, 32, 32), bn=BNMode(record=record))
+    return record
+
+
+def test_inversion_reduces_its_loss_and_samples_pseudo_labels():
+    teacher = _teacher()
+    cfg = InversionConfig(steps=40, lr=1e-2)
+    inv = ModelInversion(teacher, cfg, image_size=32, batch_size=16, rng=torch.Generator().manual_seed(0))
+    history = []
+    inv.fit(lambda step, terms: history.append(sum(v.item() for v in terms.values())))
+    assert len(history) == 40 and all(math.isfinite(h) for h in history)
+    assert np.mean(history[-5:]) < 0.7 * np.mean(history[:5])
+    assert not inv.generator.training and not any(p.requires_grad for p in inv.generator.parameters())
+    x, y = inv.sample(12)
+    assert x.shape == (12, 3, 32, 32) and not x.requires_grad
+    assert torch.equal(y, teacher(x).logits.argmax(1)) and y.max() < 5
+
+
+def test_inversion_state_roundtrip_continues_identically():
+    teacher = _teacher()
+    cfg = InversionConfig(steps=6)
+
+    def make():
+        torch.manual_seed(0)  # same generator initialisation
+        return ModelInversion(teacher, cfg, 32, 8, torch.Generator().manual_seed(3))
+
+    full = make()
+    full.fit()
+    half = make()
+    half.cfg = InversionConfig(steps=3)
+    half.fit()
+    state, rng_state = half.state_dict(), half.rng.get_state()
+    resumed = make()
+    resumed.load_state_dict(state)
+    resumed.rng.set_state(rng_state)
+    resumed.fit()
+    for a, b in zip(full.generator.state_dict().values(), resumed.generator.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)

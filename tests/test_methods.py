@@ -1,0 +1,132 @@
+"""Every registered method, through the engine: a 2-task run finishes with finite, named loss terms."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from conftest import CONFIGS
+from dfcil.callbacks import Callback
+from dfcil.config import load_config
+from dfcil.data.device import Normalizer, TrainBatches
+from dfcil.engine import NonFiniteLossError, fit_task, run, train_epoch
+from dfcil.methods import METHODS, Batch, Method, Phase, TaskContext, build_method
+from dfcil.models.network import build_network
+from dfcil.progress import make_progress
+
+TINY = [("train.epochs", "2"), ("train.milestones", "[1]"), ("data.num_classes", "6")]
+
+
+class Records(Callback):
+    def __init__(self):
+        self.epochs, self.tasks = [], []
+
+    def on_epoch_end(self, record):
+        self.epochs.append(record)
+
+    def on_task_end(self, record):
+        self.tasks.append(record)
+
+
+def tiny_config(name, extra=()):
+    cfg, _ = load_config([CONFIGS / "smoke.yaml"], [("method.name", name), *TINY, *extra])
+    return cfg
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_two_task_run_of_every_method(name):
+    rec = Records()
+    summary = run(tiny_config(name), callbacks=[rec], progress=False)
+    assert len(summary["acc_per_task"]) == 2 and summary["last_acc"] == summary["acc_per_task"][1]
+    assert rec.epochs and all(math.isfinite(v) for r in rec.epochs for v in r["loss"].values())
+    assert all(r["loss"] for r in rec.epochs)  # named terms every epoch
+    assert [r["task"] for r in rec.tasks] == [0, 1]
+
+
+def test_lr_schedule_follows_phase_milestones():
+    rec = Records()
+    run(tiny_config("finetune", [("train.epochs", "4"), ("train.milestones", "[1, 3]")]), callbacks=[rec])
+    assert [r["lr"] for r in rec.epochs if r["task"] == 0] == pytest.approx([0.1, 0.01, 0.01, 0.001])
+
+
+def _task1_setup(extra=()):
+    cfg = tiny_config("rdfcil", extra)
+    method = build_method(cfg.method, cfg.train)
+    torch.manual_seed(0)
+    net = build_network("resnet8")
+    net.expand(3)
+    net.train()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(16, 3, 32, 32))
+    net.expand(3)
+    ctx = TaskContext(
+        1, 3, 3, 2, net, torch.device("cpu"), 32, 8, torch.Generator().manual_seed(0), make_progress(False)
+    )
+    method.on_task_start(ctx)
+    x = torch.randint(0, 256, (24, 32, 32, 3), dtype=torch.uint8)
+    y = torch.randint(3, 6, (24,))
+    batches = TrainBatches(x, y, 8, Normalizer((0.5,) * 3, (0.25,) * 3, torch.device("cpu")), torch.Generator())
+    return cfg, method, net, ctx, batches
+
+
+def test_rdfcil_terms_per_phase_and_switches():
+    cfg, method, net, ctx, batches = _task1_setup()
+    x, y = next(iter(batches))
+    rrl = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+    chr_ = method.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
+    assert set(rrl) == {"lce", "hkd", "rkd"} and set(chr_) == {"gce", "hkd"}
+    assert method.weights.lce == pytest.approx(0.5 * (1 + 1 / math.log2(2.5)))
+    assert method.class_counts.sum().item() == 2 * 2 * len(x)  # real + pseudo labels, both steps counted
+    assert method.class_counts[3:].sum().item() == 2 * len(x) and method.class_counts[:3].sum().item() == 2 * len(x)
+    _, m2, net2, ctx2, _ = _task1_setup([("method.chr_hkd", "false")])
+    assert set(m2.training_step(net2, Batch(x, y), ctx2, Phase("chr", 1, 0.005, trainable="head"))) == {"gce"}
+
+
+def test_chr_trains_the_head_only_and_keeps_bn_statistics():
+    cfg, method, net, ctx, batches = _task1_setup()
+    backbone = copy.deepcopy(net.backbone.state_dict())
+    head = copy.deepcopy(net.head.state_dict())
+    fit_task(net, method, ctx, batches, [Phase("chr", 2, 0.005, trainable="head")], cfg.train)
+    for k, v in net.backbone.state_dict().items():
+        assert torch.equal(v, backbone[k]), k  # weights and BN running statistics untouched
+    assert any(not torch.equal(v, head[k]) for k, v in net.head.state_dict().items())
+    counts = method.class_counts
+    torch.testing.assert_close(
+        method.class_weights, (counts.sum() / counts.clamp(min=1)) / (counts.sum() / counts.max())
+    )
+
+
+def test_rrl_updates_backbone_old_heads_and_projectors():
+    cfg, method, net, ctx, batches = _task1_setup()
+    before = copy.deepcopy(net.state_dict())
+    proj = copy.deepcopy(method.projector.state_dict())
+    fit_task(net, method, ctx, batches, [Phase("rrl", 1, 0.1)], cfg.train)
+    after = net.state_dict()
+    assert not torch.equal(after["head.blocks.0.weight"], before["head.blocks.0.weight"])  # old head moves (HKD, wd)
+    assert not torch.equal(after["backbone.conv_1.weight"], before["backbone.conv_1.weight"])
+    assert not torch.equal(method.projector.teacher.weight, proj["teacher.weight"])  # ψ/φ both train
+    teacher = method.teacher.state_dict()
+    assert all(torch.equal(teacher[k], before[k]) for k in teacher)  # the teacher is a frozen snapshot
+
+
+class _NaNAtStep2(Method):
+    """Not registered: a method whose second loss term turns NaN at step 2."""
+
+    name = "nan_at_step_2"
+
+    def __init__(self):
+        self.step = 0
+
+    def training_step(self, net, batch, ctx, phase):
+        self.step += 1
+        bad = torch.tensor(float("nan") if self.step == 3 else 0.0)
+        return {"ce": torch.nn.functional.cross_entropy(net(batch.x).logits, batch.y), "broken": bad}
+
+
+def test_non_finite_losses_are_named():
+    cfg, _, net, ctx, batches = _task1_setup()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(NonFiniteLossError, match=r"'broken' became non-finite in task 1, phase rrl, epoch 4, step 2"):
+        train_epoch(net, _NaNAtStep2(), batches, optimizer, ctx, Phase("rrl", 1, 0.1), epoch=4)

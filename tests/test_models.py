@@ -1,0 +1,113 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dfcil.models.batchnorm import BatchNorm2d, BNMode
+from dfcil.models.generator import build_generator
+from dfcil.models.network import build_network
+from dfcil.models.resnet_cifar import BACKBONES, BasicBlock
+
+
+def test_resnet32_structure_matches_reference():
+    net = build_network("resnet32")
+    body = net.backbone
+    blocks = [m for m in body.modules() if isinstance(m, BasicBlock)]
+    assert [len(s) for s in (body.stage_1, body.stage_2, body.stage_3, body.stage_4)] == [5, 5, 4, 1]
+    assert len(blocks) == 15
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in body.modules()) == 31
+    assert not any(isinstance(m, nn.Linear | nn.ReLU) for m in body.modules())  # option-A shortcuts, functional ReLU
+    assert all(torch.all(b.bn_b.weight == 0) for b in blocks)  # zero_residual
+    assert net.feature_dim == 64
+    assert sum(p.numel() for p in body.parameters()) == pytest.approx(0.46e6, rel=0.05)
+
+
+@pytest.mark.parametrize("name", BACKBONES.names())
+def test_forward_shapes(name):
+    net = build_network(name)
+    net.expand(7)
+    with torch.no_grad():  # leave the zero-residual init, which makes every block the identity
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.fill_(1.0)
+    out = net(torch.randn(4, 3, 32, 32))
+    assert out.logits.shape == (4, 7) and out.features.shape == (4, 64)
+    assert [f.shape[1:] for f in out.fmaps] == [(16, 32, 32), (32, 16, 16), (64, 8, 8), (64, 8, 8)]
+    assert out.features.min() < 0  # pre-activation features: no ReLU after the last addition
+
+
+def test_head_grows_without_touching_old_classes():
+    net = build_network("resnet8", head_init_std=0.001)
+    net.expand(50)
+    old = net.head.blocks[0].weight.detach().clone()
+    net.expand(50)
+    assert net.n_classes == 100 and torch.equal(net.head.blocks[0].weight, old)
+    assert net.head.blocks[1].weight.std().item() == pytest.approx(0.001, rel=0.1)
+    assert net.head.blocks[1].bias is None
+    x = torch.randn(3, 3, 32, 32)
+    net.eval()
+    out = net(x)
+    assert torch.allclose(out.logits[:, :50], F.linear(out.features, old))
+
+
+def test_frozen_copy_truncates_and_freezes():
+    net = build_network("resnet8")
+    net.expand(3)
+    net.expand(2)
+    teacher = net.frozen_copy(n_classes=3)
+    assert teacher.n_classes == 3 and not teacher.training
+    assert not any(p.requires_grad for p in teacher.parameters())
+    assert net.n_classes == 5 and all(p.requires_grad for p in net.parameters())
+    with pytest.raises(ValueError, match="block boundary"):
+        net.frozen_copy(n_classes=4)
+
+
+def test_split_batchnorm_equals_two_separate_passes():
+    torch.manual_seed(0)
+    a = build_network("resnet8")
+    a.expand(4)
+    with torch.no_grad():  # non-trivial affine parameters and running stats
+        for m in a.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    b = build_network("resnet8")
+    b.expand(4)
+    b.load_state_dict(a.state_dict())
+    a.train()
+    b.train()
+    x_real, x_syn = torch.randn(6, 3, 32, 32), torch.randn(6, 3, 32, 32) * 2 + 1
+    merged = a(torch.cat([x_real, x_syn]), bn=BNMode(splits=2))
+    real, syn = b(x_real), b(x_syn)
+    torch.testing.assert_close(merged.logits, torch.cat([real.logits, syn.logits]), rtol=1e-4, atol=1e-5)
+    for (name, ba), bb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        torch.testing.assert_close(ba, bb, rtol=1e-5, atol=1e-6, msg=name)  # running stats updated the same way
+    # and gradients match
+    (merged.logits.square().sum()).backward()
+    (real.logits.square().sum() + syn.logits.square().sum()).backward()
+    for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_records_input_statistics():
+    bn = BatchNorm2d(3).eval()
+    x = torch.randn(5, 3, 4, 4) * 3 + 2
+    mode = BNMode(record=[])
+    bn(x, mode)
+    (stats,) = mode.record
+    torch.testing.assert_close(stats.mean, x.mean(dim=(0, 2, 3)))
+    torch.testing.assert_close(stats.var, x.permute(1, 0, 2, 3).reshape(3, -1).var(dim=1, unbiased=False))
+    assert stats.running_var is bn.running_var
+
+
+@pytest.mark.parametrize(("size", "shape"), [(32, (3, 32, 32)), (64, (3, 64, 64))])
+def test_generator_output(size, shape):
+    gen = build_generator(size)
+    z = torch.randn(8, 1000)
+    x = gen(z)
+    assert x.shape == (8, *shape)
+    # the final affine-free BN standardises each channel in train mode
+    torch.testing.assert_close(x.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-4, rtol=0)
+    eps_08 = [m for m in gen.modules() if isinstance(m, nn.BatchNorm2d) and m.eps == 0.8]
+    assert len(eps_08) == (2 if size == 32 else 3)
+    assert not gen.out[-1].affine
