@@ -114,3 +114,12 @@ def test_existing_run_directory_is_not_overwritten(smoke_run, capsys):
     assert main(["train", "--config", SMOKE, "--out", str(smoke_run)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert (smoke_run / "summary.json").read_text() == before
+
+
+def test_tiny_run_on_real_cifar(cifar_root, tmp_path):
+    out = tmp_path / "cifar"
+    args = ["train", "--config", SMOKE, "--out", str(out), "--data.name", "cifar100", "--data.root", str(cifar_root)]
+    args += ["--data.num_classes", "4", "--data.train_per_class", "40", "--data.test_per_class", "20"]
+    assert main(args) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["tasks"] == [[23, 8], [11, 7]] and s["count_matrix"][1] == [40, 40]

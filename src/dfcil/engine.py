@@ -140,9 +140,11 @@ def run(
 
         t0 = time.perf_counter()
         n_test = int(test_seen[task])
-        correct, count = evaluate(
-            net, test_x[:n_test], test_y[:n_test], task_of_label, task + 1, normalizer, cfg.train.eval_batch_size
-        )
+        with progress_bar(total=-(-n_test // cfg.train.eval_batch_size), desc=f"task {task} eval", unit="batch") as bar:
+            correct, count = evaluate(
+                net, test_x[:n_test], test_y[:n_test], task_of_label, task + 1, normalizer, cfg.train.eval_batch_size,
+                bar,
+            )  # fmt: skip
         timing["eval_s"] = time.perf_counter() - t0
         acc.record(task, correct, count)
         timings.append(timing)
@@ -301,6 +303,7 @@ def evaluate(
     n_tasks: int,
     normalizer: Normalizer,
     batch_size: int = 1000,
+    bar: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-1 accuracy counts per task, argmax over all classes the head has (all seen classes).
 
@@ -317,5 +320,7 @@ def evaluate(
         task = task_of_label[yb]
         correct.index_add_(0, task, (pred == yb).long())
         count.index_add_(0, task, torch.ones_like(yb))
+        if bar is not None:
+            bar.update(1)
     net.train(was_training)
     return correct.cpu().numpy(), count.cpu().numpy()
