@@ -22,8 +22,9 @@ def smoke_run(tmp_path_factory):
 
 def test_smoke_run_writes_a_consistent_run_directory(smoke_run):
     assert sorted(p.name for p in smoke_run.iterdir()) == [
-        "config.yaml", "meta.json", "metrics.jsonl", "run.log", "summary.json"
+        ".lock", "checkpoints", "config.yaml", "meta.json", "metrics.jsonl", "model.pt", "run.log", "summary.json"
     ]  # fmt: skip
+    assert sorted(p.name for p in (smoke_run / "checkpoints").iterdir()) == ["last.pt", "prev.pt", "task1-static.pt"]
     s = json.loads((smoke_run / "summary.json").read_text())
     n = len(s["tasks"])
     assert n == 2 and s["task_sizes"] == [5, 5] and len(s["class_order"]) == 10
@@ -112,7 +113,7 @@ def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, e
 def test_existing_run_directory_is_not_overwritten(smoke_run, capsys):
     before = (smoke_run / "summary.json").read_text()
     assert main(["train", "--config", SMOKE, "--out", str(smoke_run)]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "is complete (summary.json exists)" in capsys.readouterr().err
     assert (smoke_run / "summary.json").read_text() == before
 
 

@@ -118,13 +118,25 @@ def test_inversion_state_roundtrip_continues_identically():
 
     full = make()
     full.fit()
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_3(step, terms):
+        if step == 3:
+            raise Stop
+
     half = make()
-    half.cfg = InversionConfig(steps=3)
-    half.fit()
+    with pytest.raises(Stop):
+        half.fit(stop_at_3)
     state, rng_state = half.state_dict(), half.rng.get_state()
+    assert state["step"] == 3 and not half.done
     resumed = make()
     resumed.load_state_dict(state)
     resumed.rng.set_state(rng_state)
     resumed.fit()
+    assert resumed.done and resumed.optimizer is None
     for a, b in zip(full.generator.state_dict().values(), resumed.generator.state_dict().values(), strict=True):
-        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="trained"):
+        resumed.state_dict()

@@ -37,7 +37,7 @@ def tiny_config(name, extra=()):
 @pytest.mark.parametrize("name", METHODS.names())
 def test_two_task_run_of_every_method(name):
     rec = Records()
-    summary = run(tiny_config(name), callbacks=[rec], progress=False)
+    summary, _ = run(tiny_config(name), callbacks=[rec], progress=False)
     assert len(summary["acc_per_task"]) == 2 and summary["last_acc"] == summary["acc_per_task"][1]
     assert rec.epochs and all(math.isfinite(v) for r in rec.epochs for v in r["loss"].values())
     assert all(r["loss"] for r in rec.epochs)  # named terms every epoch

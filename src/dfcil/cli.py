@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -62,6 +63,12 @@ def _build_parser() -> argparse.ArgumentParser:
     bars = train.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    resume = sub.add_parser("resume", help="continue an unfinished run from its newest checkpoint")
+    resume.add_argument("run_dir", metavar="DIR")
+    resume.add_argument("--device", help="run on another device than the one the run started on")
+    bars = resume.add_mutually_exclusive_group()
+    bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
+    bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     sub.add_parser("methods", help="list the registered methods")
     sub.add_parser("datasets", help="list the registered datasets")
     return parser
@@ -108,10 +115,42 @@ def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Seq
     from dfcil.runner import train
 
     out = args.out or f"runs/{cfg.method.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    return _interruptible(out, lambda interrupt: train(cfg, Path(out), args.progress, argv, interrupt=interrupt))
+
+
+def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from dfcil.runner import resume
+
+    overrides = [("device", args.device)] if args.device else []
+    return _interruptible(
+        args.run_dir, lambda interrupt: resume(args.run_dir, overrides, args.progress, argv, interrupt=interrupt)
+    )
+
+
+def _interruptible(run_dir: str, work) -> int:
+    """Run ``work(interrupt)`` so that the first Ctrl-C or SIGTERM stops it cleanly after a checkpoint."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    with logging_redirect_tqdm(loggers=[log]):
-        train(cfg, Path(out), progress=args.progress, argv=argv)
+    from dfcil.engine import Interrupt, RunInterrupted
+
+    interrupt = Interrupt()
+
+    def handler(signum, frame):
+        if interrupt.requested:  # a second signal aborts at once
+            raise KeyboardInterrupt
+        interrupt.requested = True
+        log.warning("%s: finishing the current step, then writing a checkpoint", signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with logging_redirect_tqdm(loggers=[log]):
+            work(interrupt)
+    except RunInterrupted as err:
+        print(f"dfcil: {err}; checkpoint written. Continue with: dfcil resume {run_dir}", file=sys.stderr)
+        return 130
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
     return 0
 
 
@@ -130,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dfcil.data.splits import SplitError
     from dfcil.engine import NonFiniteLossError
     from dfcil.registry import RegistryError
+    from dfcil.state import CheckpointError
 
     try:
         if args.command != "train" and unknown:
@@ -148,8 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 doc = (DATASETS.get(name).__doc__ or "").strip().splitlines()
                 print(f"{name:14s} {doc[0] if doc else ''}")
             return 0
+        if args.command == "resume":
+            return _resume(args, argv)
         return _train(args, _split_overrides(unknown), argv)
-    except (ConfigError, SplitError, DatasetError, RegistryError) as err:
+    except (ConfigError, SplitError, DatasetError, RegistryError, CheckpointError) as err:
         print(f"dfcil: error: {err}", file=sys.stderr)
         return 2
     except NonFiniteLossError as err:

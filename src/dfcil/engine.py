@@ -1,20 +1,21 @@
 """THE training engine: ``run`` (task loop) → ``fit_task`` (phases and epochs) → ``train_epoch`` (batches), plus
-``evaluate``. Methods supply loss terms; everything about optimisation lives here."""
+``evaluate``. Methods supply loss terms; everything about optimisation, checkpoints and resume lives here."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from dfcil.callbacks import Callback
-from dfcil.config import ConfigError, RunConfig, TrainConfig
+from dfcil.config import ConfigError, RunConfig, TrainConfig, config_to_dict
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import Normalizer, TrainBatches, select_classes
 from dfcil.data.splits import ClassIncrementalSplit, SplitError
@@ -22,10 +23,22 @@ from dfcil.methods import Batch, Method, Phase, TaskContext, build_method
 from dfcil.metrics import AccuracyMatrix
 from dfcil.models.network import IncrementalNet, build_network
 from dfcil.progress import ProgressFactory, make_progress
+from dfcil.state import Checkpointer, Position, capture_rng, restore_rng
 
 
 class NonFiniteLossError(FloatingPointError):
     """A loss term became NaN or infinite."""
+
+
+class RunInterrupted(Exception):
+    """The run stopped on request (Ctrl-C, SIGTERM) after writing a checkpoint."""
+
+
+@dataclasses.dataclass
+class Interrupt:
+    """Set by a signal handler; the engine finishes the current step, checkpoints and stops."""
+
+    requested: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +49,20 @@ class Protocol:
     split: ClassIncrementalSplit
     train_images: tuple[int, ...]  # training images per task
     test_images: tuple[int, ...]  # test images per task
+
+
+@dataclasses.dataclass
+class EpochProgress:
+    """A partly done epoch: its batch order, batches done and loss sums so far (for mid-epoch checkpoints)."""
+
+    perm: Tensor
+    step: int = 0
+    names: list[str] | None = None
+    sums: Tensor | None = None
+    first_bad: Tensor | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,22 +114,112 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Session:
+    """All mutable state of one run, with its checkpoint payload. Built identically for a fresh run and a resume."""
+
+    def __init__(self, cfg: RunConfig, protocol: Protocol, checkpointer: Checkpointer | None, metrics: Path | None):
+        self.cfg, self.protocol = cfg, protocol
+        self.device = resolve_device(cfg.device)
+        self.checkpointer, self.metrics = checkpointer, metrics
+        seed_everything(cfg.seed)
+        self.method = build_method(cfg.method, cfg.train)
+        self.net = build_network(cfg.model.backbone, type(self.method).head, cfg.model.head_init_std).to(self.device)
+        self.rngs = {  # shuffling and augmentation; the method's latent codes
+            "data": torch.Generator(device=self.device).manual_seed(cfg.seed),
+            "method": torch.Generator(device=self.device).manual_seed(cfg.seed + 1),
+        }
+        self.acc = AccuracyMatrix(protocol.split.num_tasks)
+        self.pos = Position()
+        self.timings: list[dict[str, Any]] = []
+        self.static_ref: dict[str, Any] | None = None
+        self.last_save = time.monotonic()
+
+    def payload(self, optimizer: torch.optim.Optimizer | None = None, epoch: EpochProgress | None = None) -> dict:
+        static = self.method.static_state_dict()
+        if static and (self.static_ref is None or self.static_ref["task"] != self.pos.task):
+            self.static_ref = {"task": self.pos.task, "digest": self.checkpointer.save_static(self.pos.task, static)}
+        return {
+            "position": dataclasses.asdict(self.pos),
+            "head_sizes": [b.out_features for b in self.net.head.blocks],
+            "net": self.net.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "method": self.method.state_dict(),
+            "static": self.static_ref if static else None,
+            "epoch_progress": epoch.state_dict() if epoch is not None else None,
+            "acc": self.acc.state_dict(),
+            "timings": self.timings,
+            "rng": capture_rng(self.rngs),
+            "metrics_bytes": self.metrics.stat().st_size if self.metrics and self.metrics.exists() else 0,
+            "config": config_to_dict(self.cfg),
+        }
+
+    def save(self, optimizer: torch.optim.Optimizer | None = None, epoch: EpochProgress | None = None) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.payload(optimizer, epoch))
+            self.last_save = time.monotonic()
+
+    def restore(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Load a checkpoint payload; returns what the task loop needs to continue (optimizer, epoch state)."""
+        self.pos = Position(**payload["position"])
+        for n in payload["head_sizes"][len(self.net.head.blocks) :]:
+            self.net.expand(n)
+        self.net.load_state_dict(payload["net"])
+        self.method.load_state_dict(
+            payload["method"], self.context(self.pos.task), (payload.get("static_state") or {}) or None
+        )
+        self.static_ref = payload["static"]
+        self.acc.load_state_dict(payload["acc"])
+        self.timings = list(payload["timings"])
+        restore_rng(payload["rng"], self.rngs)  # last: building the state above consumed random numbers
+        epoch = payload["epoch_progress"]
+        if epoch:
+            epoch = EpochProgress(**{k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in epoch.items()})
+        return {"optimizer": payload["optimizer"], "epoch": epoch or None}
+
+    def context(self, task: int, progress: ProgressFactory | None = None, save_point=None) -> TaskContext:
+        o = self.protocol.split.offsets
+        n_old, n_new = o[min(task, len(o) - 2)], o[min(task, len(o) - 2) + 1] - o[min(task, len(o) - 2)]
+        return TaskContext(
+            task, n_old, n_new, self.protocol.split.num_tasks, self.net, self.device, self.protocol.dataset.image_size,
+            self.cfg.train.batch_size, self.rngs["method"], progress or make_progress(False),
+            save_point or (lambda: None),
+        )  # fmt: skip
+
+
 def run(
     cfg: RunConfig,
     callbacks: Sequence[Callback] = (),
     progress: bool | None = None,
     protocol: Protocol | None = None,
-) -> dict[str, Any]:
-    """Train ``cfg.method`` through every task of the protocol and return the summary (see :mod:`dfcil.metrics`)."""
+    run_dir: Path | None = None,
+    resume: bool = False,
+    interrupt: Interrupt | None = None,
+    save_every_s: float = 60.0,
+) -> tuple[dict[str, Any], IncrementalNet]:
+    """Train ``cfg.method`` through every task of the protocol.
+
+    Args:
+        run_dir: where checkpoints go (``run_dir/checkpoints``) and ``metrics.jsonl`` lives; None: no checkpoints.
+        resume: continue from the newest usable checkpoint in ``run_dir``.
+        interrupt: when its flag is set, finish the step, checkpoint and raise :class:`RunInterrupted`.
+        save_every_s: extra checkpoints inside long task setups (inversion), at most this often.
+
+    Returns:
+        The summary (see :mod:`dfcil.metrics`) and the trained network.
+    """
     started = time.perf_counter()
     protocol = protocol or prepare(cfg)
-    device = resolve_device(cfg.device)
-    ds, split = protocol.dataset, protocol.split
-    seed_everything(cfg.seed)
-    method = build_method(cfg.method, cfg.train)
-    net = build_network(cfg.model.backbone, type(method).head, cfg.model.head_init_std).to(device)
-    data_rng = torch.Generator(device=device).manual_seed(cfg.seed)  # shuffling and augmentation
-    method_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1)  # synthesis latents
+    ckpt = Checkpointer(run_dir) if run_dir is not None else None
+    s = Session(cfg, protocol, ckpt, run_dir / "metrics.jsonl" if run_dir is not None else None)
+    interrupt = interrupt or Interrupt()
+    resumed: dict[str, Any] = {"optimizer": None, "epoch": None}
+    if resume:
+        payload = ckpt.load_latest()
+        resumed = s.restore(payload)
+        if s.metrics is not None and s.metrics.exists():
+            with open(s.metrics, "r+") as f:  # drop records written after the checkpoint
+                f.truncate(payload["metrics_bytes"])
+    ds, split, device = protocol.dataset, protocol.split, s.device
     normalizer = Normalizer(ds.mean, ds.std, device)
     lut, offsets = split.label_map(ds.num_classes), split.offsets
     test_x, test_y = select_classes(ds.test, lut, range(split.num_classes), cfg.data.test_per_class)
@@ -111,57 +228,76 @@ def run(
     test_seen = np.searchsorted(test_y.cpu().numpy(), offsets[1:])  # images of classes < offsets[t + 1]
     task_of_label = torch.as_tensor(split.task_of_label(), device=device)
     progress_bar = make_progress(progress)
-    acc = AccuracyMatrix(split.num_tasks)
-    timings: list[dict[str, Any]] = []
 
-    for task in range(split.num_tasks):
-        n_old, n_new = offsets[task], offsets[task + 1] - offsets[task]
-        ctx = TaskContext(
-            task, n_old, n_new, split.num_tasks, net, device, ds.image_size, cfg.train.batch_size, method_rng,
-            progress_bar,
-        )  # fmt: skip
-        net.expand(n_new)
-        x, y = select_classes(ds.train, lut, range(n_old, n_old + n_new), cfg.data.train_per_class)
+    def save_point() -> None:  # inside a task's setup: checkpoint now and then, and on interrupt
+        if interrupt.requested:
+            s.save()
+            raise RunInterrupted(f"interrupted in task {s.pos.task}, setup")
+        if time.monotonic() - s.last_save > save_every_s:
+            s.save()
+
+    for task in range(s.pos.task, split.num_tasks):
+        ctx = s.context(task, progress_bar, save_point)
+        if s.pos.stage == "start":
+            s.net.expand(ctx.n_new)
+            s.pos = Position(task, "setup")
+        x, y = select_classes(ds.train, lut, range(ctx.n_old, ctx.n_seen), cfg.data.train_per_class)
         batches = TrainBatches(
-            torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), cfg.train.batch_size, normalizer, data_rng
-        )
-        phases = method.phases(ctx)
-        info = {"task": task, "num_tasks": split.num_tasks, "n_new": n_new, "n_seen": ctx.n_seen}
+            torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), cfg.train.batch_size, normalizer,
+            s.rngs["data"],
+        )  # fmt: skip
+        phases = s.method.phases(ctx)
+        info = {"task": task, "num_tasks": split.num_tasks, "n_new": ctx.n_new, "n_seen": ctx.n_seen}
         info |= {"train_images": len(x), "phases": [dataclasses.asdict(p) for p in phases]}
+        info |= {"resumed_at": dataclasses.asdict(s.pos)} if resume and task == s.pos.task else {}
         for cb in callbacks:
             cb.on_task_start(info)
 
-        t0 = time.perf_counter()
-        method.on_task_start(ctx)
-        _sync(device)
-        timing: dict[str, Any] = {"task": task, "setup_s": time.perf_counter() - t0}
-        timing["phases"] = fit_task(net, method, ctx, batches, phases, cfg.train, callbacks, progress_bar)
-        method.on_task_end(ctx)
+        timing: dict[str, Any] = {"task": task}
+        if s.pos.stage == "setup":
+            t0 = time.perf_counter()
+            s.method.on_task_start(ctx)
+            _sync(device)
+            timing["setup_s"] = round(time.perf_counter() - t0, 3)
+            s.pos = Position(task, "train")
+            s.save()
+            if interrupt.requested:
+                raise RunInterrupted(f"interrupted after the setup of task {task}")
+
+        def checkpoint(pos: Position, optimizer: torch.optim.Optimizer, epoch: EpochProgress | None) -> None:
+            s.pos = pos
+            s.save(optimizer, epoch)
+
+        timing["phases"] = fit_task(
+            s.net, s.method, ctx, batches, phases, cfg.train, callbacks, progress_bar, start=s.pos,
+            optimizer_state=resumed["optimizer"], epoch_state=resumed["epoch"], checkpoint=checkpoint,
+            interrupt=interrupt,
+        )  # fmt: skip
+        resumed = {"optimizer": None, "epoch": None}
+        s.method.on_task_end(ctx)
 
         t0 = time.perf_counter()
         n_test = int(test_seen[task])
         with progress_bar(total=-(-n_test // cfg.train.eval_batch_size), desc=f"task {task} eval", unit="batch") as bar:
             correct, count = evaluate(
-                net, test_x[:n_test], test_y[:n_test], task_of_label, task + 1, normalizer, cfg.train.eval_batch_size,
-                bar,
+                s.net, test_x[:n_test], test_y[:n_test], task_of_label, task + 1, normalizer,
+                cfg.train.eval_batch_size, bar,
             )  # fmt: skip
-        timing["eval_s"] = time.perf_counter() - t0
-        acc.record(task, correct, count)
-        timings.append(timing)
-        row = acc.summary()
+        timing["eval_s"] = round(time.perf_counter() - t0, 3)
+        s.acc.record(task, correct, count)
+        s.timings.append(timing)
+        row = s.acc.summary()
         record = {
-            "task": task,
-            "n_seen": ctx.n_seen,
-            "classes": split.tasks[task],
-            "acc": row["acc_per_task"][task],
-            "acc_task_avg": row["acc_per_task_task_avg"][task],
-            "acc_row": row["accuracy_matrix"][task][: task + 1],
-            "new_acc": row["new_acc"][task],
-            "old_acc": row["old_acc"][task],
-            "timing": timing,
-        }
+            "task": task, "n_seen": ctx.n_seen, "classes": split.tasks[task], "acc": row["acc_per_task"][task],
+            "acc_task_avg": row["acc_per_task_task_avg"][task], "acc_row": row["accuracy_matrix"][task][: task + 1],
+            "new_acc": row["new_acc"][task], "old_acc": row["old_acc"][task], "timing": timing,
+        }  # fmt: skip
         for cb in callbacks:
             cb.on_task_end(record)
+        s.pos = Position(task + 1, "start")
+        s.save()
+        if interrupt.requested and task + 1 < split.num_tasks:
+            raise RunInterrupted(f"interrupted after task {task}")
 
     summary = {
         "method": cfg.method.name,
@@ -169,15 +305,16 @@ def run(
         "class_order": list(split.class_order),
         "tasks": split.tasks,
         "task_sizes": list(split.task_sizes),
-        **acc.summary(),
-        "timings": timings,
+        **s.acc.summary(),
+        "timings": s.timings,
         "wall_time_s": round(time.perf_counter() - started, 2),
+        "resumed": resume,
         "device": str(device),
         "seed": cfg.seed,
     }
     for cb in callbacks:
         cb.on_run_end(summary)
-    return summary
+    return summary, s.net
 
 
 def set_trainable(net: IncrementalNet, extra: Sequence[nn.Module], trainable: str) -> None:
@@ -197,6 +334,9 @@ def set_trainable(net: IncrementalNet, extra: Sequence[nn.Module], trainable: st
         raise ValueError(f"unknown trainable set {trainable!r}")
 
 
+Checkpoint = Callable[[Position, torch.optim.Optimizer, "EpochProgress | None"], None]
+
+
 def fit_task(
     net: IncrementalNet,
     method: Method,
@@ -206,30 +346,59 @@ def fit_task(
     train: TrainConfig,
     callbacks: Sequence[Callback] = (),
     progress: ProgressFactory | None = None,
+    start: Position | None = None,
+    optimizer_state: dict | None = None,
+    epoch_state: EpochProgress | None = None,
+    checkpoint: Checkpoint | None = None,
+    interrupt: Interrupt | None = None,
 ) -> dict[str, dict[str, float]]:
     """Run the phases of one task with one SGD optimiser (momentum carries over unless a phase resets it).
+
+    Args:
+        start: position to continue from (phase, epochs done, steps done); default the beginning.
+        optimizer_state, epoch_state: the optimiser and the partly done epoch at ``start``.
+        checkpoint: called with (position, optimiser, partial epoch) after every epoch and on interrupt.
 
     Returns:
         Per phase: wall time and real images per second.
     """
     progress = progress or make_progress(False)
+    start = start if start is not None and start.stage == "train" else Position(ctx.task_id, "train")
     extra = method.extra_modules(ctx)
     params = [p for m in (net, *extra) for p in m.parameters()]
     optimizer: torch.optim.Optimizer | None = None
     out: dict[str, dict[str, float]] = {}
-    for phase in phases:
-        if optimizer is None or phase.reset_optimizer:
+    for index, phase in enumerate(phases):
+        if index < start.phase:
+            continue
+        first_epoch = start.epoch if index == start.phase else 0
+        if optimizer is None or (phase.reset_optimizer and first_epoch == 0):
             optimizer = torch.optim.SGD(params, lr=phase.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+            if optimizer_state is not None:
+                optimizer.load_state_dict(optimizer_state)
+                optimizer_state = None
         set_trainable(net, extra, phase.trainable)
         t_phase = time.perf_counter()
         total = phase.epochs * len(batches)
-        with progress(total=total, desc=f"task {ctx.task_id} {phase.name}", unit="step") as bar:
-            for epoch in range(phase.epochs):
+        initial = first_epoch * len(batches) + (epoch_state.step if epoch_state else 0)
+        with progress(total=total, desc=f"task {ctx.task_id} {phase.name}", unit="step", initial=initial) as bar:
+            for epoch in range(first_epoch, phase.epochs):
                 lr = phase.lr * train.gamma ** sum(epoch >= m for m in phase.milestones)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                pos = Position(ctx.task_id, "train", index, epoch)
+
+                def on_interrupt(
+                    ep: EpochProgress, pos: Position = pos, opt: torch.optim.Optimizer = optimizer
+                ) -> None:
+                    if checkpoint is not None:
+                        checkpoint(dataclasses.replace(pos, step=ep.step), opt, ep)
+
                 t0 = time.perf_counter()
-                losses = train_epoch(net, method, batches, optimizer, ctx, phase, epoch, bar)
+                losses = train_epoch(
+                    net, method, batches, optimizer, ctx, phase, epoch, bar, epoch_state, interrupt, on_interrupt
+                )
+                epoch_state = None
                 method.on_epoch_end(ctx, phase)
                 dt = time.perf_counter() - t0
                 bar.set_postfix({k: f"{v:.3f}" for k, v in losses.items()})
@@ -239,8 +408,12 @@ def fit_task(
                 }  # fmt: skip
                 for cb in callbacks:
                     cb.on_epoch_end(record)
+                if checkpoint is not None:
+                    checkpoint(Position(ctx.task_id, "train", index, epoch + 1), optimizer, None)
+                if interrupt is not None and interrupt.requested:
+                    raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
         dt = time.perf_counter() - t_phase
-        images = phase.epochs * len(batches) * batches.batch_size
+        images = (phase.epochs - first_epoch) * len(batches) * batches.batch_size
         out[phase.name] = {"time_s": round(dt, 3), "images_per_s": round(images / dt, 1) if dt > 0 else 0.0}
     return out
 
@@ -254,44 +427,55 @@ def train_epoch(
     phase: Phase,
     epoch: int = 0,
     bar: Any = None,
+    state: EpochProgress | None = None,
+    interrupt: Interrupt | None = None,
+    on_interrupt: Callable[[EpochProgress], None] | None = None,
 ) -> dict[str, float]:
     """One pass over the task's batches. Loss terms are summed on the device and read once, at the end.
+
+    Args:
+        state: a partly done epoch to continue (from a mid-epoch checkpoint).
+        interrupt: checked after every step; when set, ``on_interrupt`` gets the epoch so far and
+            :class:`RunInterrupted` is raised.
 
     Raises:
         NonFiniteLossError: naming the first non-finite term, with task, phase, epoch and step.
     """
-    names: list[str] | None = None
-    sums = first_bad = None
-    steps = 0
-    for step, (x, y) in enumerate(batches):
+    ep = state or EpochProgress(batches.permutation())
+    for x, y in batches.iterate(ep.perm, start=ep.step):
         terms = method.training_step(net, Batch(x, y), ctx, phase)
-        if names is None:
-            names = list(terms)
-            first_bad = torch.full((len(names),), -1, device=x.device)
-        elif list(terms) != names:
-            raise RuntimeError(f"{method.name} changed its loss terms within an epoch: {names} → {list(terms)}")
+        if ep.names is None:
+            ep.names = list(terms)
+            ep.first_bad = torch.full((len(ep.names),), -1, device=x.device)
+        elif list(terms) != ep.names:
+            raise RuntimeError(f"{method.name} changed its loss terms within an epoch: {ep.names} → {list(terms)}")
         values = torch.stack([v.float() for v in terms.values()])
         loss = values.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         values = values.detach()
-        sums = values if sums is None else sums + values
-        first_bad = torch.where(~torch.isfinite(values) & (first_bad < 0), step, first_bad)
-        steps += 1
+        ep.sums = values if ep.sums is None else ep.sums + values
+        ep.first_bad = torch.where(~torch.isfinite(values) & (ep.first_bad < 0), ep.step, ep.first_bad)
+        ep.step += 1
         if bar is not None:
             bar.update(1)
-    if names is None:
+        if interrupt is not None and interrupt.requested and ep.step < len(batches):
+            if on_interrupt is not None:
+                on_interrupt(ep)
+            raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")
+    if ep.names is None:
         return {}
-    means = (sums / steps).tolist()  # the one host sync of the epoch
-    bad = first_bad.tolist()
-    for name, value, at in zip(names, means, bad, strict=True):
+    means = (ep.sums / ep.step).tolist()  # the one host sync of the epoch
+    bad = ep.first_bad.tolist()
+    for name, value, at in zip(ep.names, means, bad, strict=True):
         if at >= 0 or not np.isfinite(value):
             raise NonFiniteLossError(
                 f"loss term {name!r} became non-finite in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, "
-                f"step {at}. Lower the learning rate or this term's weight."
+                f"step {at}. Lower the learning rate or this term's weight; the run directory keeps the checkpoint "
+                f"of the last good epoch."
             )
-    return dict(zip(names, means, strict=True))
+    return dict(zip(ep.names, means, strict=True))
 
 
 @torch.no_grad()

@@ -5,28 +5,34 @@ A run directory holds
 * ``config.yaml``: the resolved config (``dfcil train --config DIR/config.yaml`` repeats the run);
 * ``meta.json``: package, library and git versions, device, command line;
 * ``run.log``: the log; ``metrics.jsonl``: one JSON record per epoch and per task;
-* ``summary.json``: written last, atomically, only when every task finished (see :mod:`dfcil.metrics`).
+* ``checkpoints/``: the newest and previous complete checkpoints (see :mod:`dfcil.state`);
+* ``model.pt``: the final network; ``summary.json``: written last, atomically, only when every task finished
+  (see :mod:`dfcil.metrics`).
 
 Everything a report needs is in these files; reading them never imports the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 
 from dfcil.callbacks import Callback, ConsoleLogger, JsonlLogger
-from dfcil.config import ConfigError, RunConfig, dump_config
-from dfcil.engine import Protocol, prepare, resolve_device, run
+from dfcil.config import RUNTIME_KEYS, ConfigError, RunConfig, config_diff, config_to_dict, dump_config, load_config
+from dfcil.engine import Interrupt, Protocol, RunInterrupted, prepare, resolve_device, run
 from dfcil.io import write_atomic, write_json
+from dfcil.models.network import IncrementalNet, build_network
+from dfcil.state import FORMAT, Checkpointer, dumps, loads
 
 log = logging.getLogger("dfcil")
 
@@ -64,7 +70,31 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
 
 def check_new_run_dir(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"run directory {out} already exists and is not empty; choose another --out")
+        raise ConfigError(
+            f"{out} exists and is not a dfcil run directory (no config.yaml); choose another --out"
+            if not (out / "config.yaml").exists()
+            else f"run directory {out} already exists"
+        )
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir/.lock`` so that two processes never write the same run directory."""
+    lock = FileLock(run_dir / ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(
+            f"run directory {run_dir} is in use by another dfcil process; wait for it or stop it first"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _changed_keys(saved: RunConfig, new: RunConfig) -> list[str]:
+    return [k for k in config_diff(config_to_dict(saved), config_to_dict(new)) if k not in RUNTIME_KEYS]
 
 
 def train(
@@ -74,24 +104,85 @@ def train(
     argv: Sequence[str] | None = None,
     callbacks: Sequence[Callback] = (),
     protocol: Protocol | None = None,
+    interrupt: Interrupt | None = None,
+    save_every_s: float = 60.0,
 ) -> dict[str, Any]:
-    """Train ``cfg`` into the new run directory ``out`` and return the summary.
+    """Train ``cfg`` into the run directory ``out`` and return the summary.
 
-    All validation (config, data, protocol, directory) happens before anything is written, so bad input
-    leaves no directory behind.
+    A new directory is created only after all validation (config, data, protocol) passed, so bad input leaves
+    nothing behind. If ``out`` is an unfinished run with the same config (runtime keys such as ``device`` may
+    differ), it is resumed.
     """
     out = Path(out)
+    if (out / "config.yaml").exists():
+        saved = load_config([out / "config.yaml"])[0]
+        changed = _changed_keys(saved, cfg)
+        if changed:
+            raise ConfigError(
+                f"{out} holds a run with a different config ({', '.join(changed)}); resume it with "
+                f"`dfcil resume {out}` or choose another --out"
+            )
+        return resume(out, [("device", cfg.device)], progress, argv, callbacks, interrupt, save_every_s)
     check_new_run_dir(out)
     protocol = protocol or prepare(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "config.yaml", dump_config(cfg))
-    write_json(out / "meta.json", provenance(cfg, argv))
+    with locked(out):
+        write_atomic(out / "config.yaml", dump_config(cfg))
+        write_json(out / "meta.json", provenance(cfg, argv))
+        return _execute(cfg, out, protocol, False, progress, callbacks, interrupt, save_every_s)
+
+
+def resume(
+    run_dir: str | os.PathLike,
+    overrides: Sequence[tuple[str, str]] = (),
+    progress: bool | None = None,
+    argv: Sequence[str] | None = None,
+    callbacks: Sequence[Callback] = (),
+    interrupt: Interrupt | None = None,
+    save_every_s: float = 60.0,
+) -> dict[str, Any]:
+    """Continue the unfinished run in ``run_dir`` from its newest usable checkpoint.
+
+    Only runtime keys (``device``) may be overridden; a change to anything that shapes the protocol or the
+    model is refused.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
+    if (run_dir / "summary.json").exists():
+        raise ConfigError(f"the run in {run_dir} is complete (summary.json exists); nothing to resume")
+    saved = load_config([run_dir / "config.yaml"])[0]
+    cfg = load_config([run_dir / "config.yaml"], [(k, str(v)) for k, v in overrides])[0]
+    changed = _changed_keys(saved, cfg)
+    if changed:
+        raise ConfigError(
+            f"cannot change {', '.join(changed)} when resuming {run_dir}: these keys shape the protocol or the "
+            f"model. Only {', '.join(sorted(RUNTIME_KEYS))} may change; start a new run for the rest"
+        )
+    protocol = prepare(cfg)
+    with locked(run_dir):
+        has_checkpoint = Checkpointer(run_dir).exists()
+        if not has_checkpoint:  # stopped before its first checkpoint: start over in place
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        return _execute(cfg, run_dir, protocol, has_checkpoint, progress, callbacks, interrupt, save_every_s)
+
+
+def _execute(
+    cfg: RunConfig,
+    out: Path,
+    protocol: Protocol,
+    resuming: bool,
+    progress: bool | None,
+    callbacks: Sequence[Callback],
+    interrupt: Interrupt | None,
+    save_every_s: float,
+) -> dict[str, Any]:
     handler = logging.FileHandler(out / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     try:
         split = protocol.split
-        log.info("run directory %s", out)
+        log.info("%s run directory %s", "resuming" if resuming else "new", out)
         log.info(
             "%s on %s: %d tasks of %s classes, class order %s",
             cfg.method.name,
@@ -100,17 +191,50 @@ def train(
             list(split.task_sizes),
             list(split.class_order),
         )
-        summary = run(
+        summary, net = run(
             cfg,
             callbacks=[ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), *callbacks],
             progress=progress,
             protocol=protocol,
+            run_dir=out,
+            resume=resuming,
+            interrupt=interrupt,
+            save_every_s=save_every_s,
         )
+        save_model(out / "model.pt", net, cfg)
         write_json(out / "summary.json", summary)
         return summary
+    except RunInterrupted:
+        log.warning("interrupted: checkpoint written; continue with `dfcil resume %s`", out)
+        raise
     except BaseException:
         log.exception("run failed")
         raise
     finally:
         log.removeHandler(handler)
         handler.close()
+
+
+def save_model(path: Path, net: IncrementalNet, cfg: RunConfig) -> None:
+    """The final network: weights, head block sizes and the backbone name, in the safe checkpoint format."""
+    write_atomic(
+        path,
+        dumps(
+            {
+                "format": FORMAT,
+                "net": net.state_dict(),
+                "head_sizes": [b.out_features for b in net.head.blocks],
+                "backbone": cfg.model.backbone,
+            }
+        ),
+    )
+
+
+def load_model(path: str | os.PathLike) -> IncrementalNet:
+    """Rebuild the network saved by :func:`save_model` (weights-only load; refuses anything else)."""
+    payload = loads(Path(path).read_bytes(), str(path))
+    net = build_network(payload["backbone"])
+    for n in payload["head_sizes"]:
+        net.expand(n)
+    net.load_state_dict(payload["net"])
+    return net.eval()

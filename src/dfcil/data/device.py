@@ -112,9 +112,16 @@ class TrainBatches:
     def __len__(self) -> int:
         return len(self.x) // self.batch_size
 
+    def permutation(self) -> Tensor:
+        """A fresh batch order for one epoch (drawn from the generator)."""
+        return torch.randperm(len(self.x), generator=self.generator, device=self.x.device)
+
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        perm = torch.randperm(len(self.x), generator=self.generator, device=self.x.device)
-        for i in range(len(self)):
+        return self.iterate(self.permutation())
+
+    def iterate(self, perm: Tensor, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+        """The batches of the epoch with order ``perm``, from batch ``start`` on (to continue a partial epoch)."""
+        for i in range(start, len(self)):
             idx = perm[i * self.batch_size : (i + 1) * self.batch_size]
             x = self.x[idx]
             if self.augment:

@@ -36,6 +36,10 @@ class Batch:
 ProgressFactory = Callable[..., Any]  # (total=int, desc=str) -> a tqdm-like object
 
 
+def _no_save_point() -> None:
+    pass
+
+
 @dataclasses.dataclass
 class TaskContext:
     """What a method may know about the task at hand."""
@@ -50,6 +54,7 @@ class TaskContext:
     batch_size: int  # real images per training step
     rng: torch.Generator  # the method's own random stream (latent codes), on ``device``
     progress: ProgressFactory
+    save_point: Callable[[], None] = _no_save_point  # call at consistent points of long setups (see on_task_start)
 
     @property
     def n_seen(self) -> int:
@@ -73,7 +78,12 @@ class Method:
         return [Phase("train", epochs=t.epochs, lr=t.lr, milestones=t.milestones)]
 
     def on_task_start(self, ctx: TaskContext) -> None:
-        """Called after the head grew for the new task, before training: teacher snapshot, inversion."""
+        """Called after the head grew for the new task, before training: teacher snapshot, inversion.
+
+        Long setups call ``ctx.save_point()`` at consistent points; the engine may then checkpoint (or stop on an
+        interrupt). After a resume inside the setup, :meth:`load_state_dict` has restored the partial state and
+        ``on_task_start`` is called again: it must continue from that state, not start over.
+        """
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
         """Modules trained with the network by the same optimiser (e.g. RKD projectors)."""
@@ -90,11 +100,26 @@ class Method:
         """Called after the last phase of a task, before evaluation."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything that shapes the rest of the run (teacher, generator, projectors, counters)."""
+        """Everything that shapes the rest of the run and may change during a task (projectors, counters, a
+        generator still being trained). Saved at every checkpoint."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext) -> None:
-        """Restore :meth:`state_dict` inside task ``ctx.task_id`` (the network is already restored)."""
+    def static_state_dict(self) -> dict[str, Any]:
+        """State fixed from the end of :meth:`on_task_start` to the end of the task (frozen teacher, trained
+        generator). Saved once per task; per-epoch checkpoints refer to it."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
+        """Restore :meth:`state_dict` (and :meth:`static_state_dict`) inside task ``ctx.task_id``; the network
+        is already restored."""
+
+    def task0_signature(self) -> str | None:
+        """What task-0 training optimises, for sharing first-task models between methods; None: never share.
+
+        Methods whose first task is plain CE over the task's classes return ``"ce"``; the engine adds the
+        schedule (its phases) and everything else that shapes the model to the key.
+        """
+        return None
 
 
 METHODS: Registry[type[Method]] = Registry("method")

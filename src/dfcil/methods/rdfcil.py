@@ -75,6 +75,7 @@ class RDFCIL(Method):
                 f"method.chr_epochs ({cfg.chr_epochs}) must be smaller than train.epochs ({train.epochs}): "
                 f"train.epochs counts RRL and CHR epochs together, as the reference's max_epochs"
             )
+        self.task_id: int | None = None  # the task the state below belongs to
         self.teacher: IncrementalNet | None = None
         self.synth: ModelInversion | None = None
         self.projector: RelationProjector | None = None
@@ -94,6 +95,7 @@ class RDFCIL(Method):
 
     def _build_task_state(self, ctx: TaskContext) -> None:
         c = self.cfg
+        self.task_id = ctx.task_id
         self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
         batch = c.inversion.batch_size or ctx.batch_size
         self.synth = ModelInversion(self.teacher, c.inversion, ctx.image_size, batch, ctx.rng)
@@ -102,12 +104,22 @@ class RDFCIL(Method):
         self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
         self.class_weights = torch.ones(ctx.n_seen, device=ctx.device)
 
+    def _clear(self) -> None:
+        self.task_id = None
+        self.teacher = self.synth = self.projector = self.weights = None
+        self.class_counts = self.class_weights = None
+
     def on_task_start(self, ctx: TaskContext) -> None:
         if ctx.task_id == 0:
-            self.teacher = self.synth = self.projector = None
+            self._clear()
             return
-        self._build_task_state(ctx)
-        self._invert(ctx)
+        if self.task_id != ctx.task_id:  # after a resume inside the setup the partial state is already loaded
+            self._build_task_state(ctx)
+        if not self.synth.done:
+            self._invert(ctx)
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        self._clear()  # nothing of a task's teacher, generator or projectors is carried into the next
 
     def _invert(self, ctx: TaskContext) -> None:
         assert self.synth is not None
@@ -119,6 +131,7 @@ class RDFCIL(Method):
                 bar.update(1)
                 if step % 50 == 0 or step == self.synth.cfg.steps:
                     bar.set_postfix({k: f"{v.item():.3f}" for k, v in terms.items()})
+                ctx.save_point()
 
             self.synth.fit(on_step)
 
@@ -158,23 +171,41 @@ class RDFCIL(Method):
             self.class_weights = balanced_class_weights(self.class_counts)
 
     def state_dict(self) -> dict[str, Any]:
-        if self.teacher is None:
+        if self.task_id is None:
             return {}
-        return {
-            "teacher": self.teacher.state_dict(),
-            "synth": self.synth.state_dict(),
+        state = {
+            "task_id": self.task_id,
             "projector": self.projector.state_dict(),
             "class_counts": self.class_counts,
             "class_weights": self.class_weights,
         }
+        if not self.synth.done:  # checkpoint inside the inversion: the partial generator travels here
+            state |= {"teacher": self.teacher.state_dict(), "inversion": self.synth.state_dict()}
+        return state
 
-    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext) -> None:
+    def static_state_dict(self) -> dict[str, Any]:
+        if self.task_id is None or not self.synth.done:
+            return {}
+        return {"teacher": self.teacher.state_dict(), "generator": self.synth.generator.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
         if not state:
-            self.teacher = self.synth = self.projector = None
+            self._clear()
             return
+        if state["task_id"] != ctx.task_id:
+            raise ValueError(f"method state of task {state['task_id']} cannot resume task {ctx.task_id}")
         self._build_task_state(ctx)
-        self.teacher.load_state_dict(state["teacher"])
-        self.synth.load_state_dict(state["synth"])
+        if "inversion" in state:
+            self.teacher.load_state_dict(state["teacher"])
+            self.synth.load_state_dict(state["inversion"])
+        else:
+            if not static:
+                raise ValueError("the trained generator and teacher of this task are missing from the checkpoint")
+            self.teacher.load_state_dict(static["teacher"])
+            self.synth.load_trained(static["generator"])
         self.projector.load_state_dict(state["projector"])
         self.class_counts = state["class_counts"].to(ctx.device)
         self.class_weights = state["class_weights"].to(ctx.device)
+
+    def task0_signature(self) -> str | None:
+        return "ce"  # task 0 is plain CE over its classes

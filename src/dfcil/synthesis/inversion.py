@@ -62,6 +62,10 @@ class ModelInversion:
         self.kernel = gaussian_kernel().to(self.device)
         self.step = 0  # Adam steps done; fit() continues from here
 
+    @property
+    def done(self) -> bool:
+        return self.step >= self.cfg.steps
+
     def latent(self, n: int) -> Tensor:
         return torch.randn(n, self.cfg.zdim, generator=self.rng, device=self.device)
 
@@ -94,8 +98,12 @@ class ModelInversion:
             self.step += 1
             if on_step is not None:
                 on_step(self.step, terms)
+        self._freeze()
+
+    def _freeze(self) -> None:
         self.generator.eval()
         self.generator.requires_grad_(False)
+        self.optimizer = None  # Adam's moments are not needed for sampling
 
     @torch.no_grad()
     def generate(self, n: int) -> Tensor:
@@ -110,16 +118,21 @@ class ModelInversion:
         return x, self.teacher(x).logits.argmax(dim=1)
 
     def state_dict(self) -> dict:
-        return {
-            "generator": self.generator.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "step": self.step,
-        }
+        """Training state (generator, Adam, steps done); only while :attr:`done` is False."""
+        if self.done:
+            raise RuntimeError("the generator is trained; save generator.state_dict() instead")
+        return {"generator": self.generator.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue a partly trained generator (see :meth:`state_dict`)."""
         self.generator.load_state_dict(state["generator"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
-        if self.step >= self.cfg.steps:
-            self.generator.eval()
-            self.generator.requires_grad_(False)
+        if self.done:
+            self._freeze()
+
+    def load_trained(self, generator_state: dict) -> None:
+        """Load a fully trained generator for sampling."""
+        self.generator.load_state_dict(generator_state)
+        self.step = self.cfg.steps
+        self._freeze()

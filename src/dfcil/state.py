@@ -1,0 +1,180 @@
+"""Checkpoints: everything a run needs to continue exactly, written atomically, loaded strictly and safely.
+
+File format: ``DFCILCK1`` magic (8 bytes) + SHA-256 of the rest (32 bytes) + a ``torch.save`` archive of plain
+containers and tensors. Loading checks the magic and the digest (truncation, bit rot, tampering) and then uses
+``torch.load(weights_only=True)``, which refuses arbitrary pickled objects, so a crafted file cannot run code.
+
+Layout of ``<run>/checkpoints``: ``last.pt`` (newest), ``prev.pt`` (the one before, the fallback), and
+``task<t>-static.pt`` (per-task state that never changes after the task's setup: frozen teacher and generator),
+written once and referenced by digest so that per-epoch checkpoints stay small.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dfcil.io import fsync_dir, write_atomic
+
+log = logging.getLogger("dfcil")
+
+MAGIC = b"DFCILCK1"
+FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, truncated, tampered with or from another run."""
+
+
+@dataclasses.dataclass
+class Position:
+    """Where a run stands. A checkpoint at ``(task, stage, phase, epoch, step)`` resumes right there.
+
+    ``stage``: ``"start"`` (nothing of ``task`` done yet), ``"setup"`` (inside the method's task setup, e.g.
+    inversion) or ``"train"`` (phase ``phase``, ``epoch`` epochs of it done, plus ``step`` batches of the next).
+    """
+
+    task: int = 0
+    stage: str = "start"
+    phase: int = 0
+    epoch: int = 0
+    step: int = 0
+
+
+# ------------------------------------------------------------------------------------------------- RNG
+
+
+def capture_rng(generators: dict[str, torch.Generator]) -> dict[str, Any]:
+    """Every random stream a run draws from: Python, NumPy (legacy), torch CPU and CUDA, named generators."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+        "cuda": [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_initialized()
+        else [],
+        "generators": {name: g.get_state() for name, g in generators.items()},
+    }
+    return state
+
+
+def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    for i, s in enumerate(state["cuda"][: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(s, i)
+    if set(state["generators"]) != set(generators):
+        raise CheckpointError(f"checkpoint has RNG streams {sorted(state['generators'])}, run has {sorted(generators)}")
+    for name, g in generators.items():
+        g.set_state(state["generators"][name])
+
+
+# ------------------------------------------------------------------------------------------------- files
+
+
+def dumps(payload: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    return MAGIC + hashlib.sha256(body).digest() + body
+
+
+def loads(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
+    """Verify and load checkpoint bytes; never unpickles anything but tensors and plain containers."""
+    if len(data) < len(MAGIC) + 32 or not data.startswith(MAGIC):
+        raise CheckpointError(f"{source} is not a dfcil checkpoint (bad header) or is truncated")
+    digest, body = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
+    if hashlib.sha256(body).digest() != digest:
+        raise CheckpointError(f"{source} is truncated or corrupt (checksum mismatch)")
+    try:
+        payload = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    except Exception as err:  # the unpickler raises various types for disallowed globals
+        raise CheckpointError(f"{source} holds data that is not allowed in a checkpoint ({err})") from err
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{source} has an unknown checkpoint format")
+    return payload
+
+
+def digest_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Checkpointer:
+    """Writes and finds the checkpoints of one run directory."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.dir = Path(run_dir) / "checkpoints"
+
+    @property
+    def last(self) -> Path:
+        return self.dir / "last.pt"
+
+    @property
+    def prev(self) -> Path:
+        return self.dir / "prev.pt"
+
+    def exists(self) -> bool:
+        return self.last.exists() or self.prev.exists()
+
+    def save(self, payload: dict[str, Any]) -> None:
+        """Write ``payload`` as the newest checkpoint; the previous newest becomes ``prev.pt``.
+
+        At every instant at least one complete checkpoint is on disk: the new file is written and fsynced under
+        a temporary name before the renames.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / ".last.pt.tmp"
+        write_atomic(tmp, dumps({"format": FORMAT, **payload}))
+        if self.last.exists():
+            os.replace(self.last, self.prev)
+        os.replace(tmp, self.last)
+        fsync_dir(self.dir)
+
+    def save_static(self, task: int, payload: dict[str, Any]) -> str:
+        """Write task ``task``'s static state once; returns its digest for the per-epoch checkpoints."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / f"task{task}-static.pt"
+        write_atomic(path, dumps({"format": FORMAT, **payload}))
+        return digest_of(path)
+
+    def load_static(self, task: int, digest: str) -> dict[str, Any]:
+        path = self.dir / f"task{task}-static.pt"
+        if not path.exists():
+            raise CheckpointError(f"{path} is missing")
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise CheckpointError(f"{path} does not match the checkpoint that refers to it")
+        return loads(data, str(path))
+
+    def load_latest(self) -> dict[str, Any]:
+        """The newest usable checkpoint: ``last.pt``, else ``prev.pt`` (with a warning saying why)."""
+        errors = []
+        for path in (self.last, self.prev):
+            if not path.exists():
+                errors.append(f"{path.name}: missing")
+                continue
+            try:
+                payload = loads(path.read_bytes(), str(path))
+                static = payload.get("static")
+                if static is not None:
+                    payload["static_state"] = self.load_static(static["task"], static["digest"])
+            except CheckpointError as err:
+                log.warning("cannot use %s: %s; trying the previous checkpoint", path, err)
+                errors.append(f"{path.name}: {err}")
+                continue
+            return payload
+        raise CheckpointError(f"no usable checkpoint in {self.dir} ({'; '.join(errors)})")
