@@ -59,7 +59,8 @@ def test_dotted_overrides_are_parsed_as_yaml():
         ([("train.epochs", "0")], r"train.epochs: Input should be greater than or equal to 1"),
         ([("train.lr", "-1")], r"train.lr: Input should be greater than 0"),
         ([("method.name", "rdfcill")], r"unknown method 'rdfcill'. Did you mean 'rdfcil'\?"),
-        ([("seed", "x")], r"seed: expected int"),
+        ([("seed", "x")], r"seed: Input should be a valid integer"),
+        ([("checkpoint_interval_s", "-1")], r"checkpoint_interval_s: Input should be greater than or equal to 0"),
         ([("train", "5")], r"section 'train' must be a mapping"),
         ([("method.chr_epochs", "300")], None),  # valid for the schema; the method rejects it (see below)
     ],

@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from dfcil.config import ConfigError, RunConfig, dump_config, load_config
+from dfcil.config import TOP_LEVEL_SCALARS, ConfigError, RunConfig, dump_config, load_config
 
 log = logging.getLogger("dfcil")
 
 EPILOG = """\
 Any config key can be set with a dotted option, LightningCLI style: --train.epochs 3, --data.root DIR,
 --method.name finetune (switches the method; file keys the new method lacks are dropped), --data.class_order
-"[3, 1, 2]". Values are parsed as YAML.
+"[3, 1, 2]", --seed 2, --task0_cache DIR. Values are parsed as YAML.
 """
 
 
@@ -32,7 +32,8 @@ def _split_overrides(tokens: Sequence[str]) -> list[tuple[str, str]]:
     out, i = [], 0
     while i < len(tokens):
         token = tokens[i]
-        if not token.startswith("--") or "." not in token.split("=", 1)[0]:
+        name = token.split("=", 1)[0][2:]
+        if not token.startswith("--") or ("." not in name and name not in TOP_LEVEL_SCALARS):
             raise ConfigError(f"unrecognised argument {token!r}; config keys are given as --section.key VALUE")
         if "=" in token:
             key, value = token[2:].split("=", 1)
@@ -121,7 +122,7 @@ def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Seq
 def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from dfcil.runner import resume
 
-    overrides = [("device", args.device)] if args.device else []
+    overrides = {"device": args.device} if args.device else {}
     return _interruptible(
         args.run_dir, lambda interrupt: resume(args.run_dir, overrides, args.progress, argv, interrupt=interrupt)
     )

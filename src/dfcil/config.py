@@ -84,11 +84,19 @@ class RunConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     seed: int = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N; runtime only, may change on resume
+    checkpoint_interval_s: float = 60.0  # extra checkpoints inside long task setups (inversion); runtime only
+    task0_cache: str | None = None  # directory of shared first-task models (see docs/resume.md); runtime only
 
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
-TOP_LEVEL_SCALARS: dict[str, type] = {"seed": int, "device": str}
-RUNTIME_KEYS = frozenset({"device"})  # keys a resume may change; everything else shapes the results
+TOP_LEVEL_SCALARS: dict[str, Any] = {
+    "seed": int,
+    "device": str,
+    "checkpoint_interval_s": NonNegativeFloat,
+    "task0_cache": str | None,
+}
+# Keys that a resume may change: they never change the results. Everything else shapes the protocol or model.
+RUNTIME_KEYS = frozenset({"device", "checkpoint_interval_s", "task0_cache"})
 
 
 # --------------------------------------------------------------------------------------------------- decoding
@@ -154,8 +162,8 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
         if key in raw:
             try:
                 kwargs[key] = TypeAdapter(typ).validate_python(raw[key])
-            except ValidationError:
-                raise ConfigError(f"{key}: expected {typ.__name__}, got {raw[key]!r}") from None
+            except ValidationError as err:
+                raise ConfigError(f"{key}: {err.errors()[0]['msg']} (got {raw[key]!r})") from None
     return RunConfig(method=method_cfg, **kwargs)
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,18 +11,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from dfcil.callbacks import Callback
-from dfcil.config import ConfigError, RunConfig, TrainConfig, config_to_dict
-from dfcil.data.datasets import ImageDataset, build_dataset
+from dfcil.config import RunConfig, TrainConfig
 from dfcil.data.device import Normalizer, TrainBatches, select_classes
-from dfcil.data.splits import ClassIncrementalSplit, SplitError
-from dfcil.methods import Batch, Method, Phase, TaskContext, build_method
-from dfcil.metrics import AccuracyMatrix
-from dfcil.models.network import IncrementalNet, build_network
+from dfcil.methods import Batch, Method, Phase, TaskContext
+from dfcil.models.network import IncrementalNet
 from dfcil.progress import ProgressFactory, make_progress
-from dfcil.state import Checkpointer, Position, capture_rng, restore_rng
+from dfcil.session import EpochProgress, Protocol, Session, prepare, resolve_device, seed_everything
+from dfcil.state import Checkpointer, Position
+
+__all__ = ["Interrupt", "NonFiniteLossError", "Protocol", "RunInterrupted", "evaluate", "fit_task", "prepare"]
+__all__ += ["resolve_device", "run", "seed_everything", "set_trainable", "train_epoch"]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -41,151 +41,6 @@ class Interrupt:
     requested: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class Protocol:
-    """A validated run setting: the dataset and how it is cut into tasks."""
-
-    dataset: ImageDataset
-    split: ClassIncrementalSplit
-    train_images: tuple[int, ...]  # training images per task
-    test_images: tuple[int, ...]  # test images per task
-
-
-@dataclasses.dataclass
-class EpochProgress:
-    """A partly done epoch: its batch order, batches done and loss sums so far (for mid-epoch checkpoints)."""
-
-    perm: Tensor
-    step: int = 0
-    names: list[str] | None = None
-    sums: Tensor | None = None
-    first_bad: Tensor | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
-    return device
-
-
-def prepare(cfg: RunConfig) -> Protocol:
-    """Load the data and build the protocol, raising a clear error for anything that cannot run."""
-    build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
-    resolve_device(cfg.device)
-    d = cfg.data
-    dataset = build_dataset(d.name, d.root, download=d.download, num_classes=d.num_classes)
-    split = ClassIncrementalSplit.build(
-        dataset.num_classes, d.num_tasks, d.base_classes, d.class_order, d.class_order_seed, d.num_classes
-    )
-    lut, offsets = split.label_map(dataset.num_classes), split.offsets
-    train_n, test_n = [], []
-    for t in range(split.num_tasks):
-        labels = range(offsets[t], offsets[t + 1])
-        train_n.append(len(select_classes(dataset.train, lut, labels, d.train_per_class)[1]))
-        test_n.append(len(select_classes(dataset.test, lut, labels, d.test_per_class)[1]))
-    for t, n in enumerate(train_n):
-        if n < cfg.train.batch_size:
-            raise SplitError(
-                f"task {t} has {n} training images, fewer than train.batch_size={cfg.train.batch_size}; with drop_last "
-                f"it would never train. Use fewer tasks, more images per class or a smaller batch"
-            )
-    if min(test_n) == 0:
-        raise SplitError(f"a task has no test images (per task: {test_n}); check data.test_per_class")
-    return Protocol(dataset, split, tuple(train_n), tuple(test_n))
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class Session:
-    """All mutable state of one run, with its checkpoint payload. Built identically for a fresh run and a resume."""
-
-    def __init__(self, cfg: RunConfig, protocol: Protocol, checkpointer: Checkpointer | None, metrics: Path | None):
-        self.cfg, self.protocol = cfg, protocol
-        self.device = resolve_device(cfg.device)
-        self.checkpointer, self.metrics = checkpointer, metrics
-        seed_everything(cfg.seed)
-        self.method = build_method(cfg.method, cfg.train)
-        self.net = build_network(cfg.model.backbone, type(self.method).head, cfg.model.head_init_std).to(self.device)
-        self.rngs = {  # shuffling and augmentation; the method's latent codes
-            "data": torch.Generator(device=self.device).manual_seed(cfg.seed),
-            "method": torch.Generator(device=self.device).manual_seed(cfg.seed + 1),
-        }
-        self.acc = AccuracyMatrix(protocol.split.num_tasks)
-        self.pos = Position()
-        self.timings: list[dict[str, Any]] = []
-        self.static_ref: dict[str, Any] | None = None
-        self.last_save = time.monotonic()
-
-    def payload(self, optimizer: torch.optim.Optimizer | None = None, epoch: EpochProgress | None = None) -> dict:
-        static = self.method.static_state_dict()
-        if static and (self.static_ref is None or self.static_ref["task"] != self.pos.task):
-            self.static_ref = {"task": self.pos.task, "digest": self.checkpointer.save_static(self.pos.task, static)}
-        return {
-            "position": dataclasses.asdict(self.pos),
-            "head_sizes": [b.out_features for b in self.net.head.blocks],
-            "net": self.net.state_dict(),
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "method": self.method.state_dict(),
-            "static": self.static_ref if static else None,
-            "epoch_progress": epoch.state_dict() if epoch is not None else None,
-            "acc": self.acc.state_dict(),
-            "timings": self.timings,
-            "rng": capture_rng(self.rngs),
-            "metrics_bytes": self.metrics.stat().st_size if self.metrics and self.metrics.exists() else 0,
-            "config": config_to_dict(self.cfg),
-        }
-
-    def save(self, optimizer: torch.optim.Optimizer | None = None, epoch: EpochProgress | None = None) -> None:
-        if self.checkpointer is not None:
-            self.checkpointer.save(self.payload(optimizer, epoch))
-            self.last_save = time.monotonic()
-
-    def restore(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Load a checkpoint payload; returns what the task loop needs to continue (optimizer, epoch state)."""
-        self.pos = Position(**payload["position"])
-        for n in payload["head_sizes"][len(self.net.head.blocks) :]:
-            self.net.expand(n)
-        self.net.load_state_dict(payload["net"])
-        self.method.load_state_dict(
-            payload["method"], self.context(self.pos.task), (payload.get("static_state") or {}) or None
-        )
-        self.static_ref = payload["static"]
-        self.acc.load_state_dict(payload["acc"])
-        self.timings = list(payload["timings"])
-        restore_rng(payload["rng"], self.rngs)  # last: building the state above consumed random numbers
-        epoch = payload["epoch_progress"]
-        if epoch:
-            epoch = EpochProgress(**{k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in epoch.items()})
-        return {"optimizer": payload["optimizer"], "epoch": epoch or None}
-
-    def context(self, task: int, progress: ProgressFactory | None = None, save_point=None) -> TaskContext:
-        o = self.protocol.split.offsets
-        n_old, n_new = o[min(task, len(o) - 2)], o[min(task, len(o) - 2) + 1] - o[min(task, len(o) - 2)]
-        return TaskContext(
-            task, n_old, n_new, self.protocol.split.num_tasks, self.net, self.device, self.protocol.dataset.image_size,
-            self.cfg.train.batch_size, self.rngs["method"], progress or make_progress(False),
-            save_point or (lambda: None),
-        )  # fmt: skip
-
-
 def run(
     cfg: RunConfig,
     callbacks: Sequence[Callback] = (),
@@ -194,7 +49,7 @@ def run(
     run_dir: Path | None = None,
     resume: bool = False,
     interrupt: Interrupt | None = None,
-    save_every_s: float = 60.0,
+    save_every_s: float | None = None,
 ) -> tuple[dict[str, Any], IncrementalNet]:
     """Train ``cfg.method`` through every task of the protocol.
 
@@ -202,7 +57,8 @@ def run(
         run_dir: where checkpoints go (``run_dir/checkpoints``) and ``metrics.jsonl`` lives; None: no checkpoints.
         resume: continue from the newest usable checkpoint in ``run_dir``.
         interrupt: when its flag is set, finish the step, checkpoint and raise :class:`RunInterrupted`.
-        save_every_s: extra checkpoints inside long task setups (inversion), at most this often.
+        save_every_s: extra checkpoints inside long task setups (inversion), at most this often; default
+            ``cfg.checkpoint_interval_s``.
 
     Returns:
         The summary (see :mod:`dfcil.metrics`) and the trained network.
@@ -212,6 +68,7 @@ def run(
     ckpt = Checkpointer(run_dir) if run_dir is not None else None
     s = Session(cfg, protocol, ckpt, run_dir / "metrics.jsonl" if run_dir is not None else None)
     interrupt = interrupt or Interrupt()
+    save_every_s = cfg.checkpoint_interval_s if save_every_s is None else save_every_s
     resumed: dict[str, Any] = {"optimizer": None, "epoch": None}
     if resume:
         payload = ckpt.load_latest()
@@ -219,6 +76,11 @@ def run(
         if s.metrics is not None and s.metrics.exists():
             with open(s.metrics, "r+") as f:  # drop records written after the checkpoint
                 f.truncate(payload["metrics_bytes"])
+    elif s.load_task0():  # a shared first-task model: task 0 is not trained again
+        record = _task_record(s, 0) | {"shared_task0": str(s.task0_path())}
+        for cb in callbacks:
+            cb.on_task_end(record)
+        s.save()
     ds, split, device = protocol.dataset, protocol.split, s.device
     normalizer = Normalizer(ds.mean, ds.std, device)
     lut, offsets = split.label_map(ds.num_classes), split.offsets
@@ -257,7 +119,8 @@ def run(
         if s.pos.stage == "setup":
             t0 = time.perf_counter()
             s.method.on_task_start(ctx)
-            _sync(device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             timing["setup_s"] = round(time.perf_counter() - t0, 3)
             s.pos = Position(task, "train")
             s.save()
@@ -286,16 +149,12 @@ def run(
         timing["eval_s"] = round(time.perf_counter() - t0, 3)
         s.acc.record(task, correct, count)
         s.timings.append(timing)
-        row = s.acc.summary()
-        record = {
-            "task": task, "n_seen": ctx.n_seen, "classes": split.tasks[task], "acc": row["acc_per_task"][task],
-            "acc_task_avg": row["acc_per_task_task_avg"][task], "acc_row": row["accuracy_matrix"][task][: task + 1],
-            "new_acc": row["new_acc"][task], "old_acc": row["old_acc"][task], "timing": timing,
-        }  # fmt: skip
         for cb in callbacks:
-            cb.on_task_end(record)
+            cb.on_task_end(_task_record(s, task))
         s.pos = Position(task + 1, "start")
         s.save()
+        if task == 0:
+            s.store_task0()
         if interrupt.requested and task + 1 < split.num_tasks:
             raise RunInterrupted(f"interrupted after task {task}")
 
@@ -315,6 +174,16 @@ def run(
     for cb in callbacks:
         cb.on_run_end(summary)
     return summary, s.net
+
+
+def _task_record(s: Session, task: int) -> dict[str, Any]:
+    row = s.acc.summary()
+    return {
+        "task": task, "n_seen": s.protocol.split.offsets[task + 1], "classes": s.protocol.split.tasks[task],
+        "acc": row["acc_per_task"][task], "acc_task_avg": row["acc_per_task_task_avg"][task],
+        "acc_row": row["accuracy_matrix"][task][: task + 1], "new_acc": row["new_acc"][task],
+        "old_acc": row["old_acc"][task], "timing": s.timings[task],
+    }  # fmt: skip
 
 
 def set_trainable(net: IncrementalNet, extra: Sequence[nn.Module], trainable: str) -> None:
@@ -467,14 +336,14 @@ def train_epoch(
     if ep.names is None:
         return {}
     means = (ep.sums / ep.step).tolist()  # the one host sync of the epoch
-    bad = ep.first_bad.tolist()
-    for name, value, at in zip(ep.names, means, bad, strict=True):
-        if at >= 0 or not np.isfinite(value):
-            raise NonFiniteLossError(
-                f"loss term {name!r} became non-finite in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, "
-                f"step {at}. Lower the learning rate or this term's weight; the run directory keeps the checkpoint "
-                f"of the last good epoch."
-            )
+    bad = [(at, i) for i, at in enumerate(ep.first_bad.tolist()) if at >= 0]
+    if bad:  # name the term that went wrong first; later ones usually follow from it
+        at, i = min(bad)
+        raise NonFiniteLossError(
+            f"loss term {ep.names[i]!r} became non-finite in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, "
+            f"step {at}. Lower the learning rate or this term's weight; the run directory keeps the checkpoint "
+            f"of the last good epoch."
+        )
     return dict(zip(ep.names, means, strict=True))
 
 

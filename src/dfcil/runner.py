@@ -15,6 +15,7 @@ Everything a report needs is in these files; reading them never imports the engi
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import platform
@@ -105,7 +106,6 @@ def train(
     callbacks: Sequence[Callback] = (),
     protocol: Protocol | None = None,
     interrupt: Interrupt | None = None,
-    save_every_s: float = 60.0,
 ) -> dict[str, Any]:
     """Train ``cfg`` into the run directory ``out`` and return the summary.
 
@@ -122,24 +122,24 @@ def train(
                 f"{out} holds a run with a different config ({', '.join(changed)}); resume it with "
                 f"`dfcil resume {out}` or choose another --out"
             )
-        return resume(out, [("device", cfg.device)], progress, argv, callbacks, interrupt, save_every_s)
+        runtime = {key: getattr(cfg, key) for key in RUNTIME_KEYS}
+        return resume(out, runtime, progress, argv, callbacks, interrupt)
     check_new_run_dir(out)
     protocol = protocol or prepare(cfg)
     out.mkdir(parents=True, exist_ok=True)
     with locked(out):
         write_atomic(out / "config.yaml", dump_config(cfg))
         write_json(out / "meta.json", provenance(cfg, argv))
-        return _execute(cfg, out, protocol, False, progress, callbacks, interrupt, save_every_s)
+        return _execute(cfg, out, protocol, False, progress, callbacks, interrupt)
 
 
 def resume(
     run_dir: str | os.PathLike,
-    overrides: Sequence[tuple[str, str]] = (),
+    overrides: dict[str, Any] | None = None,
     progress: bool | None = None,
     argv: Sequence[str] | None = None,
     callbacks: Sequence[Callback] = (),
     interrupt: Interrupt | None = None,
-    save_every_s: float = 60.0,
 ) -> dict[str, Any]:
     """Continue the unfinished run in ``run_dir`` from its newest usable checkpoint.
 
@@ -152,7 +152,7 @@ def resume(
     if (run_dir / "summary.json").exists():
         raise ConfigError(f"the run in {run_dir} is complete (summary.json exists); nothing to resume")
     saved = load_config([run_dir / "config.yaml"])[0]
-    cfg = load_config([run_dir / "config.yaml"], [(k, str(v)) for k, v in overrides])[0]
+    cfg = load_config([run_dir / "config.yaml"], [(k, json.dumps(v)) for k, v in (overrides or {}).items()])[0]
     changed = _changed_keys(saved, cfg)
     if changed:
         raise ConfigError(
@@ -164,7 +164,7 @@ def resume(
         has_checkpoint = Checkpointer(run_dir).exists()
         if not has_checkpoint:  # stopped before its first checkpoint: start over in place
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        return _execute(cfg, run_dir, protocol, has_checkpoint, progress, callbacks, interrupt, save_every_s)
+        return _execute(cfg, run_dir, protocol, has_checkpoint, progress, callbacks, interrupt)
 
 
 def _execute(
@@ -175,7 +175,6 @@ def _execute(
     progress: bool | None,
     callbacks: Sequence[Callback],
     interrupt: Interrupt | None,
-    save_every_s: float,
 ) -> dict[str, Any]:
     handler = logging.FileHandler(out / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -199,7 +198,6 @@ def _execute(
             run_dir=out,
             resume=resuming,
             interrupt=interrupt,
-            save_every_s=save_every_s,
         )
         save_model(out / "model.pt", net, cfg)
         write_json(out / "summary.json", summary)

@@ -8,6 +8,7 @@ and the difference is a switch (``chr_hkd``).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any
 
@@ -21,6 +22,8 @@ from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
+
+log = logging.getLogger("dfcil")
 
 
 @configclass
@@ -123,6 +126,10 @@ class RDFCIL(Method):
 
     def _invert(self, ctx: TaskContext) -> None:
         assert self.synth is not None
+        steps = self.synth.cfg.steps
+        log.info(
+            "task %d: inverting the old model into a new generator (steps %d..%d)", ctx.task_id, self.synth.step, steps
+        )
         with ctx.progress(
             total=self.synth.cfg.steps, desc=f"task {ctx.task_id} inversion", initial=self.synth.step
         ) as bar:
@@ -134,6 +141,7 @@ class RDFCIL(Method):
                 ctx.save_point()
 
             self.synth.fit(on_step)
+        log.info("task %d: inversion done", ctx.task_id)
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
         return [self.projector] if self.projector is not None else []

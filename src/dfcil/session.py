@@ -1,0 +1,220 @@
+"""Everything a run is made of before and between its training steps: the validated protocol, the network, the
+method, the random streams, the position, and the checkpoint payload that holds them all. The engine's loop
+(:mod:`dfcil.engine`) works on a :class:`Session`, identically for a fresh run and a resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dfcil.config import ConfigError, RunConfig, config_to_dict
+from dfcil.data.datasets import ImageDataset, build_dataset
+from dfcil.data.device import select_classes
+from dfcil.data.splits import ClassIncrementalSplit, SplitError
+from dfcil.io import write_atomic
+from dfcil.methods import TaskContext, build_method
+from dfcil.metrics import AccuracyMatrix
+from dfcil.models.network import build_network
+from dfcil.progress import ProgressFactory, make_progress
+from dfcil.state import Checkpointer, Position, capture_rng, dumps, loads, restore_rng
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """A validated run setting: the dataset and how it is cut into tasks."""
+
+    dataset: ImageDataset
+    split: ClassIncrementalSplit
+    train_images: tuple[int, ...]  # training images per task
+    test_images: tuple[int, ...]  # test images per task
+
+
+@dataclasses.dataclass
+class EpochProgress:
+    """A partly done epoch: its batch order, batches done and loss sums so far (for mid-epoch checkpoints)."""
+
+    perm: Tensor
+    step: int = 0
+    names: list[str] | None = None
+    sums: Tensor | None = None
+    first_bad: Tensor | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
+    return device
+
+
+def prepare(cfg: RunConfig) -> Protocol:
+    """Load the data and build the protocol, raising a clear error for anything that cannot run."""
+    build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
+    resolve_device(cfg.device)
+    d = cfg.data
+    dataset = build_dataset(d.name, d.root, download=d.download, num_classes=d.num_classes)
+    split = ClassIncrementalSplit.build(
+        dataset.num_classes, d.num_tasks, d.base_classes, d.class_order, d.class_order_seed, d.num_classes
+    )
+    lut, offsets = split.label_map(dataset.num_classes), split.offsets
+    train_n, test_n = [], []
+    for t in range(split.num_tasks):
+        labels = range(offsets[t], offsets[t + 1])
+        train_n.append(len(select_classes(dataset.train, lut, labels, d.train_per_class)[1]))
+        test_n.append(len(select_classes(dataset.test, lut, labels, d.test_per_class)[1]))
+    for t, n in enumerate(train_n):
+        if n < cfg.train.batch_size:
+            raise SplitError(
+                f"task {t} has {n} training images, fewer than train.batch_size={cfg.train.batch_size}; with drop_last "
+                f"it would never train. Use fewer tasks, more images per class or a smaller batch"
+            )
+    if min(test_n) == 0:
+        raise SplitError(f"a task has no test images (per task: {test_n}); check data.test_per_class")
+    return Protocol(dataset, split, tuple(train_n), tuple(test_n))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+class Session:
+    """All mutable state of one run, with its checkpoint payload. Built identically for a fresh run and a resume."""
+
+    def __init__(self, cfg: RunConfig, protocol: Protocol, checkpointer: Checkpointer | None, metrics: Path | None):
+        self.cfg, self.protocol = cfg, protocol
+        self.device = resolve_device(cfg.device)
+        self.checkpointer, self.metrics = checkpointer, metrics
+        seed_everything(cfg.seed)
+        self.method = build_method(cfg.method, cfg.train)
+        self.net = build_network(cfg.model.backbone, type(self.method).head, cfg.model.head_init_std).to(self.device)
+        self.rngs = {  # shuffling and augmentation; the method's latent codes
+            "data": torch.Generator(device=self.device).manual_seed(cfg.seed),
+            "method": torch.Generator(device=self.device).manual_seed(cfg.seed + 1),
+        }
+        self.acc = AccuracyMatrix(protocol.split.num_tasks)
+        self.pos = Position()
+        self.timings: list[dict[str, Any]] = []
+        self.static_ref: dict[str, Any] | None = None
+        self.last_save = time.monotonic()
+
+    def payload(self, optimizer: torch.optim.Optimizer | None = None, epoch: EpochProgress | None = None) -> dict:
+        static = self.method.static_state_dict()
+        if static and (self.static_ref is None or self.static_ref["task"] != self.pos.task):
+            self.static_ref = {"task": self.pos.task, "digest": self.checkpointer.save_static(self.pos.task, static)}
+        return {
+            "position": dataclasses.asdict(self.pos),
+            "head_sizes": [b.out_features for b in self.net.head.blocks],
+            "net": self.net.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "method": self.method.state_dict(),
+            "static": self.static_ref if static else None,
+            "epoch_progress": epoch.state_dict() if epoch is not None else None,
+            "acc": self.acc.state_dict(),
+            "timings": self.timings,
+            "rng": capture_rng(self.rngs),
+            "metrics_bytes": self.metrics.stat().st_size if self.metrics and self.metrics.exists() else 0,
+            "config": config_to_dict(self.cfg),
+        }
+
+    def save(self, optimizer: torch.optim.Optimizer | None = None, epoch: EpochProgress | None = None) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.save(self.payload(optimizer, epoch))
+            self.last_save = time.monotonic()
+
+    def restore(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Load a checkpoint payload; returns what the task loop needs to continue (optimizer, epoch state)."""
+        self.pos = Position(**payload["position"])
+        for n in payload["head_sizes"][len(self.net.head.blocks) :]:
+            self.net.expand(n)
+        self.net.load_state_dict(payload["net"])
+        self.method.load_state_dict(
+            payload["method"], self.context(self.pos.task), (payload.get("static_state") or {}) or None
+        )
+        self.static_ref = payload["static"]
+        self.acc.load_state_dict(payload["acc"])
+        self.timings = list(payload["timings"])
+        restore_rng(payload["rng"], self.rngs)  # last: building the state above consumed random numbers
+        epoch = payload["epoch_progress"]
+        if epoch:
+            epoch = EpochProgress(**{k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in epoch.items()})
+        return {"optimizer": payload["optimizer"], "epoch": epoch or None}
+
+    def context(self, task: int, progress: ProgressFactory | None = None, save_point=None) -> TaskContext:
+        o = self.protocol.split.offsets
+        n_old, n_new = o[min(task, len(o) - 2)], o[min(task, len(o) - 2) + 1] - o[min(task, len(o) - 2)]
+        return TaskContext(
+            task, n_old, n_new, self.protocol.split.num_tasks, self.net, self.device, self.protocol.dataset.image_size,
+            self.cfg.train.batch_size, self.rngs["method"], progress or make_progress(False),
+            save_point or (lambda: None),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------------------ shared first-task models
+
+    def task0_key(self) -> str | None:
+        """Digest of everything that shapes the model and random state at the end of task 0, or None when the
+        method does not share its first task. Methods with the same task-0 recipe share the file."""
+        signature = self.method.task0_signature()
+        if signature is None:
+            return None
+        split, data = self.protocol.split, self.cfg.data
+        phases = [dataclasses.asdict(p) | {"name": None} for p in self.method.phases(self.context(0))]
+        fields = {
+            "dfcil": __import__("dfcil").__version__,
+            "dataset": self.protocol.dataset.name,
+            "task0_classes": split.tasks[0],
+            "train_per_class": data.train_per_class,
+            "test_per_class": data.test_per_class,
+            "model": config_to_dict(self.cfg)["model"],
+            "head": type(self.method).head,
+            # the phases carry epochs, lr and milestones of task 0; eval batch size never changes results
+            "train": {
+                k: v
+                for k, v in config_to_dict(self.cfg)["train"].items()
+                if k in ("batch_size", "momentum", "weight_decay", "gamma")
+            },  # fmt: skip
+            "seed": self.cfg.seed,
+            "signature": signature,
+            "phases": phases,
+        }
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+
+    def task0_path(self) -> Path | None:
+        key = self.task0_key() if self.cfg.task0_cache else None
+        return Path(self.cfg.task0_cache) / f"task0-{key}.pt" if key else None
+
+    def load_task0(self) -> bool:
+        """Start from a shared first-task model if one exists; True when it did."""
+        path = self.task0_path()
+        if path is None or not path.exists():
+            return False
+        self.restore(loads(path.read_bytes(), str(path)))
+        return True
+
+    def store_task0(self) -> None:
+        """Share this run's first-task model (called at the end of task 0) unless one is already stored."""
+        path = self.task0_path()
+        if path is None or path.exists() or self.method.state_dict():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = self.payload()
+        payload["metrics_bytes"] = 0
+        write_atomic(path, dumps({"format": 1, **payload}))

@@ -1,0 +1,266 @@
+"""Crash safety: kill or interrupt runs anywhere, resume them, and get exactly the uninterrupted result."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from filelock import FileLock
+
+from conftest import CONFIGS
+from dfcil.callbacks import Callback
+from dfcil.cli import main
+from dfcil.config import load_config
+from dfcil.engine import Interrupt, RunInterrupted
+from dfcil.runner import train
+from dfcil.state import MAGIC, Checkpointer, CheckpointError, loads
+
+SMOKE = str(CONFIGS / "smoke.yaml")
+# 15 steps per epoch; task 1: 40 inversion steps (checkpointed every step), 2 RRL and 3 CHR epochs
+ARGS = [
+    "--train.batch_size", "16", "--train.epochs", "5", "--train.milestones", "[1]", "--method.chr_epochs", "3",
+    "--method.inversion.steps", "40", "--method.inversion.zdim", "32", "--checkpoint_interval_s", "0",
+]  # fmt: skip
+VOLATILE = {"timings", "wall_time_s", "resumed"}
+
+
+def _summary(run):
+    s = json.loads((run / "summary.json").read_text())
+    return {k: v for k, v in s.items() if k not in VOLATILE}
+
+
+def _weights(run):
+    return loads((run / "model.pt").read_bytes())["net"]
+
+
+def _records(run):
+    out = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out.append((r["type"], r["task"], r.get("phase"), r.get("epoch"), r.get("loss"), r.get("acc")))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", *ARGS]) == 0
+    return out
+
+
+def assert_same_run(a, b):
+    assert _summary(a) == _summary(b)
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert _records(a) == _records(b)
+
+
+def _position(run):
+    try:
+        return loads(Checkpointer(run).last.read_bytes())["position"]
+    except (OSError, CheckpointError):
+        return None
+
+
+def _start(out):
+    cmd = [sys.executable, "-m", "dfcil", "train", "--config", SMOKE, "--out", str(out), "--no-progress", *ARGS]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(proc, out, predicate, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pos = _position(out)
+        if pos is not None and predicate(pos):
+            return pos
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before the kill point: {proc.stderr.read()}")
+        time.sleep(0.005)
+    proc.kill()
+    pytest.fail("kill point not reached in time")
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param(lambda p: p["task"] == 1 and p["stage"] == "setup", id="inversion"),
+        pytest.param(
+            lambda p: p["task"] == 1 and p["stage"] == "train" and p["phase"] == 0 and p["epoch"] >= 1, id="rrl"
+        ),
+        pytest.param(
+            lambda p: p["task"] == 1 and p["stage"] == "train" and p["phase"] == 1 and p["epoch"] >= 1, id="chr"
+        ),
+    ],
+)
+def test_sigkill_anywhere_then_resume_is_exact(reference, tmp_path, where):
+    out = tmp_path / "run"
+    proc = _start(out)
+    _wait_for(proc, out, where)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (out / "summary.json").exists()
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    assert json.loads((out / "summary.json").read_text())["resumed"] is True
+    assert_same_run(reference, out)
+
+
+def test_sigterm_checkpoints_mid_epoch_and_says_how_to_resume(reference, tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out)
+    _wait_for(proc, out, lambda p: p["task"] == 1 and p["stage"] == "train" and p["phase"] == 0)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    err = proc.stderr.read()
+    assert f"Continue with: dfcil resume {out}" in err
+    pos = _position(out)
+    assert pos["task"] == 1 and pos["stage"] == "train"
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    assert_same_run(reference, out)
+
+
+class StopAfterEpochs(Callback):
+    def __init__(self, interrupt, n):
+        self.interrupt, self.n = interrupt, n
+
+    def on_epoch_end(self, record):
+        self.n -= 1
+        if self.n == 0:
+            self.interrupt.requested = True
+
+
+def _unfinished(tmp_path, epochs=3):
+    cfg = load_config([SMOKE], [(ARGS[i][2:], ARGS[i + 1]) for i in range(0, len(ARGS), 2)])[0]
+    out = tmp_path / "run"
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted):
+        train(cfg, out, progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, epochs)])
+    return cfg, out
+
+
+def test_checkpoint_holds_everything(tmp_path):
+    _, out = _unfinished(tmp_path)
+    payload = loads(Checkpointer(out).last.read_bytes())
+    assert payload["position"] == {"task": 1, "stage": "train", "phase": 0, "epoch": 1, "step": 0}
+    assert {"net", "optimizer", "method", "static", "acc", "rng", "head_sizes", "config", "metrics_bytes"} <= set(
+        payload
+    )
+    assert set(payload["rng"]) == {"python", "numpy", "torch", "cuda", "generators"}
+    assert {"projector", "class_counts", "class_weights", "task_id"} <= set(payload["method"])
+    static = Checkpointer(out).load_static(1, payload["static"]["digest"])
+    assert {"teacher", "generator"} <= set(static)  # the trained generator: inversion is never redone
+    assert payload["acc"]["rows_done"] == 1
+
+
+def test_changed_protocol_is_refused_runtime_keys_are_not(reference, tmp_path, capsys):
+    cfg, out = _unfinished(tmp_path)
+    args = ["train", "--config", SMOKE, "--out", str(out), "--no-progress", *ARGS]
+    assert main([*args, "--data.num_tasks", "5", "--seed", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "different config (data.num_tasks, seed)" in err and f"dfcil resume {out}" in err
+    assert main([*args, "--device", "cpu", "--checkpoint_interval_s", "5"]) == 0  # runtime keys may change
+    assert_same_run(reference, out)
+
+
+def test_resume_refuses_finished_and_foreign_directories(reference, tmp_path, capsys):
+    assert main(["resume", str(reference)]) == 2
+    assert "is complete" in capsys.readouterr().err
+    assert main(["resume", str(tmp_path)]) == 2
+    assert "not a dfcil run directory" in capsys.readouterr().err
+
+
+def test_truncated_checkpoint_falls_back_to_the_previous_one(reference, tmp_path, caplog):
+    _, out = _unfinished(tmp_path)
+    last = Checkpointer(out).last
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    assert "trying the previous checkpoint" in (out / "run.log").read_text()
+    assert_same_run(reference, out)
+
+
+def test_tampered_checkpoints_are_rejected(tmp_path):
+    _, out = _unfinished(tmp_path)
+    ck = Checkpointer(out)
+    data = bytearray(ck.last.read_bytes())
+    data[-100] ^= 0xFF
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        loads(bytes(data))
+    for path in (ck.last, ck.prev):
+        path.write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="no usable checkpoint"):
+        ck.load_latest()
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_a_malicious_pickle_in_a_checkpoint_never_runs(tmp_path, monkeypatch, zip_format):
+    import hashlib
+    import io
+    import pickle
+
+    monkeypatch.chdir(tmp_path)
+    if zip_format:
+        buf = io.BytesIO()
+        torch.save({"format": 1, "net": _Evil()}, buf)
+        body = buf.getvalue()
+    else:
+        body = pickle.dumps({"format": 1, "net": _Evil()})
+    crafted = MAGIC + hashlib.sha256(body).digest() + body  # a valid header and digest: only weights_only stops it
+    with pytest.raises(CheckpointError, match="not allowed"):
+        loads(crafted)
+    assert not (tmp_path / "pwned").exists()
+    # and through the CLI, in place of a run's checkpoints
+    _, out = _unfinished(tmp_path)
+    for path in (Checkpointer(out).last, Checkpointer(out).prev):
+        path.write_bytes(crafted)
+    assert main(["resume", str(out), "--no-progress"]) == 2
+    assert not (tmp_path / "pwned").exists() and not (out / "pwned").exists()
+
+
+def test_two_processes_never_share_a_run_directory(tmp_path, capsys):
+    _, out = _unfinished(tmp_path)
+    with FileLock(out / ".lock"):
+        assert main(["resume", str(out), "--no-progress"]) == 2
+    assert "in use by another dfcil process" in capsys.readouterr().err
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", *ARGS, "--method.lambda_hkd", "1e39"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "loss term 'hkd' became non-finite in task 1, phase rrl, epoch 0, step 0" in err
+    assert _position(out) == {"task": 1, "stage": "train", "phase": 0, "epoch": 0, "step": 0}
+    assert not (out / "summary.json").exists()
+
+
+def test_shared_first_task_model_gives_the_same_run(tmp_path):
+    cache = tmp_path / "task0"
+    base = ["--config", SMOKE, "--no-progress", "--train.milestones", "[2]"]
+    # finetune trains 2 epochs of CE in task 0, exactly like rdfcil with 3 epochs of which 1 is CHR
+    ft = ["train", *base, "--method.name", "finetune", "--train.epochs", "2", "--task0_cache", str(cache)]
+    assert main([*ft, "--out", str(tmp_path / "ft")]) == 0
+    assert len(list(cache.glob("task0-*.pt"))) == 1
+    assert main(["train", *base, "--out", str(tmp_path / "plain")]) == 0
+    assert main(["train", *base, "--out", str(tmp_path / "shared"), "--task0_cache", str(cache)]) == 0
+    first = json.loads((tmp_path / "shared" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["type"] == "task" and "shared_task0" in first  # task 0 was not trained again
+    assert not any(json.loads(line).get("task") == 0 and json.loads(line)["type"] == "epoch"
+                   for line in (tmp_path / "shared" / "metrics.jsonl").read_text().splitlines())  # fmt: skip
+    assert _summary(tmp_path / "plain")["accuracy_matrix"] == _summary(tmp_path / "shared")["accuracy_matrix"]
+    wa, wb = _weights(tmp_path / "plain"), _weights(tmp_path / "shared")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # a different recipe does not match the stored model
+    other = ["train", *base, "--train.lr", "0.05", "--task0_cache", str(cache), "--out", str(tmp_path / "o")]
+    assert main(other) == 0
+    assert len(list(cache.glob("task0-*.pt"))) == 2
