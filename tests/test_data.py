@@ -21,7 +21,8 @@ def test_crop_flip_is_a_padded_crop_possibly_flipped():
     torch.manual_seed(0)
     x = torch.randn(64, 8, 8, 3)
     out = crop_flip(x, pad=2, generator=torch.Generator().manual_seed(1))
-    assert out.shape == (64, 3, 8, 8) and out.is_contiguous()
+    assert out.shape == (64, 8, 8, 3) and out.is_contiguous()
+    out = out.permute(0, 3, 1, 2)
     padded = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (2, 2, 2, 2))
     seen = set()
     for b in range(64):
@@ -40,7 +41,8 @@ def test_crop_flip_is_a_padded_crop_possibly_flipped():
 def test_padding_is_the_mean_colour_after_normalisation():
     norm = Normalizer((0.5, 0.4, 0.3), (0.2, 0.2, 0.2), torch.device("cpu"))
     img = torch.full((256, 4, 4, 3), 0, dtype=torch.uint8)
-    out = crop_flip(norm.nhwc(img), pad=4, generator=torch.Generator().manual_seed(0))
+    out = norm.to_nchw(crop_flip(norm.nhwc(img), pad=4, generator=torch.Generator().manual_seed(0)))
+    assert out.is_contiguous()
     black = ((0 - torch.tensor([0.5, 0.4, 0.3])) / 0.2).view(1, 3, 1, 1)
     is_border = (out == 0).all(dim=1)  # zero in normalised space = the mean colour
     is_image = torch.isclose(out, black.expand_as(out), atol=1e-6).all(dim=1)

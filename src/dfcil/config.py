@@ -14,7 +14,7 @@ import difflib
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
@@ -70,6 +70,19 @@ class TrainConfig:
 
 
 @configclass
+class EngineConfig:
+    """How the engine computes, not what: switches that keep the algorithm (fp32 results equal within rounding)
+    or trade exactness for speed (bf16). ``merge_passes: false`` with fp32 and no compile is the reference mode."""
+
+    merge_passes: bool = True  # one student pass over [real; synthetic] with per-half BN statistics, one teacher pass
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast with fp32 master weights and fp32 loss maths
+    channels_last: bool = False  # NHWC activations (helps tensor cores on CUDA; slower on this CPU)
+    compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"  # torch.compile mode
+    cudnn_benchmark: bool = True  # CUDA only
+    fused_optimizer: bool = True  # fused SGD/Adam kernels; CUDA only
+
+
+@configclass
 class MethodConfig:
     """Base of every method's config; the method's own fields are added by its ``Config`` subclass."""
 
@@ -82,13 +95,14 @@ class RunConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     seed: int = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N; runtime only, may change on resume
     checkpoint_interval_s: float = 60.0  # extra checkpoints inside long task setups (inversion); runtime only
     task0_cache: str | None = None  # directory of shared first-task models (see docs/resume.md); runtime only
 
 
-SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
+SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "engine": EngineConfig}
 TOP_LEVEL_SCALARS: dict[str, Any] = {
     "seed": int,
     "device": str,

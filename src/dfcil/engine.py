@@ -82,7 +82,7 @@ def run(
             cb.on_task_end(record)
         s.save()
     ds, split, device = protocol.dataset, protocol.split, s.device
-    normalizer = Normalizer(ds.mean, ds.std, device)
+    normalizer = Normalizer(ds.mean, ds.std, device, channels_last=cfg.engine.channels_last)
     lut, offsets = split.label_map(ds.num_classes), split.offsets
     test_x, test_y = select_classes(ds.test, lut, range(split.num_classes), cfg.data.test_per_class)
     order = np.argsort(test_y, kind="stable")  # sorted by label: the seen classes' images are a prefix
@@ -116,6 +116,8 @@ def run(
             cb.on_task_start(info)
 
         timing: dict[str, Any] = {"task": task}
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         if s.pos.stage == "setup":
             t0 = time.perf_counter()
             s.method.on_task_start(ctx)
@@ -134,19 +136,23 @@ def run(
         timing["phases"] = fit_task(
             s.net, s.method, ctx, batches, phases, cfg.train, callbacks, progress_bar, start=s.pos,
             optimizer_state=resumed["optimizer"], epoch_state=resumed["epoch"], checkpoint=checkpoint,
-            interrupt=interrupt,
+            interrupt=interrupt, fused=cfg.engine.fused_optimizer,
         )  # fmt: skip
         resumed = {"optimizer": None, "epoch": None}
         s.method.on_task_end(ctx)
 
         t0 = time.perf_counter()
         n_test = int(test_seen[task])
-        with progress_bar(total=-(-n_test // cfg.train.eval_batch_size), desc=f"task {task} eval", unit="batch") as bar:
+        with (
+            progress_bar(total=-(-n_test // cfg.train.eval_batch_size), desc=f"task {task} eval", unit="batch") as bar,
+            s.autocast(),
+        ):
             correct, count = evaluate(
                 s.net, test_x[:n_test], test_y[:n_test], task_of_label, task + 1, normalizer,
                 cfg.train.eval_batch_size, bar,
             )  # fmt: skip
         timing["eval_s"] = round(time.perf_counter() - t0, 3)
+        timing["peak_memory_mb"] = peak_memory_mb(device)
         s.acc.record(task, correct, count)
         s.timings.append(timing)
         for cb in callbacks:
@@ -174,6 +180,15 @@ def run(
     for cb in callbacks:
         cb.on_run_end(summary)
     return summary, s.net
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak device memory since the last reset (CUDA), or the process's peak resident memory (CPU)."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux reports KiB
 
 
 def _task_record(s: Session, task: int) -> dict[str, Any]:
@@ -220,6 +235,7 @@ def fit_task(
     epoch_state: EpochProgress | None = None,
     checkpoint: Checkpoint | None = None,
     interrupt: Interrupt | None = None,
+    fused: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Run the phases of one task with one SGD optimiser (momentum carries over unless a phase resets it).
 
@@ -227,6 +243,7 @@ def fit_task(
         start: position to continue from (phase, epochs done, steps done); default the beginning.
         optimizer_state, epoch_state: the optimiser and the partly done epoch at ``start``.
         checkpoint: called with (position, optimiser, partial epoch) after every epoch and on interrupt.
+        fused: use the fused SGD kernel where the parameters live on CUDA.
 
     Returns:
         Per phase: wall time and real images per second.
@@ -242,7 +259,13 @@ def fit_task(
             continue
         first_epoch = start.epoch if index == start.phase else 0
         if optimizer is None or (phase.reset_optimizer and first_epoch == 0):
-            optimizer = torch.optim.SGD(params, lr=phase.lr, momentum=train.momentum, weight_decay=train.weight_decay)
+            optimizer = torch.optim.SGD(
+                params,
+                lr=phase.lr,
+                momentum=train.momentum,
+                weight_decay=train.weight_decay,
+                **fused_kwargs(params, fused),
+            )
             if optimizer_state is not None:
                 optimizer.load_state_dict(optimizer_state)
                 optimizer_state = None
@@ -287,6 +310,12 @@ def fit_task(
     return out
 
 
+def fused_kwargs(params: Sequence[torch.Tensor], fused: bool) -> dict[str, bool]:
+    """``{"fused": True}`` when asked for and every parameter is a floating CUDA tensor, else nothing."""
+    ok = fused and params and all(p.is_cuda and p.is_floating_point() for p in params)
+    return {"fused": True} if ok else {}
+
+
 def train_epoch(
     net: IncrementalNet,
     method: Method,
@@ -312,7 +341,8 @@ def train_epoch(
     """
     ep = state or EpochProgress(batches.permutation())
     for x, y in batches.iterate(ep.perm, start=ep.step):
-        terms = method.training_step(net, Batch(x, y), ctx, phase)
+        with ctx.autocast():
+            terms = method.training_step(net, Batch(x, y), ctx, phase)
         if ep.names is None:
             ep.names = list(terms)
             ep.first_bad = torch.full((len(ep.names),), -1, device=x.device)

@@ -4,6 +4,7 @@ method, the random streams, the position, and the checkpoint payload that holds 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -106,6 +107,13 @@ class Session:
         seed_everything(cfg.seed)
         self.method = build_method(cfg.method, cfg.train)
         self.net = build_network(cfg.model.backbone, type(self.method).head, cfg.model.head_init_std).to(self.device)
+        engine = cfg.engine
+        if engine.channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = engine.cudnn_benchmark
+        if engine.compile != "none":
+            self.net.compile(mode=None if engine.compile == "default" else engine.compile)
         self.rngs = {  # shuffling and augmentation; the method's latent codes
             "data": torch.Generator(device=self.device).manual_seed(cfg.seed),
             "method": torch.Generator(device=self.device).manual_seed(cfg.seed + 1),
@@ -115,6 +123,11 @@ class Session:
         self.timings: list[dict[str, Any]] = []
         self.static_ref: dict[str, Any] | None = None
         self.last_save = time.monotonic()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast around forward passes when ``engine.precision`` is bf16; weights stay fp32."""
+        enabled = self.cfg.engine.precision == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
     def payload(self, optimizer: torch.optim.Optimizer | None = None, epoch: EpochProgress | None = None) -> dict:
         static = self.method.static_state_dict()
@@ -164,7 +177,8 @@ class Session:
         return TaskContext(
             task, n_old, n_new, self.protocol.split.num_tasks, self.net, self.device, self.protocol.dataset.image_size,
             self.cfg.train.batch_size, self.rngs["method"], progress or make_progress(False),
-            save_point or (lambda: None),
+            save_point or (lambda: None), self.cfg.engine.merge_passes, self.autocast,
+            self.cfg.engine.channels_last,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------ shared first-task models

@@ -42,17 +42,26 @@ def select_classes(
 
 
 class Normalizer:
-    """uint8 (B, H, W, C) → float (B, C, H, W), ``(x / 255 − mean) / std``."""
+    """uint8 (B, H, W, C) → float (B, C, H, W), ``(x / 255 − mean) / std``; NCHW-contiguous, or NHWC strides when
+    ``channels_last`` (the permuted view already is channels-last, so no copy)."""
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], device: torch.device) -> None:
+    def __init__(
+        self, mean: Sequence[float], std: Sequence[float], device: torch.device, channels_last: bool = False
+    ) -> None:
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device)
         self.std = torch.tensor(std, dtype=torch.float32, device=device)
+        self.channels_last = channels_last
 
     def nhwc(self, x: Tensor) -> Tensor:
         return (x.float().div_(255.0) - self.mean) / self.std
 
+    def to_nchw(self, x: Tensor) -> Tensor:
+        """(B, H, W, C) → (B, C, H, W) in the configured memory format."""
+        x = x.permute(0, 3, 1, 2)
+        return x if self.channels_last else x.contiguous()
+
     def __call__(self, x: Tensor) -> Tensor:
-        return self.nhwc(x).permute(0, 3, 1, 2).contiguous()
+        return self.to_nchw(self.nhwc(x))
 
 
 def crop_flip(x: Tensor, pad: int, generator: torch.Generator | None = None) -> Tensor:
@@ -64,7 +73,7 @@ def crop_flip(x: Tensor, pad: int, generator: torch.Generator | None = None) -> 
         generator: random stream for offsets and flips (on ``x``'s device).
 
     Returns:
-        (B, C, H, W) contiguous float tensor.
+        (B, H, W, C) float tensor (channels last, contiguous).
     """
     b, h, w, _ = x.shape
     dev = x.device
@@ -75,8 +84,7 @@ def crop_flip(x: Tensor, pad: int, generator: torch.Generator | None = None) -> 
     rows = dy + torch.arange(h, device=dev)  # (B, H)
     cols = dx + torch.arange(w, device=dev)  # (B, W)
     cols = torch.where(flip, cols.flip(1), cols)  # flipping the crop = reading its columns backwards
-    out = padded[torch.arange(b, device=dev)[:, None, None], rows[:, :, None], cols[:, None, :]]  # (B, H, W, C)
-    return out.permute(0, 3, 1, 2).contiguous()
+    return padded[torch.arange(b, device=dev)[:, None, None], rows[:, :, None], cols[:, None, :]]
 
 
 class TrainBatches:
@@ -125,6 +133,6 @@ class TrainBatches:
             idx = perm[i * self.batch_size : (i + 1) * self.batch_size]
             x = self.x[idx]
             if self.augment:
-                yield crop_flip(self.normalizer.nhwc(x), self.pad, self.generator), self.y[idx]
+                yield self.normalizer.to_nchw(crop_flip(self.normalizer.nhwc(x), self.pad, self.generator)), self.y[idx]
             else:
                 yield self.normalizer(x), self.y[idx]

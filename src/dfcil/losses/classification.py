@@ -17,7 +17,7 @@ def local_ce(logits: Tensor, y: Tensor, n_old: int) -> Tensor:
         y: (B,) labels, all in ``[n_old, n_seen)``.
         n_old: classes learned before the current task.
     """
-    return F.cross_entropy(logits[:, n_old:], y - n_old)
+    return F.cross_entropy(logits[:, n_old:].float(), y - n_old)
 
 
 def class_histogram(y: Tensor, n_classes: int) -> Tensor:

@@ -12,7 +12,7 @@ def hkd_l1(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
 
     L = 1/(B·K) Σ_b Σ_k |s_bk − t_bk|; no temperature or softmax. Shapes (B, K) with K = old classes.
     """
-    return F.l1_loss(student_logits, teacher_logits)
+    return F.l1_loss(student_logits.float(), teacher_logits.float())
 
 
 def angle_matrix(e: Tensor) -> Tensor:
@@ -26,9 +26,11 @@ def angle_matrix(e: Tensor) -> Tensor:
     Returns:
         (N, N, N) tensor.
     """
-    diff = e.unsqueeze(0) - e.unsqueeze(1)  # (N, N, D): diff[i, j] = e[j] - e[i]
-    unit = F.normalize(diff, p=2, dim=2)
-    return torch.bmm(unit, unit.transpose(1, 2))
+    with torch.autocast(e.device.type, enabled=False):  # normalised differences need fp32 under bf16 autocast
+        e = e.float()
+        diff = e.unsqueeze(0) - e.unsqueeze(1)  # (N, N, D): diff[i, j] = e[j] - e[i]
+        unit = F.normalize(diff, p=2, dim=2)
+        return torch.bmm(unit, unit.transpose(1, 2))
 
 
 def rkd_angle(student: Tensor, teacher: Tensor) -> Tensor:

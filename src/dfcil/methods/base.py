@@ -3,8 +3,10 @@ decides *how* to optimise (optimiser, schedule, freezing, backward, logging)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -55,6 +57,9 @@ class TaskContext:
     rng: torch.Generator  # the method's own random stream (latent codes), on ``device``
     progress: ProgressFactory
     save_point: Callable[[], None] = _no_save_point  # call at consistent points of long setups (see on_task_start)
+    merge_passes: bool = True  # engine.merge_passes: one pass over [real; synthetic] (per-half BN stats in train mode)
+    autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext  # wrap forwards outside training_step
+    channels_last: bool = False  # modules a method builds (generators) should use NHWC
 
     @property
     def n_seen(self) -> int:

@@ -20,6 +20,7 @@ from dfcil.config import ConfigError, MethodConfig, NonNegativeFloat, NonNegativ
 from dfcil.losses.classification import balanced_class_weights, class_histogram, local_ce
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.models.batchnorm import BNMode
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 
@@ -101,7 +102,9 @@ class RDFCIL(Method):
         self.task_id = ctx.task_id
         self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
         batch = c.inversion.batch_size or ctx.batch_size
-        self.synth = ModelInversion(self.teacher, c.inversion, ctx.image_size, batch, ctx.rng)
+        self.synth = ModelInversion(
+            self.teacher, c.inversion, ctx.image_size, batch, ctx.rng, ctx.autocast, ctx.channels_last
+        )
         self.projector = RelationProjector(ctx.net.feature_dim).to(ctx.device)
         self.weights = rdfcil_loss_weights(c.lambda_ce, c.lambda_hkd, c.lambda_rkd, ctx.n_old, ctx.n_new)
         self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
@@ -150,28 +153,43 @@ class RDFCIL(Method):
         if ctx.task_id == 0:
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
         assert self.teacher is not None and self.synth is not None and self.weights is not None
-        w, n_old = self.weights, ctx.n_old
-        x_syn = self.synth.generate(len(batch.x))  # fresh, unaugmented, same size as the real batch
-        with torch.no_grad():  # eval mode makes one pass over real + synthetic exact
-            teacher_out = self.teacher(torch.cat([batch.x, x_syn]))
-        t_feat_real, t_logits_syn = teacher_out.features[: len(batch.x)], teacher_out.logits[len(batch.x) :]
-        y_syn = t_logits_syn.argmax(dim=1)
+        w, n_old, b = self.weights, ctx.n_old, len(batch.x)
+        x_syn = self.synth.generate(b)  # fresh, unaugmented, as many as real images
+        rrl = phase.name == "rrl"
+        with torch.no_grad():  # teacher targets: pseudo-labels and HKD targets on x_syn, RKD features on real x
+            if not ctx.merge_passes:  # the reference's three passes, one of them a duplicate (for A/B timing)
+                y_syn = self.teacher(x_syn).logits.argmax(dim=1)
+                t_logits_syn = self.teacher(x_syn).logits
+                t_feat_real = self.teacher(batch.x).features if rrl else None
+            elif rrl:  # eval mode: one pass over real + synthetic is exact
+                t = self.teacher(torch.cat([batch.x, x_syn]))
+                t_feat_real, t_logits_syn = t.features[:b], t.logits[b:]
+            else:
+                t_feat_real, t_logits_syn = None, self.teacher(x_syn).logits
+            y_syn = t_logits_syn.argmax(dim=1)
         self.class_counts += class_histogram(torch.cat([batch.y, y_syn]), ctx.n_seen)
-        if phase.name == "rrl":
-            real, syn = net(batch.x), net(x_syn)  # separate passes: BN batch statistics per source, as the reference
-            s_proj, t_proj = self.projector(real.features, t_feat_real)
+        if rrl:
+            if ctx.merge_passes:  # per-half BN statistics: equal to separate real and synthetic passes
+                out = net(torch.cat([batch.x, x_syn]), bn=BNMode(splits=2))
+                real_logits, real_feat, syn_logits = out.logits[:b], out.features[:b], out.logits[b:]
+            else:
+                real, syn = net(batch.x), net(x_syn)
+                real_logits, real_feat, syn_logits = real.logits, real.features, syn.logits
+            s_proj, t_proj = self.projector(real_feat, t_feat_real)
             return {
-                "lce": w.lce * local_ce(real.logits, batch.y, n_old),
-                "hkd": w.hkd * hkd_l1(syn.logits[:, :n_old], t_logits_syn),
+                "lce": w.lce * local_ce(real_logits, batch.y, n_old),
+                "hkd": w.hkd * hkd_l1(syn_logits[:, :n_old], t_logits_syn),
                 "rkd": w.rkd * rkd_angle(s_proj, t_proj),
             }
         # CHR: backbone frozen in eval mode, so one pass over real + synthetic equals two
-        logits = net(torch.cat([batch.x, x_syn])).logits
-        terms = {
-            "gce": self.cfg.lambda_ce * F.cross_entropy(logits, torch.cat([batch.y, y_syn]), weight=self.class_weights)
-        }
+        if ctx.merge_passes:
+            logits = net(torch.cat([batch.x, x_syn])).logits
+        else:
+            logits = torch.cat([net(batch.x).logits, net(x_syn).logits])
+        y = torch.cat([batch.y, y_syn])
+        terms = {"gce": self.cfg.lambda_ce * F.cross_entropy(logits.float(), y, weight=self.class_weights)}
         if self.cfg.chr_hkd:
-            terms["hkd"] = w.hkd * hkd_l1(logits[len(batch.x) :, :n_old], t_logits_syn)
+            terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_logits_syn)
         return terms
 
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:

@@ -6,7 +6,9 @@ This is the one place besides the engine that runs an optimiser: the generator's
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor
@@ -47,17 +49,28 @@ class ModelInversion:
         image_size: side of the generated images (selects the generator architecture).
         batch_size: images per inversion step.
         rng: generator of the latent codes (on the teacher's device).
+        autocast: context for the forward passes (bf16 autocast or nothing); the loss maths stays in fp32.
+        channels_last: build the generator in NHWC memory format.
     """
 
     def __init__(
-        self, teacher: IncrementalNet, cfg: InversionConfig, image_size: int, batch_size: int, rng: torch.Generator
+        self,
+        teacher: IncrementalNet,
+        cfg: InversionConfig,
+        image_size: int,
+        batch_size: int,
+        rng: torch.Generator,
+        autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+        channels_last: bool = False,
     ) -> None:
         self.teacher = teacher
         self.cfg = cfg
         self.batch_size = batch_size
         self.rng = rng
+        self.autocast = autocast
         self.device = next(teacher.parameters()).device
-        self.generator = build_generator(image_size, cfg.zdim).to(self.device)
+        memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.generator = build_generator(image_size, cfg.zdim).to(self.device, memory_format=memory_format)
         self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.lr)
         self.kernel = gaussian_kernel().to(self.device)
         self.step = 0  # Adam steps done; fit() continues from here
@@ -90,8 +103,9 @@ class ModelInversion:
         self.generator.train()
         self.teacher.eval()
         while self.step < self.cfg.steps:
-            terms = self.loss_terms(self.generator(self.latent(self.batch_size)))
-            loss = torch.stack(list(terms.values())).sum()
+            with self.autocast():
+                terms = self.loss_terms(self.generator(self.latent(self.batch_size)))
+            loss = torch.stack([t.float() for t in terms.values()]).sum()
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -109,7 +123,8 @@ class ModelInversion:
     def generate(self, n: int) -> Tensor:
         """``n`` images from the frozen generator (eval mode: BN uses running statistics), no grad."""
         self.generator.eval()
-        return self.generator(self.latent(n))
+        with self.autocast():
+            return self.generator(self.latent(n))
 
     @torch.no_grad()
     def sample(self, n: int) -> tuple[Tensor, Tensor]:

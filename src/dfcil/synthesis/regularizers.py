@@ -46,10 +46,12 @@ def smoothness_prior(x: Tensor, kernel: Tensor) -> Tensor:
         x: (B, C, H, W) images.
         kernel: (k, k) smoothing kernel, see :func:`gaussian_kernel`.
     """
-    c, k = x.shape[1], kernel.shape[-1]
-    weight = kernel.to(x).expand(c, 1, k, k)
-    blurred = F.conv2d(F.pad(x, (k // 2,) * 4, mode="reflect"), weight, groups=c)
-    return F.mse_loss(x, blurred)
+    with torch.autocast(x.device.type, enabled=False):  # fp32 even under bf16 autocast
+        x = x.float()
+        c, k = x.shape[1], kernel.shape[-1]
+        weight = kernel.to(x).expand(c, 1, k, k)
+        blurred = F.conv2d(F.pad(x, (k // 2,) * 4, mode="reflect"), weight, groups=c)
+        return F.mse_loss(x, blurred)
 
 
 def bn_kl(stats: BNStats, eps: float = 1e-8) -> Tensor:

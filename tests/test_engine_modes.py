@@ -1,0 +1,100 @@
+"""The fast path (merged passes, split BN) against the reference mode (separate passes), and the precision and
+memory-format switches."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from conftest import CONFIGS
+from dfcil.cli import main
+from dfcil.config import load_config
+from dfcil.methods import Batch, Phase, TaskContext, build_method
+from dfcil.models.network import build_network
+from dfcil.progress import make_progress
+
+SMOKE = str(CONFIGS / "smoke.yaml")
+
+
+def _setup(merge: bool, seed: int = 0):
+    cfg = load_config([SMOKE], [("method.inversion.steps", "3")])[0]
+    method = build_method(cfg.method, cfg.train)
+    torch.manual_seed(seed)
+    net = build_network("resnet8")
+    net.expand(4)
+    net.train()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(16, 3, 32, 32) + 0.5)
+    net.expand(4)
+    ctx = TaskContext(
+        1, 4, 4, 2, net, torch.device("cpu"), 32, 8, torch.Generator().manual_seed(5), make_progress(False),
+        merge_passes=merge,
+    )  # fmt: skip
+    method.on_task_start(ctx)
+    return method, net, ctx
+
+
+@pytest.mark.parametrize("phase", [Phase("rrl", 1, 0.1), Phase("chr", 1, 0.005, trainable="head")], ids=["rrl", "chr"])
+def test_fast_and_reference_give_the_same_losses_gradients_and_bn_statistics(phase):
+    fast_method, fast_net, fast_ctx = _setup(True)
+    ref_method, ref_net, ref_ctx = _setup(False)
+    for a, b in zip(fast_net.state_dict().values(), ref_net.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # identical starting points, inversion included
+    if phase.trainable == "head":
+        for net in (fast_net, ref_net):
+            net.backbone.eval()
+            net.backbone.requires_grad_(False)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(4, 8, (8,))
+    fast = fast_method.training_step(fast_net, Batch(x, y), fast_ctx, phase)
+    ref = ref_method.training_step(ref_net, Batch(x, y), ref_ctx, phase)
+    assert fast.keys() == ref.keys()
+    for k in fast:
+        torch.testing.assert_close(fast[k], ref[k], rtol=1e-5, atol=1e-6, msg=k)
+    sum(fast.values()).backward()
+    sum(ref.values()).backward()
+    grads = 0
+    for (name, a), b in zip(fast_net.named_parameters(), ref_net.parameters(), strict=True):
+        if a.grad is None:
+            assert b.grad is None, name
+            continue
+        grads += 1
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert grads > 0
+    for (name, a), b in zip(fast_net.state_dict().items(), ref_net.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)  # running statistics too
+    torch.testing.assert_close(fast_method.class_counts, ref_method.class_counts)
+
+
+def test_fast_and_reference_reach_the_same_accuracy_on_the_smoke_preset(tmp_path):
+    acc = {}
+    for merge in ("true", "false"):
+        out = tmp_path / merge
+        assert (
+            main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--engine.merge_passes", merge]) == 0
+        )
+        acc[merge] = json.loads((out / "summary.json").read_text())["accuracy_matrix"]
+    assert acc["true"] == acc["false"]
+
+
+def test_bf16_and_channels_last_run_and_stay_close_to_fp32(tmp_path):
+    out = tmp_path / "bf16"
+    args = ["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--engine.precision", "bf16"]
+    assert main([*args, "--engine.channels_last", "true"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert 0 <= s["last_acc"] <= 100 and s["timings"][1]["peak_memory_mb"] > 0
+
+
+def test_bf16_step_keeps_fp32_weights_and_losses():
+    method, net, ctx = _setup(True)
+    ctx = copy.copy(ctx)
+    ctx.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(4, 8, (8,))
+    with ctx.autocast():
+        terms = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+    assert all(t.dtype == torch.float32 for t in terms.values())
+    sum(terms.values()).backward()
+    assert all(
+        p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in net.parameters() if p.grad is not None
+    )
