@@ -31,3 +31,12 @@ def cifar_root() -> Path:
     if root is None:
         pytest.skip("real CIFAR-100 arrays not found: set DFCIL_CIFAR_ROOT to a folder holding cifar100/train.npz")
     return root
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (runs on the lent GPU machine: benchmarks/gpu_check.sh)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

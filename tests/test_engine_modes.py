@@ -17,20 +17,20 @@ from dfcil.progress import make_progress
 SMOKE = str(CONFIGS / "smoke.yaml")
 
 
-def _setup(merge: bool, seed: int = 0):
+def _setup(merge: bool, seed: int = 0, device: str = "cpu"):
     cfg = load_config([SMOKE], [("method.inversion.steps", "3")])[0]
     method = build_method(cfg.method, cfg.train)
     torch.manual_seed(seed)
-    net = build_network("resnet8")
+    net = build_network("resnet8").to(device)
     net.expand(4)
     net.train()
     with torch.no_grad():
         for _ in range(3):
-            net(torch.randn(16, 3, 32, 32) + 0.5)
+            net(torch.randn(16, 3, 32, 32, device=device) + 0.5)
     net.expand(4)
     ctx = TaskContext(
-        1, 4, 4, 2, net, torch.device("cpu"), 32, 8, torch.Generator().manual_seed(5), make_progress(False),
-        merge_passes=merge,
+        1, 4, 4, 2, net, torch.device(device), 32, 8, torch.Generator(device=device).manual_seed(5),
+        make_progress(False), merge_passes=merge,
     )  # fmt: skip
     method.on_task_start(ctx)
     return method, net, ctx

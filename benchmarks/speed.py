@@ -1,0 +1,195 @@
+"""Per-step speed of the R-DFCIL phases: fast path against reference mode (or fp32 against bf16), A/B in one process.
+
+    python benchmarks/speed.py                           # CPU, fp32, reference vs fast, batch 128
+    python benchmarks/speed.py --ab precision            # fast path, fp32 vs bf16 autocast
+    python benchmarks/speed.py --device cuda --rounds 20 # on a GPU
+
+Each round times ``--steps`` steps of every phase for A and then B (the order alternates between rounds) after
+one untimed warm-up step; the table gives the median milliseconds per step over rounds and the ratio A/B.
+
+* inversion: one generator Adam step against the frozen teacher. Reference: BN statistics collected by forward
+  hooks on every BN layer (as cl-lite/ABD); fast: the explicit ``BNMode(record=...)`` path.
+* rrl: one R-DFCIL RRL step (forward, three loss terms, backward, SGD step). Reference: separate student passes
+  and the reference's three teacher passes; fast: one student pass with per-half BN and one teacher pass.
+* chr: one CHR step (backbone frozen in eval mode). Reference: separate passes; fast: one pass each.
+* eval: a no-grad forward of 1000 test images (identical in both modes: a control for noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from dfcil.config import load_config
+from dfcil.methods import Batch, Phase, TaskContext, build_method
+from dfcil.models.batchnorm import BNStats
+from dfcil.models.network import build_network
+from dfcil.progress import make_progress
+from dfcil.synthesis.regularizers import bn_statistics_loss, content_loss, diversity_loss, smoothness_prior
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(device: torch.device, batch: int, n_old: int, n_new: int, merge: bool, precision: str, channels_last: bool):
+    cfg = load_config([], [("method.inversion.steps", "0"), ("train.batch_size", str(batch))])[0]
+    method = build_method(cfg.method, cfg.train)
+    torch.manual_seed(0)
+    net = build_network("resnet32").to(device)
+    if channels_last:
+        net.to(memory_format=torch.channels_last)
+    net.expand(n_old)
+    net.expand(n_new)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    ctx = TaskContext(
+        1, n_old, n_new, 2, net, device, 32, batch, torch.Generator(device=device).manual_seed(0),
+        make_progress(False), merge_passes=merge, autocast=autocast, channels_last=channels_last,
+    )  # fmt: skip
+    method._build_task_state(ctx)  # teacher, (untrained) generator and projectors; no inversion needed for timing
+    params = [p for m in (net, method.projector) for p in m.parameters()]
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4, **fused)
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(n_old, n_old + n_new, (batch,), device=device)
+    return method, net, ctx, optimizer, Batch(x, y)
+
+
+def hooked_inversion_terms(inv, x):
+    """The reference's way to get BN statistics: forward hooks on every BN layer of the teacher."""
+    stats: list[BNStats] = []
+
+    def hook(module, inputs, output):
+        a = inputs[0].float()
+        stats.append(BNStats(a.mean((0, 2, 3)), a.var((0, 2, 3), unbiased=False), module.running_mean, module.running_var))
+
+    handles = [m.register_forward_hook(hook) for m in inv.teacher.modules() if isinstance(m, nn.BatchNorm2d)]
+    try:
+        logits = inv.teacher(x).logits.float()
+    finally:
+        for h in handles:
+            h.remove()
+    c = inv.cfg
+    return [
+        c.w_content * content_loss(logits, c.tau),
+        c.w_diversity * diversity_loss(logits),
+        c.w_bn * bn_statistics_loss(stats),
+        c.w_prior * smoothness_prior(x.float(), inv.kernel),
+    ]
+
+
+def steps_for(setup, hooks: bool) -> dict[str, Callable[[], None]]:
+    method, net, ctx, optimizer, batch = setup
+    inv = method.synth
+    inv_opt = torch.optim.Adam(inv.generator.parameters(), lr=1e-3)
+    test = torch.randn(1000, 3, 32, 32, device=ctx.device)
+
+    def inversion():
+        inv.generator.train()
+        with ctx.autocast():
+            x = inv.generator(inv.latent(inv.batch_size))
+            terms = hooked_inversion_terms(inv, x) if hooks else list(inv.loss_terms(x).values())
+        loss = torch.stack([t.float() for t in terms]).sum()
+        inv_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        inv_opt.step()
+
+    def train_step(phase: Phase):
+        def step():
+            if phase.trainable == "head":
+                net.backbone.eval()
+                net.backbone.requires_grad_(False)
+            else:
+                net.train()
+                net.requires_grad_(True)
+            with ctx.autocast():
+                terms = method.training_step(net, batch, ctx, phase)
+            loss = torch.stack([t.float() for t in terms.values()]).sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        return step
+
+    @torch.no_grad()
+    def evaluation():
+        net.eval()
+        with ctx.autocast():
+            net(test).logits.argmax(1)
+
+    return {
+        "inversion": inversion,
+        "rrl": train_step(Phase("rrl", 1, 0.1)),
+        "chr": train_step(Phase("chr", 1, 0.005, trainable="head")),
+        "eval": evaluation,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--ab", choices=["merge", "precision"], default="merge", help="what A and B differ in")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="for --ab merge")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--n-old", type=int, default=20)
+    p.add_argument("--n-new", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per phase per round")
+    p.add_argument("--phases", default="inversion,rrl,chr,eval")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    phases = args.phases.split(",")
+    if args.ab == "merge":
+        variants = {"reference": (False, args.precision, True), "fast": (True, args.precision, False)}
+    else:
+        variants = {"fp32": (True, "fp32", False), "bf16": (True, "bf16", False)}
+    steps = {}
+    for name, (merge, precision, hooks) in variants.items():
+        steps[name] = steps_for(
+            build(device, args.batch, args.n_old, args.n_new, merge, precision, args.channels_last), hooks
+        )
+    times: dict[tuple[str, str], list[float]] = {(v, ph): [] for v in variants for ph in phases}
+    names = list(variants)
+    for r in range(args.rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for phase in phases:
+            for v in order:
+                fn = steps[v][phase]
+                fn()  # warm-up (and cuDNN autotuning on the first round)
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    fn()
+                _sync(device)
+                times[(v, phase)].append((time.perf_counter() - t0) / args.steps * 1000)
+    a, b = names
+    info = f"device {device}, batch {args.batch}, n_old {args.n_old}, n_new {args.n_new}, threads "
+    info += f"{torch.get_num_threads()}, torch {torch.__version__}, rounds {args.rounds} x {args.steps} steps"
+    if args.ab == "merge":
+        info += f", {args.precision}"
+    print(info)
+    print(f"| phase | {a} ms/step | {b} ms/step | ratio {a}/{b} |")
+    print("|---|---:|---:|---:|")
+    for phase in phases:
+        ta, tb = statistics.median(times[(a, phase)]), statistics.median(times[(b, phase)])
+        print(f"| {phase} | {ta:.1f} | {tb:.1f} | {ta / tb:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
