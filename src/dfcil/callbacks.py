@@ -61,6 +61,16 @@ class ConsoleLogger(Callback):
             old,
             [round(a, 2) for a in record["acc_row"]],
         )
+        t = record["timing"]
+        phases = ", ".join(f"{k} {v['time_s']:.1f}s ({v['images_per_s']:.0f} img/s)" for k, v in t["phases"].items())
+        log.info(
+            "task %d time: setup %.1fs, %s, eval %.1fs; peak memory %.0f MB",
+            record["task"],
+            t.get("setup_s", 0.0),
+            phases or "no training",
+            t["eval_s"],
+            t["peak_memory_mb"],
+        )
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
         log.info(

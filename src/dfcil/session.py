@@ -178,7 +178,7 @@ class Session:
             task, n_old, n_new, self.protocol.split.num_tasks, self.net, self.device, self.protocol.dataset.image_size,
             self.cfg.train.batch_size, self.rngs["method"], progress or make_progress(False),
             save_point or (lambda: None), self.cfg.engine.merge_passes, self.autocast,
-            self.cfg.engine.channels_last,
+            self.cfg.engine.channels_last, self.cfg.engine.fused_optimizer and self.device.type == "cuda",
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------ shared first-task models

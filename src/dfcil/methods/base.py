@@ -60,6 +60,7 @@ class TaskContext:
     merge_passes: bool = True  # engine.merge_passes: one pass over [real; synthetic] (per-half BN stats in train mode)
     autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext  # wrap forwards outside training_step
     channels_last: bool = False  # modules a method builds (generators) should use NHWC
+    fused: bool = False  # optimisers a method builds may use fused kernels (CUDA)
 
     @property
     def n_seen(self) -> int:

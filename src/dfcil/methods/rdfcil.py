@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -33,11 +33,13 @@ class RDFCILConfig(MethodConfig):
     lambda_ce: NonNegativeFloat = 0.5  # base weight of the local CE (RRL) and of the global CE (CHR)
     lambda_hkd: NonNegativeFloat = 0.15  # base weight of HKD (L1 on old logits of synthetic data)
     lambda_rkd: NonNegativeFloat = 0.5  # base weight of angle-wise RKD on real new data
-    chr_epochs: NonNegativeInt = (
-        40  # last epochs of train.epochs that train the head only (reference: finetuning_epochs)
-    )
+    chr_epochs: NonNegativeInt = 40  # last epochs of train.epochs that train the head only; 0: no CHR
     chr_lr: PositiveFloat = 0.005  # constant lr of CHR (reference: finetuning_lr)
     chr_hkd: bool = True  # keep HKD during CHR, as the reference code (the paper's CHR is the CE alone)
+    # Ablations (paper Table 6 and supplement). Each replacing loss keeps its own adaptive weight.
+    old_kd: Literal["hkd", "rkd", "none"] = "hkd"  # KD on synthetic old data: HKD, RKD (swap), or none (w/o HKD)
+    new_kd: Literal["rkd", "hkd", "none"] = "rkd"  # KD on real new data: RKD, HKD (swap), or none (w/o RKD)
+    projection: Literal["learned", "identity"] = "learned"  # RKD through learned φ/ψ (d → 2d) or raw features
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
 
 
@@ -92,10 +94,8 @@ class RDFCIL(Method):
         rrl_epochs = t.epochs - c.chr_epochs
         if ctx.task_id == 0:
             return [Phase("base", epochs=rrl_epochs, lr=t.lr, milestones=t.milestones)]
-        return [
-            Phase("rrl", epochs=rrl_epochs, lr=t.lr, milestones=t.milestones),
-            Phase("chr", epochs=c.chr_epochs, lr=c.chr_lr, trainable="head"),
-        ]
+        rrl = Phase("rrl", epochs=rrl_epochs, lr=t.lr, milestones=t.milestones)
+        return [rrl, Phase("chr", epochs=c.chr_epochs, lr=c.chr_lr, trainable="head")] if c.chr_epochs else [rrl]
 
     def _build_task_state(self, ctx: TaskContext) -> None:
         c = self.cfg
@@ -103,9 +103,10 @@ class RDFCIL(Method):
         self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
         batch = c.inversion.batch_size or ctx.batch_size
         self.synth = ModelInversion(
-            self.teacher, c.inversion, ctx.image_size, batch, ctx.rng, ctx.autocast, ctx.channels_last
+            self.teacher, c.inversion, ctx.image_size, batch, ctx.rng, ctx.autocast, ctx.channels_last, ctx.fused
         )
-        self.projector = RelationProjector(ctx.net.feature_dim).to(ctx.device)
+        uses_rkd = "rkd" in (c.old_kd, c.new_kd) and c.projection == "learned"
+        self.projector = RelationProjector(ctx.net.feature_dim).to(ctx.device) if uses_rkd else None
         self.weights = rdfcil_loss_weights(c.lambda_ce, c.lambda_hkd, c.lambda_rkd, ctx.n_old, ctx.n_new)
         self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
         self.class_weights = torch.ones(ctx.n_seen, device=ctx.device)
@@ -149,47 +150,53 @@ class RDFCIL(Method):
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
         return [self.projector] if self.projector is not None else []
 
+    def _rkd(self, student_features: Tensor, teacher_features: Tensor) -> Tensor:
+        if self.projector is not None:
+            student_features, teacher_features = self.projector(student_features, teacher_features)
+        return rkd_angle(student_features, teacher_features)
+
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         if ctx.task_id == 0:
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
         assert self.teacher is not None and self.synth is not None and self.weights is not None
-        w, n_old, b = self.weights, ctx.n_old, len(batch.x)
+        c, w, n_old, b = self.cfg, self.weights, ctx.n_old, len(batch.x)
         x_syn = self.synth.generate(b)  # fresh, unaugmented, as many as real images
-        rrl = phase.name == "rrl"
-        with torch.no_grad():  # teacher targets: pseudo-labels and HKD targets on x_syn, RKD features on real x
-            if not ctx.merge_passes:  # the reference's three passes, one of them a duplicate (for A/B timing)
-                y_syn = self.teacher(x_syn).logits.argmax(dim=1)
-                t_logits_syn = self.teacher(x_syn).logits
-                t_feat_real = self.teacher(batch.x).features if rrl else None
-            elif rrl:  # eval mode: one pass over real + synthetic is exact
-                t = self.teacher(torch.cat([batch.x, x_syn]))
-                t_feat_real, t_logits_syn = t.features[:b], t.logits[b:]
-            else:
-                t_feat_real, t_logits_syn = None, self.teacher(x_syn).logits
-            y_syn = t_logits_syn.argmax(dim=1)
+        need_real = phase.name == "rrl" and c.new_kd != "none"  # teacher outputs on real data: new-data KD only
+        with torch.no_grad():
+            if ctx.merge_passes:  # eval mode: one pass over real + synthetic is exact
+                t = self.teacher(torch.cat([batch.x, x_syn]) if need_real else x_syn)
+                t_real, t_syn = (t.logits[:b], t.features[:b]), (t.logits[-b:], t.features[-b:])
+            else:  # the reference's separate passes, its duplicate labelling pass included (for A/B timing)
+                self.teacher(x_syn)
+                real = self.teacher(batch.x) if need_real else None
+                syn = self.teacher(x_syn)
+                t_real, t_syn = (real.logits, real.features) if real is not None else None, (syn.logits, syn.features)
+        y_syn = t_syn[0].argmax(dim=1)  # pseudo-labels: the old model's argmax over the old classes
         self.class_counts += class_histogram(torch.cat([batch.y, y_syn]), ctx.n_seen)
-        if rrl:
-            if ctx.merge_passes:  # per-half BN statistics: equal to separate real and synthetic passes
-                out = net(torch.cat([batch.x, x_syn]), bn=BNMode(splits=2))
-                real_logits, real_feat, syn_logits = out.logits[:b], out.features[:b], out.logits[b:]
-            else:
-                real, syn = net(batch.x), net(x_syn)
-                real_logits, real_feat, syn_logits = real.logits, real.features, syn.logits
-            s_proj, t_proj = self.projector(real_feat, t_feat_real)
-            return {
-                "lce": w.lce * local_ce(real_logits, batch.y, n_old),
-                "hkd": w.hkd * hkd_l1(syn_logits[:, :n_old], t_logits_syn),
-                "rkd": w.rkd * rkd_angle(s_proj, t_proj),
-            }
-        # CHR: backbone frozen in eval mode, so one pass over real + synthetic equals two
-        if ctx.merge_passes:
-            logits = net(torch.cat([batch.x, x_syn])).logits
+        if phase.name == "chr":  # backbone frozen in eval mode, so one pass over real + synthetic equals two
+            x = torch.cat([batch.x, x_syn])
+            logits = net(x).logits if ctx.merge_passes else torch.cat([net(batch.x).logits, net(x_syn).logits])
+            y = torch.cat([batch.y, y_syn])
+            terms = {"gce": c.lambda_ce * F.cross_entropy(logits.float(), y, weight=self.class_weights)}
+            if c.chr_hkd and c.old_kd == "hkd":
+                terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])
+            return terms
+        if ctx.merge_passes:  # per-half BN statistics: equal to separate real and synthetic passes
+            out = net(torch.cat([batch.x, x_syn]), bn=BNMode(splits=2))
+            logits, feat = out.logits, out.features
         else:
-            logits = torch.cat([net(batch.x).logits, net(x_syn).logits])
-        y = torch.cat([batch.y, y_syn])
-        terms = {"gce": self.cfg.lambda_ce * F.cross_entropy(logits.float(), y, weight=self.class_weights)}
-        if self.cfg.chr_hkd:
-            terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_logits_syn)
+            real_out, syn_out = net(batch.x), net(x_syn)
+            logits = torch.cat([real_out.logits, syn_out.logits])
+            feat = torch.cat([real_out.features, syn_out.features])
+        terms = {"lce": w.lce * local_ce(logits[:b], batch.y, n_old)}
+        if c.old_kd == "hkd":  # old knowledge on synthetic data
+            terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])
+        elif c.old_kd == "rkd":
+            terms["rkd_syn"] = w.rkd * self._rkd(feat[b:], t_syn[1])
+        if c.new_kd == "rkd":  # the structure of the new data in the old feature space
+            terms["rkd"] = w.rkd * self._rkd(feat[:b], t_real[1])
+        elif c.new_kd == "hkd":
+            terms["hkd_new"] = w.hkd * hkd_l1(logits[:b, :n_old], t_real[0])
         return terms
 
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
@@ -201,7 +208,7 @@ class RDFCIL(Method):
             return {}
         state = {
             "task_id": self.task_id,
-            "projector": self.projector.state_dict(),
+            "projector": self.projector.state_dict() if self.projector is not None else {},
             "class_counts": self.class_counts,
             "class_weights": self.class_weights,
         }
@@ -229,7 +236,8 @@ class RDFCIL(Method):
                 raise ValueError("the trained generator and teacher of this task are missing from the checkpoint")
             self.teacher.load_state_dict(static["teacher"])
             self.synth.load_trained(static["generator"])
-        self.projector.load_state_dict(state["projector"])
+        if self.projector is not None:
+            self.projector.load_state_dict(state["projector"])
         self.class_counts = state["class_counts"].to(ctx.device)
         self.class_weights = state["class_weights"].to(ctx.device)
 

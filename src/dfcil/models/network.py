@@ -92,6 +92,7 @@ class IncrementalNet(nn.Module):
     def frozen_copy(self, n_classes: int | None = None) -> IncrementalNet:
         """A deep copy in eval mode with no trainable parameters; its head keeps the first ``n_classes`` classes."""
         twin = copy.deepcopy(self)
+        twin._compiled_call_impl = None  # a frozen copy runs eagerly even when the original was torch.compile'd
         if n_classes is not None:
             twin.head.truncate(n_classes)
         twin.eval()

@@ -51,6 +51,7 @@ class ModelInversion:
         rng: generator of the latent codes (on the teacher's device).
         autocast: context for the forward passes (bf16 autocast or nothing); the loss maths stays in fp32.
         channels_last: build the generator in NHWC memory format.
+        fused: fused Adam kernel (CUDA).
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class ModelInversion:
         rng: torch.Generator,
         autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         channels_last: bool = False,
+        fused: bool = False,
     ) -> None:
         self.teacher = teacher
         self.cfg = cfg
@@ -71,7 +73,7 @@ class ModelInversion:
         self.device = next(teacher.parameters()).device
         memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.generator = build_generator(image_size, cfg.zdim).to(self.device, memory_format=memory_format)
-        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.lr)
+        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.lr, **({"fused": True} if fused else {}))
         self.kernel = gaussian_kernel().to(self.device)
         self.step = 0  # Adam steps done; fit() continues from here
 
