@@ -10,7 +10,8 @@ one untimed warm-up step; the table gives the median milliseconds per step over 
 * inversion: one generator Adam step against the frozen teacher. Reference: BN statistics collected by forward
   hooks on every BN layer (as cl-lite/ABD); fast: the explicit ``BNMode(record=...)`` path.
 * rrl: one R-DFCIL RRL step (forward, three loss terms, backward, SGD step). Reference: separate student passes
-  and the reference's three teacher passes; fast: one student pass with per-half BN and one teacher pass.
+  and the reference's three teacher passes; fast: one teacher pass, and with ``--fast all`` (the CUDA default)
+  one student pass with per-half BN.
 * chr: one CHR step (backbone frozen in eval mode). Reference: separate passes; fast: one pass each.
 * eval: a no-grad forward of 1000 test images (identical in both modes: a control for noise).
 """
@@ -40,7 +41,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(device: torch.device, batch: int, n_old: int, n_new: int, merge: bool, precision: str, channels_last: bool):
+def build(device: torch.device, batch: int, n_old: int, n_new: int, merge: str, precision: str, channels_last: bool):
     cfg = load_config([], [("method.inversion.steps", "0"), ("train.batch_size", str(batch))])[0]
     method = build_method(cfg.method, cfg.train)
     torch.manual_seed(0)
@@ -55,7 +56,8 @@ def build(device: torch.device, batch: int, n_old: int, n_new: int, merge: bool,
 
     ctx = TaskContext(
         1, n_old, n_new, 2, net, device, 32, batch, torch.Generator(device=device).manual_seed(0),
-        make_progress(False), merge_passes=merge, autocast=autocast, channels_last=channels_last,
+        make_progress(False), merge_teacher=merge != "none", merge_student=merge == "all", autocast=autocast,
+        channels_last=channels_last,
     )  # fmt: skip
     method._build_task_state(ctx)  # teacher, (untrained) generator and projectors; no inversion needed for timing
     params = [p for m in (net, method.projector) for p in m.parameters()]
@@ -74,7 +76,9 @@ def hooked_inversion_terms(inv, x):
 
     def hook(module, inputs, output):
         a = inputs[0].float()
-        stats.append(BNStats(a.mean((0, 2, 3)), a.var((0, 2, 3), unbiased=False), module.running_mean, module.running_var))
+        stats.append(
+            BNStats(a.mean((0, 2, 3)), a.var((0, 2, 3), unbiased=False), module.running_mean, module.running_var)
+        )
 
     handles = [m.register_forward_hook(hook) for m in inv.teacher.modules() if isinstance(m, nn.BatchNorm2d)]
     try:
@@ -143,6 +147,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--ab", choices=["merge", "precision"], default="merge", help="what A and B differ in")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="for --ab merge")
+    p.add_argument("--fast", choices=["auto", "all", "teacher"], default="auto", help="the fast path's merge_passes")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--n-old", type=int, default=20)
@@ -153,10 +158,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     phases = args.phases.split(",")
+    fast = args.fast if args.fast != "auto" else ("all" if device.type == "cuda" else "teacher")
     if args.ab == "merge":
-        variants = {"reference": (False, args.precision, True), "fast": (True, args.precision, False)}
+        variants = {"reference": ("none", args.precision, True), f"fast-{fast}": (fast, args.precision, False)}
     else:
-        variants = {"fp32": (True, "fp32", False), "bf16": (True, "bf16", False)}
+        variants = {"fp32": (fast, "fp32", False), "bf16": (fast, "bf16", False)}
     steps = {}
     for name, (merge, precision, hooks) in variants.items():
         steps[name] = steps_for(

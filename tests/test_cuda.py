@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gpu
     "engine",
     [
         [],
-        ["--engine.merge_passes", "false"],
+        ["--engine.merge_passes", "none"],
         ["--engine.precision", "bf16", "--engine.channels_last", "true"],
         ["--engine.precision", "bf16", "--engine.compile", "default"],
     ],
@@ -35,7 +35,7 @@ def test_fast_and_reference_agree_on_cuda():
     from test_engine_modes import _setup
 
     results = []
-    for merge in (True, False):
+    for merge in ("all", "none"):
         method, net, ctx = _setup(merge, device="cuda")
         g = torch.Generator(device="cuda").manual_seed(1)
         x = torch.randn(8, 3, 32, 32, device="cuda", generator=g)

@@ -17,7 +17,7 @@ from dfcil.progress import make_progress
 SMOKE = str(CONFIGS / "smoke.yaml")
 
 
-def _setup(merge: bool, seed: int = 0, device: str = "cpu"):
+def _setup(merge: str, seed: int = 0, device: str = "cpu"):
     cfg = load_config([SMOKE], [("method.inversion.steps", "3")])[0]
     method = build_method(cfg.method, cfg.train)
     torch.manual_seed(seed)
@@ -30,16 +30,17 @@ def _setup(merge: bool, seed: int = 0, device: str = "cpu"):
     net.expand(4)
     ctx = TaskContext(
         1, 4, 4, 2, net, torch.device(device), 32, 8, torch.Generator(device=device).manual_seed(5),
-        make_progress(False), merge_passes=merge,
+        make_progress(False), merge_teacher=merge != "none", merge_student=merge == "all",
     )  # fmt: skip
     method.on_task_start(ctx)
     return method, net, ctx
 
 
+@pytest.mark.parametrize("merge", ["all", "teacher"])
 @pytest.mark.parametrize("phase", [Phase("rrl", 1, 0.1), Phase("chr", 1, 0.005, trainable="head")], ids=["rrl", "chr"])
-def test_fast_and_reference_give_the_same_losses_gradients_and_bn_statistics(phase):
-    fast_method, fast_net, fast_ctx = _setup(True)
-    ref_method, ref_net, ref_ctx = _setup(False)
+def test_fast_and_reference_give_the_same_losses_gradients_and_bn_statistics(phase, merge):
+    fast_method, fast_net, fast_ctx = _setup(merge)
+    ref_method, ref_net, ref_ctx = _setup("none")
     for a, b in zip(fast_net.state_dict().values(), ref_net.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # identical starting points, inversion included
     if phase.trainable == "head":
@@ -69,13 +70,13 @@ def test_fast_and_reference_give_the_same_losses_gradients_and_bn_statistics(pha
 
 def test_fast_and_reference_reach_the_same_accuracy_on_the_smoke_preset(tmp_path):
     acc = {}
-    for merge in ("true", "false"):
+    for merge in ("all", "teacher", "none"):
         out = tmp_path / merge
         assert (
             main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--engine.merge_passes", merge]) == 0
         )
         acc[merge] = json.loads((out / "summary.json").read_text())["accuracy_matrix"]
-    assert acc["true"] == acc["false"]
+    assert acc["all"] == acc["teacher"] == acc["none"]
 
 
 def test_bf16_and_channels_last_run_and_stay_close_to_fp32(tmp_path):
@@ -87,7 +88,7 @@ def test_bf16_and_channels_last_run_and_stay_close_to_fp32(tmp_path):
 
 
 def test_bf16_step_keeps_fp32_weights_and_losses():
-    method, net, ctx = _setup(True)
+    method, net, ctx = _setup("all")
     ctx = copy.copy(ctx)
     ctx.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
     x, y = torch.randn(8, 3, 32, 32), torch.randint(4, 8, (8,))

@@ -72,9 +72,12 @@ class TrainConfig:
 @configclass
 class EngineConfig:
     """How the engine computes, not what: switches that keep the algorithm (fp32 results equal within rounding)
-    or trade exactness for speed (bf16). ``merge_passes: false`` with fp32 and no compile is the reference mode."""
+    or trade exactness for speed (bf16). ``merge_passes: none`` with fp32 and no compile is the reference mode."""
 
-    merge_passes: bool = True  # one student pass over [real; synthetic] with per-half BN statistics, one teacher pass
+    # Passes over [real; synthetic] batches. none: the reference's separate passes (its duplicate teacher pass
+    # included); teacher: one teacher pass, one eval-mode student pass in CHR; all: also one train-mode student
+    # pass with per-half BN statistics; auto: all on CUDA, teacher on CPU (where a 256-batch is slower than two).
+    merge_passes: Literal["auto", "all", "teacher", "none"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast with fp32 master weights and fp32 loss maths
     channels_last: bool = False  # NHWC activations (helps tensor cores on CUDA; slower on this CPU)
     compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"  # torch.compile mode

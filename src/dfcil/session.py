@@ -124,6 +124,13 @@ class Session:
         self.static_ref: dict[str, Any] | None = None
         self.last_save = time.monotonic()
 
+    def merges(self) -> tuple[bool, bool]:
+        """(merge_teacher, merge_student) from ``engine.merge_passes``."""
+        mode = self.cfg.engine.merge_passes
+        if mode == "auto":
+            mode = "all" if self.device.type == "cuda" else "teacher"
+        return mode != "none", mode == "all"
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast around forward passes when ``engine.precision`` is bf16; weights stay fp32."""
         enabled = self.cfg.engine.precision == "bf16"
@@ -177,7 +184,7 @@ class Session:
         return TaskContext(
             task, n_old, n_new, self.protocol.split.num_tasks, self.net, self.device, self.protocol.dataset.image_size,
             self.cfg.train.batch_size, self.rngs["method"], progress or make_progress(False),
-            save_point or (lambda: None), self.cfg.engine.merge_passes, self.autocast,
+            save_point or (lambda: None), *self.merges(), self.autocast,
             self.cfg.engine.channels_last, self.cfg.engine.fused_optimizer and self.device.type == "cuda",
         )  # fmt: skip
 

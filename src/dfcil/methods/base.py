@@ -57,7 +57,8 @@ class TaskContext:
     rng: torch.Generator  # the method's own random stream (latent codes), on ``device``
     progress: ProgressFactory
     save_point: Callable[[], None] = _no_save_point  # call at consistent points of long setups (see on_task_start)
-    merge_passes: bool = True  # engine.merge_passes: one pass over [real; synthetic] (per-half BN stats in train mode)
+    merge_teacher: bool = True  # one eval-mode pass over [real; synthetic] where it is exact (teacher, CHR)
+    merge_student: bool = False  # one train-mode student pass over [real; synthetic] with per-half BN statistics
     autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext  # wrap forwards outside training_step
     channels_last: bool = False  # modules a method builds (generators) should use NHWC
     fused: bool = False  # optimisers a method builds may use fused kernels (CUDA)

@@ -163,7 +163,7 @@ class RDFCIL(Method):
         x_syn = self.synth.generate(b)  # fresh, unaugmented, as many as real images
         need_real = phase.name == "rrl" and c.new_kd != "none"  # teacher outputs on real data: new-data KD only
         with torch.no_grad():
-            if ctx.merge_passes:  # eval mode: one pass over real + synthetic is exact
+            if ctx.merge_teacher:  # eval mode: one pass over real + synthetic is exact
                 t = self.teacher(torch.cat([batch.x, x_syn]) if need_real else x_syn)
                 t_real, t_syn = (t.logits[:b], t.features[:b]), (t.logits[-b:], t.features[-b:])
             else:  # the reference's separate passes, its duplicate labelling pass included (for A/B timing)
@@ -175,13 +175,13 @@ class RDFCIL(Method):
         self.class_counts += class_histogram(torch.cat([batch.y, y_syn]), ctx.n_seen)
         if phase.name == "chr":  # backbone frozen in eval mode, so one pass over real + synthetic equals two
             x = torch.cat([batch.x, x_syn])
-            logits = net(x).logits if ctx.merge_passes else torch.cat([net(batch.x).logits, net(x_syn).logits])
+            logits = net(x).logits if ctx.merge_teacher else torch.cat([net(batch.x).logits, net(x_syn).logits])
             y = torch.cat([batch.y, y_syn])
             terms = {"gce": c.lambda_ce * F.cross_entropy(logits.float(), y, weight=self.class_weights)}
             if c.chr_hkd and c.old_kd == "hkd":
                 terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])
             return terms
-        if ctx.merge_passes:  # per-half BN statistics: equal to separate real and synthetic passes
+        if ctx.merge_student:  # per-half BN statistics: equal to separate real and synthetic passes
             out = net(torch.cat([batch.x, x_syn]), bn=BNMode(splits=2))
             logits, feat = out.logits, out.features
         else:
