@@ -39,13 +39,10 @@ class IncrementalLinear(nn.Module):
     def out_features(self) -> int:
         return sum(b.out_features for b in self.blocks)
 
-    def expand(self, n_new: int) -> None:
-        ref = next(iter(self.parameters()), None)
+    def expand(self, n_new: int, device: torch.device | None = None) -> None:
         block = nn.Linear(self.in_features, n_new, bias=False)
         nn.init.normal_(block.weight, std=self.init_std)
-        if ref is not None:
-            block.to(device=ref.device, dtype=ref.dtype)
-        self.blocks.append(block)
+        self.blocks.append(block.to(device))
 
     def truncate(self, n_classes: int) -> None:
         """Keep only the blocks that cover the first ``n_classes`` classes (must fall on a block boundary)."""
@@ -87,7 +84,7 @@ class IncrementalNet(nn.Module):
         return NetOutput(self.head(features), features, stages)
 
     def expand(self, n_new: int) -> None:
-        self.head.expand(n_new)
+        self.head.expand(n_new, device=next(self.backbone.parameters()).device)
 
     def frozen_copy(self, n_classes: int | None = None) -> IncrementalNet:
         """A deep copy in eval mode with no trainable parameters; its head keeps the first ``n_classes`` classes."""
