@@ -72,9 +72,8 @@ def test_fast_and_reference_reach_the_same_accuracy_on_the_smoke_preset(tmp_path
     acc = {}
     for merge in ("all", "teacher", "none"):
         out = tmp_path / merge
-        assert (
-            main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--engine.merge_passes", merge]) == 0
-        )
+        args = ["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--device", "cpu"]
+        assert main([*args, "--engine.merge_passes", merge]) == 0  # bit-equal on the CPU; TF32 differs on CUDA
         acc[merge] = json.loads((out / "summary.json").read_text())["accuracy_matrix"]
     assert acc["all"] == acc["teacher"] == acc["none"]
 
