@@ -32,6 +32,7 @@ from dfcil.callbacks import Callback, ConsoleLogger, JsonlLogger
 from dfcil.config import RUNTIME_KEYS, ConfigError, RunConfig, config_diff, config_to_dict, dump_config, load_config
 from dfcil.engine import Interrupt, Protocol, RunInterrupted, prepare, resolve_device, run
 from dfcil.io import write_atomic, write_json
+from dfcil.methods import METHODS
 from dfcil.models.network import IncrementalNet, build_network
 from dfcil.state import FORMAT, Checkpointer, dumps, loads
 
@@ -221,7 +222,8 @@ def save_model(path: Path, net: IncrementalNet, cfg: RunConfig) -> None:
             {
                 "format": FORMAT,
                 "net": net.state_dict(),
-                "head_sizes": [b.out_features for b in net.head.blocks],
+                "head_sizes": net.head.sizes,
+                "head": METHODS.get(cfg.method.name).head,
                 "backbone": cfg.model.backbone,
             }
         ),
@@ -231,7 +233,7 @@ def save_model(path: Path, net: IncrementalNet, cfg: RunConfig) -> None:
 def load_model(path: str | os.PathLike) -> IncrementalNet:
     """Rebuild the network saved by :func:`save_model` (weights-only load; refuses anything else)."""
     payload = loads(Path(path).read_bytes(), str(path))
-    net = build_network(payload["backbone"])
+    net = build_network(payload["backbone"], payload["head"])
     for n in payload["head_sizes"]:
         net.expand(n)
     net.load_state_dict(payload["net"])

@@ -142,7 +142,7 @@ class Session:
             self.static_ref = {"task": self.pos.task, "digest": self.checkpointer.save_static(self.pos.task, static)}
         return {
             "position": dataclasses.asdict(self.pos),
-            "head_sizes": [b.out_features for b in self.net.head.blocks],
+            "head_sizes": self.net.head.sizes,
             "net": self.net.state_dict(),
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "method": self.method.state_dict(),
@@ -163,7 +163,7 @@ class Session:
     def restore(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Load a checkpoint payload; returns what the task loop needs to continue (optimizer, epoch state)."""
         self.pos = Position(**payload["position"])
-        for n in payload["head_sizes"][len(self.net.head.blocks) :]:
+        for n in payload["head_sizes"][len(self.net.head.sizes) :]:
             self.net.expand(n)
         self.net.load_state_dict(payload["net"])
         self.method.load_state_dict(

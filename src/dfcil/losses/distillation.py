@@ -60,3 +60,34 @@ class RelationProjector(nn.Module):
 
     def forward(self, student_features: Tensor, teacher_features: Tensor) -> tuple[Tensor, Tensor]:
         return self.student(student_features), self.teacher(teacher_features)
+
+
+def kd_soft_ce(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 2.0) -> Tensor:
+    """Soft-target KD as ABD's code computes it (LwF, DeepInversion): no T² factor, mean over the batch.
+
+    L = −1/B Σ_b Σ_k softmax(t_b / T)_k · log_softmax(s_b / T)_k. When the student has more classes than the
+    teacher (DeepInversion's KD on synthetic data), the target is padded with zeros, so the student's extra
+    classes are pushed towards zero probability.
+
+    Args:
+        student_logits: (B, K_s) student logits, K_s ≥ K_t.
+        teacher_logits: (B, K_t) teacher logits.
+    """
+    target = F.softmax(teacher_logits.float() / temperature, dim=1)
+    if student_logits.shape[1] > target.shape[1]:
+        target = F.pad(target, (0, student_logits.shape[1] - target.shape[1]))
+    log_p = F.log_softmax(student_logits.float() / temperature, dim=1)
+    return -(target * log_p).sum(dim=1).mean()
+
+
+def head_feature_kd(student_features: Tensor, teacher_features: Tensor, old_head_weight: Tensor) -> Tensor:
+    """ABD's importance-weighted feature distillation: MSE of the old head's logits of the two feature sets.
+
+    d = W_old (f_s − f_t) (a linear head's bias would cancel); L = 1/B Σ_b ‖d_b‖² / K_old.
+
+    Args:
+        student_features, teacher_features: (B, D).
+        old_head_weight: (K_old, D) the frozen copy of the old classifier.
+    """
+    d = F.linear(student_features.float() - teacher_features.float(), old_head_weight.float())
+    return d.pow(2).mean(dim=1).mean()

@@ -5,61 +5,17 @@ from __future__ import annotations
 import copy
 from typing import NamedTuple
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dfcil.models.batchnorm import BNMode
+from dfcil.models.heads import HEADS
 from dfcil.models.resnet_cifar import BACKBONES
-from dfcil.registry import Registry
-
-HEADS: Registry = Registry("head")
 
 
 class NetOutput(NamedTuple):
     logits: Tensor  # (B, n_classes), classes in order position
     features: Tensor  # (B, d) globally average-pooled, pre-ReLU backbone features
     fmaps: tuple[Tensor, ...]  # each backbone stage's output, (B, C_s, H_s, W_s)
-
-
-@HEADS.register("linear")
-class IncrementalLinear(nn.Module):
-    """Bias-free linear classifiers, one block per task, concatenated in task order (cl-lite ``DynamicSimpleHead``).
-
-    Each block is initialised N(0, init_std²); a new block never changes the old ones.
-    """
-
-    def __init__(self, in_features: int, init_std: float = 0.001) -> None:
-        super().__init__()
-        self.in_features = in_features
-        self.init_std = init_std
-        self.blocks = nn.ModuleList()
-
-    @property
-    def out_features(self) -> int:
-        return sum(b.out_features for b in self.blocks)
-
-    def expand(self, n_new: int, device: torch.device | None = None) -> None:
-        block = nn.Linear(self.in_features, n_new, bias=False)
-        nn.init.normal_(block.weight, std=self.init_std)
-        self.blocks.append(block.to(device))
-
-    def truncate(self, n_classes: int) -> None:
-        """Keep only the blocks that cover the first ``n_classes`` classes (must fall on a block boundary)."""
-        kept, total = [], 0
-        for block in self.blocks:
-            if total >= n_classes:
-                break
-            kept.append(block)
-            total += block.out_features
-        if total != n_classes:
-            raise ValueError(f"{n_classes} classes do not end on a head block boundary")
-        self.blocks = nn.ModuleList(kept)
-
-    def forward(self, features: Tensor) -> Tensor:
-        if not self.blocks:
-            return features.new_zeros(features.shape[0], 0)
-        return F.linear(features, torch.cat([b.weight for b in self.blocks]))
 
 
 class IncrementalNet(nn.Module):
