@@ -59,7 +59,8 @@ def build(device: torch.device, batch: int, n_old: int, n_new: int, merge: str, 
         make_progress(False), merge_teacher=merge != "none", merge_student=merge == "all", autocast=autocast,
         channels_last=channels_last,
     )  # fmt: skip
-    method._build_task_state(ctx)  # teacher, (untrained) generator and projectors; no inversion needed for timing
+    method._build_task_state(ctx)  # projectors and loss weights
+    method.replay._build(ctx)  # teacher and an (untrained) generator: no inversion needed for timing
     params = [p for m in (net, method.projector) for p in m.parameters()]
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4, **fused)
@@ -97,7 +98,7 @@ def hooked_inversion_terms(inv, x):
 
 def steps_for(setup, hooks: bool) -> dict[str, Callable[[], None]]:
     method, net, ctx, optimizer, batch = setup
-    inv = method.synth
+    inv = method.replay.synth
     inv_opt = torch.optim.Adam(inv.generator.parameters(), lr=1e-3)
     test = torch.randn(1000, 3, 32, 32, device=ctx.device)
 

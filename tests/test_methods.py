@@ -107,7 +107,7 @@ def test_rrl_updates_backbone_old_heads_and_projectors():
     assert not torch.equal(after["head.blocks.0.weight"], before["head.blocks.0.weight"])  # old head moves (HKD, wd)
     assert not torch.equal(after["backbone.conv_1.weight"], before["backbone.conv_1.weight"])
     assert not torch.equal(method.projector.teacher.weight, proj["teacher.weight"])  # ψ/φ both train
-    teacher = method.teacher.state_dict()
+    teacher = method.replay.teacher.state_dict()
     assert all(torch.equal(teacher[k], before[k]) for k in teacher)  # the teacher is a frozen snapshot
 
 

@@ -103,11 +103,13 @@ def run(
         if s.pos.stage == "start":
             s.net.expand(ctx.n_new)
             s.pos = Position(task, "setup")
-        x, y = select_classes(ds.train, lut, range(ctx.n_old, ctx.n_seen), cfg.data.train_per_class)
+        first = 0 if type(s.method).train_data == "seen" else ctx.n_old  # the joint upper bound sees all tasks
+        x, y = select_classes(ds.train, lut, range(first, ctx.n_seen), cfg.data.train_per_class)
         batches = TrainBatches(
             torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), cfg.train.batch_size, normalizer,
             s.rngs["data"],
         )  # fmt: skip
+        ctx.task_data = batches
         phases = s.method.phases(ctx)
         info = {"task": task, "num_tasks": split.num_tasks, "n_new": ctx.n_new, "n_seen": ctx.n_seen}
         info |= {"train_images": len(x), "phases": [dataclasses.asdict(p) for p in phases]}
@@ -270,6 +272,8 @@ def fit_task(
                 optimizer.load_state_dict(optimizer_state)
                 optimizer_state = None
         set_trainable(net, extra, phase.trainable)
+        for module in method.frozen_modules(ctx):  # e.g. UCIR's and PODNet's old classifier blocks
+            module.requires_grad_(False)
         t_phase = time.perf_counter()
         total = phase.epochs * len(batches)
         initial = first_epoch * len(batches) + (epoch_state.step if epoch_state else 0)
@@ -352,6 +356,8 @@ def train_epoch(
         loss = values.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if method.grad_clip_value is not None:
+            torch.nn.utils.clip_grad_value_(net.parameters(), method.grad_clip_value)
         optimizer.step()
         values = values.detach()
         ep.sums = values if ep.sums is None else ep.sums + values

@@ -127,6 +127,11 @@ class TrainBatches:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         return self.iterate(self.permutation())
 
+    def plain(self, batch_size: int = 500) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every image once, in order, normalised but not augmented (for imprinting and statistics)."""
+        for i in range(0, len(self.x), batch_size):
+            yield self.normalizer(self.x[i : i + batch_size]), self.y[i : i + batch_size]
+
     def iterate(self, perm: Tensor, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """The batches of the epoch with order ``perm``, from batch ``start`` on (to continue a partial epoch)."""
         for i in range(start, len(self)):

@@ -62,6 +62,7 @@ class TaskContext:
     autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext  # wrap forwards outside training_step
     channels_last: bool = False  # modules a method builds (generators) should use NHWC
     fused: bool = False  # optimisers a method builds may use fused kernels (CUDA)
+    task_data: Any = None  # the task's TrainBatches: ``task_data.plain()`` gives un-augmented batches (imprinting)
 
     @property
     def n_seen(self) -> int:
@@ -73,6 +74,8 @@ class Method:
 
     name: ClassVar[str]
     head: ClassVar[str] = "linear"  # which head IncrementalNet must build
+    train_data: ClassVar[Literal["task", "seen"]] = "task"  # "seen": real data of every task so far (joint only)
+    grad_clip_value: ClassVar[float | None] = None  # clamp every gradient to [-v, v] (PODNet: 5)
     Config: ClassVar[type[MethodConfig]] = MethodConfig
 
     def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:
@@ -94,6 +97,10 @@ class Method:
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
         """Modules trained with the network by the same optimiser (e.g. RKD projectors)."""
+        return []
+
+    def frozen_modules(self, ctx: TaskContext) -> list[nn.Module]:
+        """Parts of the network kept frozen in every phase of this task (e.g. old classifier blocks)."""
         return []
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:

@@ -8,7 +8,6 @@ and the difference is a switch (``chr_hkd``).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from typing import Any, Literal
 
@@ -22,9 +21,8 @@ from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.batchnorm import BNMode
 from dfcil.models.network import IncrementalNet
-from dfcil.synthesis.inversion import InversionConfig, ModelInversion
-
-log = logging.getLogger("dfcil")
+from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
 
 
 @configclass
@@ -81,9 +79,8 @@ class RDFCIL(Method):
                 f"method.chr_epochs ({cfg.chr_epochs}) must be smaller than train.epochs ({train.epochs}): "
                 f"train.epochs counts RRL and CHR epochs together, as the reference's max_epochs"
             )
+        self.replay = Replay(cfg.inversion)
         self.task_id: int | None = None  # the task the state below belongs to
-        self.teacher: IncrementalNet | None = None
-        self.synth: ModelInversion | None = None
         self.projector: RelationProjector | None = None
         self.weights: LossWeights | None = None
         self.class_counts: Tensor | None = None
@@ -100,52 +97,22 @@ class RDFCIL(Method):
     def _build_task_state(self, ctx: TaskContext) -> None:
         c = self.cfg
         self.task_id = ctx.task_id
-        self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
-        batch = c.inversion.batch_size or ctx.batch_size
-        self.synth = ModelInversion(
-            self.teacher, c.inversion, ctx.image_size, batch, ctx.rng, ctx.autocast, ctx.channels_last, ctx.fused
-        )
         uses_rkd = "rkd" in (c.old_kd, c.new_kd) and c.projection == "learned"
         self.projector = RelationProjector(ctx.net.feature_dim).to(ctx.device) if uses_rkd else None
         self.weights = rdfcil_loss_weights(c.lambda_ce, c.lambda_hkd, c.lambda_rkd, ctx.n_old, ctx.n_new)
         self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
         self.class_weights = torch.ones(ctx.n_seen, device=ctx.device)
 
-    def _clear(self) -> None:
-        self.task_id = None
-        self.teacher = self.synth = self.projector = self.weights = None
-        self.class_counts = self.class_weights = None
-
     def on_task_start(self, ctx: TaskContext) -> None:
         if ctx.task_id == 0:
-            self._clear()
             return
         if self.task_id != ctx.task_id:  # after a resume inside the setup the partial state is already loaded
             self._build_task_state(ctx)
-        if not self.synth.done:
-            self._invert(ctx)
+        self.replay.begin(ctx)  # a fresh generator per task (reference), trained against the frozen old model
 
     def on_task_end(self, ctx: TaskContext) -> None:
-        self._clear()  # nothing of a task's teacher, generator or projectors is carried into the next
-
-    def _invert(self, ctx: TaskContext) -> None:
-        assert self.synth is not None
-        steps = self.synth.cfg.steps
-        log.info(
-            "task %d: inverting the old model into a new generator (steps %d..%d)", ctx.task_id, self.synth.step, steps
-        )
-        with ctx.progress(
-            total=self.synth.cfg.steps, desc=f"task {ctx.task_id} inversion", initial=self.synth.step
-        ) as bar:
-
-            def on_step(step: int, terms: dict[str, Tensor]) -> None:
-                bar.update(1)
-                if step % 50 == 0 or step == self.synth.cfg.steps:
-                    bar.set_postfix({k: f"{v.item():.3f}" for k, v in terms.items()})
-                ctx.save_point()
-
-            self.synth.fit(on_step)
-        log.info("task %d: inversion done", ctx.task_id)
+        self.replay.end()  # nothing of a task's teacher, generator or projectors is carried into the next
+        self.task_id = self.projector = self.weights = self.class_counts = self.class_weights = None
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
         return [self.projector] if self.projector is not None else []
@@ -158,18 +125,18 @@ class RDFCIL(Method):
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         if ctx.task_id == 0:
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
-        assert self.teacher is not None and self.synth is not None and self.weights is not None
-        c, w, n_old, b = self.cfg, self.weights, ctx.n_old, len(batch.x)
-        x_syn = self.synth.generate(b)  # fresh, unaugmented, as many as real images
+        assert self.weights is not None
+        c, w, n_old, b, teacher = self.cfg, self.weights, ctx.n_old, len(batch.x), self.replay.teacher
+        x_syn = self.replay.generate(b)  # fresh, unaugmented, as many as real images
         need_real = phase.name == "rrl" and c.new_kd != "none"  # teacher outputs on real data: new-data KD only
         with torch.no_grad():
             if ctx.merge_teacher:  # eval mode: one pass over real + synthetic is exact
-                t = self.teacher(torch.cat([batch.x, x_syn]) if need_real else x_syn)
+                t = teacher(torch.cat([batch.x, x_syn]) if need_real else x_syn)
                 t_real, t_syn = (t.logits[:b], t.features[:b]), (t.logits[-b:], t.features[-b:])
             else:  # the reference's separate passes, its duplicate labelling pass included (for A/B timing)
-                self.teacher(x_syn)
-                real = self.teacher(batch.x) if need_real else None
-                syn = self.teacher(x_syn)
+                teacher(x_syn)
+                real = teacher(batch.x) if need_real else None
+                syn = teacher(x_syn)
                 t_real, t_syn = (real.logits, real.features) if real is not None else None, (syn.logits, syn.features)
         y_syn = t_syn[0].argmax(dim=1)  # pseudo-labels: the old model's argmax over the old classes
         self.class_counts += class_histogram(torch.cat([batch.y, y_syn]), ctx.n_seen)
@@ -204,38 +171,26 @@ class RDFCIL(Method):
             self.class_weights = balanced_class_weights(self.class_counts)
 
     def state_dict(self) -> dict[str, Any]:
-        if self.task_id is None:
-            return {}
-        state = {
-            "task_id": self.task_id,
-            "projector": self.projector.state_dict() if self.projector is not None else {},
-            "class_counts": self.class_counts,
-            "class_weights": self.class_weights,
-        }
-        if not self.synth.done:  # checkpoint inside the inversion: the partial generator travels here
-            state |= {"teacher": self.teacher.state_dict(), "inversion": self.synth.state_dict()}
+        replay = self.replay.state_dict()
+        state: dict[str, Any] = {"replay": replay} if replay else {}
+        if self.task_id is not None:
+            state |= {
+                "task_id": self.task_id,
+                "projector": self.projector.state_dict() if self.projector is not None else {},
+                "class_counts": self.class_counts,
+                "class_weights": self.class_weights,
+            }
         return state
 
     def static_state_dict(self) -> dict[str, Any]:
-        if self.task_id is None or not self.synth.done:
-            return {}
-        return {"teacher": self.teacher.state_dict(), "generator": self.synth.generator.state_dict()}
+        return self.replay.static_state_dict()
 
     def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
-        if not state:
-            self._clear()
+        self.replay.load_state_dict(state.get("replay", {}), ctx, static)
+        if "task_id" not in state:
+            self.task_id = None
             return
-        if state["task_id"] != ctx.task_id:
-            raise ValueError(f"method state of task {state['task_id']} cannot resume task {ctx.task_id}")
         self._build_task_state(ctx)
-        if "inversion" in state:
-            self.teacher.load_state_dict(state["teacher"])
-            self.synth.load_state_dict(state["inversion"])
-        else:
-            if not static:
-                raise ValueError("the trained generator and teacher of this task are missing from the checkpoint")
-            self.teacher.load_state_dict(static["teacher"])
-            self.synth.load_trained(static["generator"])
         if self.projector is not None:
             self.projector.load_state_dict(state["projector"])
         self.class_counts = state["class_counts"].to(ctx.device)

@@ -37,6 +37,7 @@ class InversionConfig:
     w_bn: NonNegativeFloat = 50.0  # × mean over BN layers of the per-layer KL (= ABD's 5e1 / L per layer)
     w_prior: NonNegativeFloat = 1e-3  # Gaussian-blur smoothness prior
     zdim: PositiveInt = 1000  # latent dimension
+    persistent: bool = False  # ABD: one generator and Adam for the whole run, warm-started every task
 
 
 class ModelInversion:
@@ -119,7 +120,17 @@ class ModelInversion:
     def _freeze(self) -> None:
         self.generator.eval()
         self.generator.requires_grad_(False)
-        self.optimizer = None  # Adam's moments are not needed for sampling
+        if not self.cfg.persistent:
+            self.optimizer = None  # Adam's moments are not needed for sampling
+
+    def training_state(self) -> dict:
+        """Generator and Adam state after training, to warm-start the next task's inversion (persistent)."""
+        return {"generator": self.generator.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def warm_start(self, state: dict) -> None:
+        """Start this inversion from a previous generator and its Adam state (ABD's persistent generator)."""
+        self.generator.load_state_dict(state["generator"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     @torch.no_grad()
     def generate(self, n: int) -> Tensor:
@@ -148,8 +159,10 @@ class ModelInversion:
         if self.done:
             self._freeze()
 
-    def load_trained(self, generator_state: dict) -> None:
-        """Load a fully trained generator for sampling."""
+    def load_trained(self, generator_state: dict, optimizer_state: dict | None = None) -> None:
+        """Load a fully trained generator for sampling (and its Adam state when it persists)."""
         self.generator.load_state_dict(generator_state)
+        if optimizer_state and self.optimizer is not None:
+            self.optimizer.load_state_dict(optimizer_state)
         self.step = self.cfg.steps
         self._freeze()

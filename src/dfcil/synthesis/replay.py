@@ -1,0 +1,108 @@
+"""Synthetic replay of one task: a frozen snapshot of the old model and the generator inverted from it.
+
+Every synthetic-replay method (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF) holds one :class:`Replay` and
+calls :meth:`Replay.begin` from ``on_task_start``; the checkpoint logic (partial inversion, frozen state) lives
+here once. With ``InversionConfig.persistent`` (ABD) the generator and its Adam state carry over to the next task
+and are warm-started there, instead of a fresh generator per task (R-DFCIL).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from dfcil.models.network import IncrementalNet
+from dfcil.synthesis.inversion import InversionConfig, ModelInversion
+
+if TYPE_CHECKING:
+    from dfcil.methods.base import TaskContext
+
+log = logging.getLogger("dfcil")
+
+
+class Replay:
+    """Teacher snapshot + generator for the current task, with its checkpointable state."""
+
+    def __init__(self, cfg: InversionConfig) -> None:
+        self.cfg = cfg
+        self.task_id: int | None = None
+        self.teacher: IncrementalNet | None = None
+        self.synth: ModelInversion | None = None
+        self.carried: dict[str, Any] | None = None  # persistent generator + Adam state from the previous task
+
+    def _build(self, ctx: TaskContext) -> None:
+        self.task_id = ctx.task_id
+        self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
+        batch = self.cfg.batch_size or ctx.batch_size
+        self.synth = ModelInversion(
+            self.teacher, self.cfg, ctx.image_size, batch, ctx.rng, ctx.autocast, ctx.channels_last, ctx.fused
+        )
+
+    def begin(self, ctx: TaskContext) -> None:
+        """Snapshot the old model and train the generator (continuing a partial inversion after a resume)."""
+        if self.task_id != ctx.task_id:
+            self._build(ctx)
+            if self.carried is not None:  # ABD: warm-start from the previous task's generator and Adam
+                self.synth.warm_start(self.carried)
+        if self.synth.done:
+            return
+        synth = self.synth
+        log.info(
+            "task %d: inverting the old model into a generator (steps %d..%d)", ctx.task_id, synth.step, synth.cfg.steps
+        )
+        with ctx.progress(total=self.cfg.steps, desc=f"task {ctx.task_id} inversion", initial=synth.step) as bar:
+
+            def on_step(step: int, terms: dict[str, Tensor]) -> None:
+                bar.update(1)
+                if step % 50 == 0 or step == synth.cfg.steps:
+                    bar.set_postfix({k: f"{v.item():.3f}" for k, v in terms.items()})
+                ctx.save_point()
+
+            synth.fit(on_step)
+        log.info("task %d: inversion done", ctx.task_id)
+
+    def end(self) -> None:
+        """Drop the task's teacher and generator; keep the generator's training state if it persists."""
+        if self.synth is not None and self.cfg.persistent:
+            self.carried = self.synth.training_state()
+        self.task_id = self.teacher = self.synth = None
+
+    @torch.no_grad()
+    def generate(self, n: int) -> Tensor:
+        return self.synth.generate(n)
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"carried": self.carried} if self.carried else {}
+        if self.task_id is not None:
+            state["task_id"] = self.task_id
+            if not self.synth.done:  # inside the inversion: the partial generator travels with every checkpoint
+                state |= {"teacher": self.teacher.state_dict(), "inversion": self.synth.state_dict()}
+        return state
+
+    def static_state_dict(self) -> dict[str, Any]:
+        if self.task_id is None or not self.synth.done:
+            return {}
+        static = {"teacher": self.teacher.state_dict(), "generator": self.synth.generator.state_dict()}
+        if self.cfg.persistent:
+            static["optimizer"] = self.synth.optimizer.state_dict()
+        return static
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None) -> None:
+        self.carried = state.get("carried") or None
+        if "task_id" not in state:
+            self.task_id = self.teacher = self.synth = None
+            return
+        if state["task_id"] != ctx.task_id:
+            raise ValueError(f"replay state of task {state['task_id']} cannot resume task {ctx.task_id}")
+        self._build(ctx)
+        if "inversion" in state:
+            self.teacher.load_state_dict(state["teacher"])
+            self.synth.load_state_dict(state["inversion"])
+        else:
+            if not static:
+                raise ValueError("the trained generator and teacher of this task are missing from the checkpoint")
+            self.teacher.load_state_dict(static["teacher"])
+            self.synth.load_trained(static["generator"], static.get("optimizer"))
