@@ -272,7 +272,7 @@ def fit_task(
                 optimizer.load_state_dict(optimizer_state)
                 optimizer_state = None
         set_trainable(net, extra, phase.trainable)
-        for module in method.frozen_modules(ctx):  # e.g. UCIR's and PODNet's old classifier blocks
+        for module in method.frozen_modules(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             module.requires_grad_(False)
         t_phase = time.perf_counter()
         total = phase.epochs * len(batches)

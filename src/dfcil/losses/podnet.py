@@ -29,12 +29,19 @@ def pod_flat(student_features: Tensor, teacher_features: Tensor) -> Tensor:
     return (1.0 - F.cosine_similarity(student_features.float(), teacher_features.float(), dim=1)).mean()
 
 
-def nca(similarities: Tensor, y: Tensor, scale: Tensor | float = 1.0, margin: float = 0.6) -> Tensor:
+def nca(
+    similarities: Tensor,
+    y: Tensor,
+    scale: Tensor | float = 1.0,
+    margin: float = 0.6,
+    class_weight: Tensor | None = None,
+) -> Tensor:
     """PODNet's NCA loss exactly as its code computes it (and PyCIL's and cl-lite's copies).
 
     s = scale · (similarities − margin) — the margin is subtracted from *every* logit, so it cancels after the
     max-shift and has no effect; then L = −mean_b [s_b,y − log Σ_c exp(s_b,c − [c = y]·s_b,y)], i.e. the positive
-    term in the denominator becomes exp(0) = 1 instead of being removed.
+    term in the denominator becomes exp(0) = 1 instead of being removed. With ``class_weight`` the mean is
+    weighted by the weight of each sample's class (normalised by the summed weights, as a weighted CE).
     """
     s = scale * (similarities.float() - margin)
     s = s - s.max(dim=1, keepdim=True).values
@@ -42,4 +49,8 @@ def nca(similarities: Tensor, y: Tensor, scale: Tensor | float = 1.0, margin: fl
     positive = s[rows, y]
     denominator = s.clone()
     denominator[rows, y] = 0.0
-    return -(positive - torch.logsumexp(denominator, dim=1)).mean()
+    losses = -(positive - torch.logsumexp(denominator, dim=1))
+    if class_weight is None:
+        return losses.mean()
+    w = class_weight[y]
+    return (losses * w).sum() / w.sum()

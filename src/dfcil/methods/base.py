@@ -99,8 +99,8 @@ class Method:
         """Modules trained with the network by the same optimiser (e.g. RKD projectors)."""
         return []
 
-    def frozen_modules(self, ctx: TaskContext) -> list[nn.Module]:
-        """Parts of the network kept frozen in every phase of this task (e.g. old classifier blocks)."""
+    def frozen_modules(self, ctx: TaskContext, phase: Phase) -> list[nn.Module]:
+        """Parts of the network kept frozen during ``phase`` (e.g. UCIR's old classifier blocks)."""
         return []
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:

@@ -11,7 +11,7 @@ from dfcil.models.network import IncrementalNet
 
 @register_method("finetune")
 class Finetune(Method):
-    """Fine-tuning (ABD's "Base"): catastrophic forgetting made visible."""
+    """Fine-tuning, the lower bound: CE on the current task's data only (ABD's "Base")."""
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}

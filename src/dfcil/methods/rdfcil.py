@@ -67,8 +67,10 @@ def rdfcil_loss_weights(lambda_ce: float, lambda_hkd: float, lambda_rkd: float, 
 
 @register_method("rdfcil")
 class RDFCIL(Method):
-    """R-DFCIL. Task 0: CE for ``epochs - chr_epochs`` epochs (the reference's remaining task-0 epochs are no-ops,
-    skipped). Task t ≥ 1: invert the old model into a fresh generator, then RRL (LCE + HKD + RKD), then CHR."""
+    """R-DFCIL (Gao et al., 2022): relation-guided representation learning, then head refinement.
+
+    Task 0: CE for ``epochs - chr_epochs`` epochs (the reference's remaining task-0 epochs are no-ops, skipped).
+    Task t ≥ 1: invert the old model into a fresh generator, then RRL (LCE + HKD + RKD), then CHR."""
 
     Config = RDFCILConfig
 

@@ -39,6 +39,12 @@ class IncrementalNet(nn.Module):
         features = fmap.mean(dim=(2, 3))
         return NetOutput(self.head(features), features, stages)
 
+    def reset_parameters(self) -> None:
+        """Re-initialise backbone and head as if freshly built (the joint upper bound trains from scratch)."""
+        self.backbone.reset_parameters()
+        for block in self.head.blocks:
+            self.head.init_block(block)
+
     def expand(self, n_new: int) -> None:
         self.head.expand(n_new, device=next(self.backbone.parameters()).device)
 

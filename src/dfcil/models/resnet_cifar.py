@@ -55,10 +55,14 @@ class CifarResNet(nn.Module):
         )
         self.stage_4 = nn.ModuleList([BasicBlock(4 * nf)])
         self.out_dim = 4 * nf
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
             elif isinstance(m, nn.BatchNorm2d):
+                m.reset_running_stats()
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
         for m in self.modules():

@@ -47,6 +47,7 @@ class Replay:
             self._build(ctx)
             if self.carried is not None:  # ABD: warm-start from the previous task's generator and Adam
                 self.synth.warm_start(self.carried)
+                self.carried = None  # from here on the generator itself holds that state
         if self.synth.done:
             return
         synth = self.synth

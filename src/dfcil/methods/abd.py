@@ -1,0 +1,87 @@
+"""ABD, "Always Be Dreaming" (Smith et al., ICCV 2021), as its code runs it (``learners/datafree.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dfcil.config import MethodConfig, NonNegativeFloat, configclass
+from dfcil.losses.distillation import head_feature_kd
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.models.network import IncrementalNet
+from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
+
+
+@configclass
+class ABDConfig(MethodConfig):
+    name: str = "abd"
+    mu: NonNegativeFloat = 0.1  # weight of the importance-weighted feature KD
+    inversion: InversionConfig = dataclasses.field(default_factory=lambda: InversionConfig(persistent=True))
+
+
+def task_balance_weights(y: Tensor, n_old: int, n_seen: int) -> Tensor:
+    """ABD's per-sample weights: r = n_old / n_seen for old-class labels, 1 − r for new-class labels."""
+    r = n_old / n_seen
+    return torch.where(y < n_old, r, 1.0 - r)
+
+
+@register_method("abd")
+class ABD(Method):
+    """ABD (Smith et al., 2021): local CE, task-balanced head CE, feature KD through the old head.
+
+    Local CE on the new data over the new-class logits; a task-balanced CE that trains only the head on real +
+    synthetic data; feature KD through the frozen old head; real and synthetic images in one batch.
+
+    Not replicated: ABD's first-task and head CE run over all C outputs of a pre-allocated head, unseen classes
+    included; here they run over the classes seen so far."""
+
+    Config = ABDConfig
+
+    def __init__(self, cfg: ABDConfig, train) -> None:
+        super().__init__(cfg, train)
+        self.replay = Replay(cfg.inversion)
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if ctx.task_id > 0:
+            self.replay.begin(ctx)  # ABD's generator persists and is warm-started (inversion.persistent)
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        self.replay.end()
+
+    def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
+        if ctx.task_id == 0:
+            return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
+        b, n_old, teacher = len(batch.x), ctx.n_old, self.replay.teacher
+        x_syn = self.replay.generate(b)
+        x = torch.cat([batch.x, x_syn])
+        with torch.no_grad():
+            t = teacher(x)  # eval mode: features of both halves, pseudo-labels of the synthetic half
+        y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
+        w = task_balance_weights(y, n_old, ctx.n_seen)
+        out = net(x)  # one batch of real + synthetic images: shared BN statistics
+        local = F.cross_entropy(out.logits[:b, n_old:].float(), batch.y - n_old, reduction="none") * w[:b]
+        with torch.no_grad():  # ABD recomputes the features (a second train-mode pass: BN statistics move twice)
+            features = net(x).features
+        head_ce = F.cross_entropy(net.head(features.detach()).float(), y, reduction="none") * w
+        return {
+            "local_ce": local.mean(),
+            "head_ce": head_ce.mean(),
+            "kd": self.cfg.mu * head_feature_kd(out.features, t.features, teacher.head.weight()),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.replay.state_dict()
+
+    def static_state_dict(self) -> dict[str, Any]:
+        return self.replay.static_state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
+        self.replay.load_state_dict(state, ctx, static)
+
+    def task0_signature(self) -> str | None:
+        return "ce"

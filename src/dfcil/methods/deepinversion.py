@@ -1,0 +1,73 @@
+"""DeepInversion as a DFCIL baseline, as ABD's code runs it (``DeepInversionGenBN``): synthetic replay with
+soft KD, CE on real data only, real and synthetic images in one batch (shared BN statistics)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, configclass
+from dfcil.losses.distillation import kd_soft_ce
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.models.network import IncrementalNet
+from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
+
+
+@configclass
+class DeepInversionConfig(MethodConfig):
+    name: str = "deepinversion"
+    lambda_kd: NonNegativeFloat = 1.0  # μ of both KD terms
+    temperature: PositiveFloat = 2.0  # T (no T² factor, as ABD)
+    inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
+
+
+@register_method("deepinversion")
+class DeepInversion(Method):
+    """DeepInversion (Yin et al., 2020) for DFCIL: CE on real data, soft KD on real and synthetic data.
+
+    CE over the seen classes on real data, KD of the old outputs on real data, and KD on synthetic data against
+    the old model's outputs padded with zeros for the new classes."""
+
+    Config = DeepInversionConfig
+
+    def __init__(self, cfg: DeepInversionConfig, train) -> None:
+        super().__init__(cfg, train)
+        self.replay = Replay(cfg.inversion)
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if ctx.task_id > 0:
+            self.replay.begin(ctx)
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        self.replay.end()
+
+    def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
+        if ctx.task_id == 0:
+            return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
+        b, c, n_old = len(batch.x), self.cfg, ctx.n_old
+        x = torch.cat([batch.x, self.replay.generate(b)])  # one batch: shared BN statistics, as ABD
+        with torch.no_grad():
+            old = self.replay.teacher(x).logits  # (2B, n_old)
+        logits = net(x).logits
+        return {
+            "ce": F.cross_entropy(logits[:b], batch.y),
+            "kd_real": c.lambda_kd * kd_soft_ce(logits[:b, :n_old], old[:b], c.temperature),
+            "kd_syn": c.lambda_kd * kd_soft_ce(logits[b:], old[b:], c.temperature),  # new classes pushed to 0
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.replay.state_dict()
+
+    def static_state_dict(self) -> dict[str, Any]:
+        return self.replay.static_state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
+        self.replay.load_state_dict(state, ctx, static)
+
+    def task0_signature(self) -> str | None:
+        return "ce"

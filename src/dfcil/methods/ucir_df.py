@@ -1,0 +1,98 @@
+"""UCIR-DF: UCIR (Hou et al., CVPR 2019) with its exemplars replaced by synthetic images from the shared
+synthesizer, as the R-DFCIL paper compares against (spec/baselines.md §8.2; R-DFCIL released no code for it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dfcil.config import MethodConfig, NonNegativeFloat, PositiveInt, configclass
+from dfcil.losses.ucir import less_forget, margin_ranking
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.models.network import IncrementalNet
+from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
+
+
+@configclass
+class UCIRDFConfig(MethodConfig):
+    name: str = "ucir_df"
+    lambda_base: NonNegativeFloat = 5.0  # less-forget weight λ_base; λ = λ_base·√(n_old/n_new) (CIFAR: 5)
+    margin: NonNegativeFloat = 0.5  # margin ranking m
+    hard_negatives: PositiveInt = 2  # K new-class scores per old-class sample
+    inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
+
+
+@torch.no_grad()
+def class_mean_features(net: IncrementalNet, ctx: TaskContext) -> Tensor:
+    """(n_new, d) mean of the L2-normalised features of each new class's training images (eval mode)."""
+    was_training = net.training
+    net.eval()
+    sums = torch.zeros(ctx.n_new, net.feature_dim, device=ctx.device)
+    for x, y in ctx.task_data.plain():
+        sums.index_add_(0, y - ctx.n_old, F.normalize(net(x).features.float(), dim=1))
+    net.train(was_training)
+    return sums
+
+
+@register_method("ucir_df")
+class UCIRDF(Method):
+    """UCIR-DF: UCIR (Hou et al., 2019) with synthetic instead of stored exemplars.
+
+    Cosine classifier; CE over the seen classes on real + synthetic data, less-forget constraint on the features,
+    margin ranking on the synthetic (old-class) samples; new weights imprinted, old weights frozen."""
+
+    Config = UCIRDFConfig
+    head = "cosine"
+
+    def __init__(self, cfg: UCIRDFConfig, train) -> None:
+        super().__init__(cfg, train)
+        self.replay = Replay(cfg.inversion)
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if ctx.task_id == 0:
+            return
+        if self.replay.task_id != ctx.task_id:  # imprint once (a resume inside the inversion has done it)
+            head = ctx.net.head
+            old_norm = head.weight()[: ctx.n_old].norm(dim=1).mean()
+            means = F.normalize(class_mean_features(ctx.net, ctx), dim=1)
+            with torch.no_grad():
+                head.blocks[-1].weight.copy_(means * old_norm)
+        self.replay.begin(ctx)
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        self.replay.end()
+
+    def frozen_modules(self, ctx: TaskContext, phase: Phase) -> list[nn.Module]:
+        return list(ctx.net.head.blocks)[:-1] if ctx.task_id > 0 else []  # old class weights stay fixed
+
+    def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
+        if ctx.task_id == 0:
+            return {"ce": F.cross_entropy(net(batch.x).logits.float(), batch.y)}
+        c, b, n_old = self.cfg, len(batch.x), ctx.n_old
+        x = torch.cat([batch.x, self.replay.generate(b)])  # real new data + synthetic "exemplars"
+        with torch.no_grad():
+            t = self.replay.teacher(x)
+        y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
+        out = net(x)
+        lam = c.lambda_base * math.sqrt(n_old / ctx.n_new)
+        cosine = net.head.cosine(out.features)
+        return {
+            "ce": F.cross_entropy(out.logits.float(), y),
+            "less_forget": lam * less_forget(out.features, t.features),
+            "margin": margin_ranking(cosine, y, n_old, c.hard_negatives, c.margin),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.replay.state_dict()
+
+    def static_state_dict(self) -> dict[str, Any]:
+        return self.replay.static_state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
+        self.replay.load_state_dict(state, ctx, static)

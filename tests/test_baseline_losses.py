@@ -1,0 +1,99 @@
+"""The baselines' loss functions and heads against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from dfcil.losses.distillation import head_feature_kd, kd_soft_ce
+from dfcil.losses.podnet import nca, pod_flat, pod_spatial
+from dfcil.losses.ucir import less_forget, margin_ranking
+from dfcil.methods.abd import task_balance_weights
+from dfcil.methods.podnet_df import kmeans
+from dfcil.models.heads import CosineIncremental, IncrementalLinear, LocalSimilarity
+
+
+def test_kd_soft_ce():
+    s = torch.tensor([[math.log(3.0), 0.0]])
+    # target = student = [3/4, 1/4]: the loss is the entropy
+    assert kd_soft_ce(s, s, temperature=1.0).item() == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))
+    assert kd_soft_ce(torch.zeros(1, 2), s, temperature=2.0).item() == pytest.approx(math.log(2))  # no T² factor
+    # DeepInversion's synthetic-data KD: the target is padded with zeros for the student's new classes
+    assert kd_soft_ce(torch.zeros(1, 3), torch.zeros(1, 2), temperature=2.0).item() == pytest.approx(math.log(3))
+
+
+def test_head_feature_kd():
+    w = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    # d = W (f_s - f_t) = [1, 2]: mean of squares over the 2 old classes = 2.5
+    assert head_feature_kd(torch.tensor([[1.0, 1.0]]), torch.zeros(1, 2), w).item() == pytest.approx(2.5)
+
+
+def test_less_forget_and_pod_flat():
+    a, b = torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[0.0, 1.0], [2.0, 2.0]])
+    assert less_forget(a, b).item() == pytest.approx(0.5)  # (1 - 0 + 1 - 1) / 2
+    assert pod_flat(a, b).item() == pytest.approx(0.5)
+
+
+def test_margin_ranking_on_old_class_samples_only():
+    cosine = torch.tensor([[0.9, 0.1, 0.8, 0.3], [0.2, 0.5, 0.9, 0.95]])
+    y = torch.tensor([0, 2])  # sample 1 has a new label: no ranking term
+    # sample 0: gt 0.9, hard new scores 0.8 and 0.3 -> hinges 0.4 and 0 over 2 pairs
+    assert margin_ranking(cosine, y, n_old=2, k=2, margin=0.5).item() == pytest.approx(0.2)
+    assert margin_ranking(cosine, torch.tensor([2, 3]), n_old=2).item() == 0
+
+
+def test_pod_spatial():
+    a = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])  # (1, 1, 2, 2)
+    b = torch.tensor([[[[1.0, 0.0], [0.0, 0.0]]]])
+    va = torch.tensor([5.0, 25.0, 10.0, 20.0])  # squares summed over width (rows), then over height (columns)
+    vb = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    expected = (va / va.norm() - vb / vb.norm()).norm().item()
+    assert pod_spatial([a, a], [b, a]).item() == pytest.approx(expected / 2)  # mean over the two stages
+    assert pod_spatial([a], [2 * a]).item() == pytest.approx(0, abs=1e-6)
+
+
+def test_nca_reproduces_the_reference_code():
+    s, y = torch.tensor([[1.0, 2.0, 0.0]]), torch.tensor([1])
+    # scale·(s − margin), shifted by the max: [-1, 0, -2]; positive 0; denominator keeps exp(0) for the positive
+    expected = math.log(math.exp(-1) + 1 + math.exp(-2))
+    assert nca(s, y, margin=0.6).item() == pytest.approx(expected)
+    assert nca(s, y, margin=0.0).item() == pytest.approx(expected)  # the margin has no effect, as in the code
+    w = torch.tensor([1.0, 3.0, 1.0])
+    two = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 5.0]])
+    per = torch.stack([nca(two[:1], torch.tensor([1])), nca(two[1:], torch.tensor([0]))])
+    weighted = nca(two, torch.tensor([1, 0]), class_weight=w)
+    assert weighted.item() == pytest.approx(((3 * per[0] + 1 * per[1]) / 4).item())
+
+
+def test_abd_task_balance_weights():
+    assert task_balance_weights(torch.tensor([0, 3]), n_old=1, n_seen=4).tolist() == [0.25, 0.75]
+
+
+def test_kmeans_finds_two_clusters():
+    x = torch.cat([torch.randn(20, 2) * 0.05 + 3, torch.randn(20, 2) * 0.05 - 3])
+    c = kmeans(x, 2, torch.Generator().manual_seed(0))
+    assert sorted(c[:, 0].round().tolist()) == [-3.0, 3.0]
+    assert kmeans(x[:3], 10, torch.Generator().manual_seed(0)).shape == (10, 2)  # fewer rows than k
+
+
+def test_cosine_and_lsc_heads():
+    f = torch.tensor([[2.0, 0.0]])
+    head = CosineIncremental(2)
+    head.expand(2)
+    with torch.no_grad():
+        head.blocks[0].weight.copy_(torch.tensor([[3.0, 0.0], [0.0, 1.0]]))
+        head.sigma.fill_(2.0)
+    assert head(f).tolist() == [[2.0, 0.0]] and head.cosine(f).tolist() == [[1.0, 0.0]]
+    lsc = LocalSimilarity(2)
+    lsc.expand(2)
+    assert lsc.blocks[0].weight.shape == (20, 2) and lsc.sizes == [2]
+    with torch.no_grad():
+        lsc.blocks[0].weight.copy_(torch.tensor([[1.0, 0.0]] * 10 + [[0.0, 1.0]] * 10))
+        lsc.eta.fill_(3.0)
+    assert lsc(f)[0].tolist() == pytest.approx([0.0, -6.0])  # η · (2cos − 2) with identical proxies
+    lsc.expand(1)
+    lsc.truncate(2)
+    assert lsc.sizes == [2]
+    linear = IncrementalLinear(2)
+    linear.expand(3)
+    assert linear(f).shape == (1, 3)
