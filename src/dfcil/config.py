@@ -235,19 +235,20 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _prune_method_section(raw: dict[str, Any], old_name: str | None) -> list[str]:
-    """After ``--method.name`` switched the method, drop file keys the new method does not have."""
+def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
+    """Set ``method.name``; if that switches to another method, drop the method keys it does not have."""
     from dfcil.methods import METHODS
 
-    section = raw.get("method") or {}
-    name = section.get("name")
-    if name == old_name or name not in METHODS:
+    section = raw.setdefault("method", {})
+    old = section.get("name", MethodConfig.name)
+    section["name"] = name
+    if name == old or name not in METHODS:
         return []
     fields = set(_field_names(METHODS.get(name).Config))
     dropped = sorted(k for k in section if k not in fields)
     for key in dropped:
         del section[key]
-    return dropped
+    return [f"method.{k}" for k in dropped]
 
 
 def load_config(
@@ -255,26 +256,28 @@ def load_config(
     overrides: Iterable[tuple[str, str]] = (),
     base: Mapping[str, Any] | None = None,
 ) -> tuple[RunConfig, list[str]]:
-    """Merge YAML files and ``key=value`` overrides (command-line strings) into a validated config.
+    """Merge YAML files, then ``key=value`` overrides (command-line strings), into a validated config.
 
-    When an override switches ``method.name``, keys of the files' method section that the new method does not
-    accept are dropped (so ``--config rdfcil.yaml --method.name finetune`` works) and their names are returned,
-    so the caller can say so. Keys given on the command line are never dropped.
+    Sources apply in order. When one switches ``method.name`` (a later file, or ``--method.name``), the method
+    keys gathered so far that the new method does not accept are dropped, so ``--config rdfcil.yaml --method.name
+    finetune`` and ``--config cifar100-mini.yaml --config cifar100-mini/lwf.yaml`` work; the dropped names are
+    returned so the caller can say so. Keys given by the switching source itself are never dropped.
 
     Returns:
         The config and the list of dropped ``method.*`` keys.
     """
     raw: dict[str, Any] = deep_merge({}, base or {})
-    for path in paths:
-        deep_merge(raw, read_yaml(path))
-    file_method = (raw.get("method") or {}).get("name", MethodConfig.name)
-    overrides = list(overrides)
     dropped: list[str] = []
-    for key, text in overrides:
+    for path in paths:
+        data = read_yaml(path)
+        name = (data.get("method") or {}).get("name")
+        if name is not None:
+            dropped += _switch_method(raw, name)
+        deep_merge(raw, data)
+    overrides = list(overrides)
+    for key, text in overrides:  # a method switch first, so that the other overrides land in the new method
         if key == "method.name":
-            set_dotted(raw, key, parse_value(text))
-    if any(key == "method.name" for key, _ in overrides):
-        dropped = [f"method.{k}" for k in _prune_method_section(raw, file_method)]
+            dropped += _switch_method(raw, parse_value(text))
     for key, text in overrides:
         if key != "method.name":
             set_dotted(raw, key, parse_value(text))
