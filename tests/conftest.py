@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dfcil.callbacks import Callback
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
@@ -40,3 +42,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class StopAfterEpochs(Callback):
+    """Ask a run to stop (as Ctrl-C would) after ``n`` epochs."""
+
+    def __init__(self, interrupt, n):
+        self.interrupt, self.n = interrupt, n
+
+    def on_epoch_end(self, record):
+        self.n -= 1
+        if self.n == 0:
+            self.interrupt.requested = True

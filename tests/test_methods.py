@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import CONFIGS
+from conftest import CONFIGS, StopAfterEpochs
 from dfcil.callbacks import Callback
 from dfcil.config import load_config
 from dfcil.data.device import Normalizer, TrainBatches
@@ -138,16 +138,6 @@ def test_non_finite_losses_are_named():
         train_epoch(net, _NaNAtStep2(), batches, optimizer, ctx, Phase("rrl", 1, 0.1), epoch=4)
 
 
-class StopAfter(Callback):
-    def __init__(self, interrupt, epochs):
-        self.interrupt, self.epochs = interrupt, epochs
-
-    def on_epoch_end(self, record):
-        self.epochs -= 1
-        if self.epochs == 0:
-            self.interrupt.requested = True
-
-
 @pytest.mark.parametrize("name", METHODS.names())
 def test_every_method_resumes_exactly_inside_an_incremental_task(name, tmp_path):
     from dfcil.engine import Interrupt, RunInterrupted
@@ -158,7 +148,7 @@ def test_every_method_resumes_exactly_inside_an_incremental_task(name, tmp_path)
     train(cfg, tmp_path / "a", progress=False)
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted):  # stop after the first epoch of task 1
-        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfter(interrupt, 3)])
+        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
     resume(tmp_path / "b", progress=False)
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a["correct_matrix"] == b["correct_matrix"]

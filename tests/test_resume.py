@@ -11,8 +11,7 @@ import pytest
 import torch
 from filelock import FileLock
 
-from conftest import CONFIGS
-from dfcil.callbacks import Callback
+from conftest import CONFIGS, StopAfterEpochs
 from dfcil.cli import main
 from dfcil.config import load_config
 from dfcil.engine import Interrupt, RunInterrupted
@@ -124,16 +123,6 @@ def test_sigterm_checkpoints_mid_epoch_and_says_how_to_resume(reference, tmp_pat
     assert_same_run(reference, out)
 
 
-class StopAfterEpochs(Callback):
-    def __init__(self, interrupt, n):
-        self.interrupt, self.n = interrupt, n
-
-    def on_epoch_end(self, record):
-        self.n -= 1
-        if self.n == 0:
-            self.interrupt.requested = True
-
-
 def _unfinished(tmp_path, epochs=3):
     cfg = load_config([SMOKE], [(ARGS[i][2:], ARGS[i + 1]) for i in range(0, len(ARGS), 2)])[0]
     out = tmp_path / "run"
@@ -153,7 +142,7 @@ def test_checkpoint_holds_everything(tmp_path):
     assert set(payload["rng"]) == {"python", "numpy", "torch", "cuda", "generators"}
     assert {"projector", "class_counts", "class_weights", "task_id"} <= set(payload["method"])
     static = Checkpointer(out).load_static(1, payload["static"]["digest"])
-    assert {"teacher", "generator"} <= set(static)  # the trained generator: inversion is never redone
+    assert {"teacher", "generator"} <= set(static["replay"])  # the trained generator: inversion is never redone
     assert payload["acc"]["rows_done"] == 1
 
 

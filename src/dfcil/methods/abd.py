@@ -74,14 +74,8 @@ class ABD(Method):
             "kd": self.cfg.mu * head_feature_kd(out.features, t.features, teacher.head.weight()),
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.replay.state_dict()
-
-    def static_state_dict(self) -> dict[str, Any]:
-        return self.replay.static_state_dict()
-
-    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
-        self.replay.load_state_dict(state, ctx, static)
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
 
     def task0_signature(self) -> str | None:
         return "ce"

@@ -113,19 +113,27 @@ class Method:
     def on_task_end(self, ctx: TaskContext) -> None:
         """Called after the last phase of a task, before evaluation."""
 
+    def components(self) -> dict[str, Any]:
+        """Named stateful parts saved and restored by the default state methods below, e.g. ``{"replay":
+        self.replay}``; each has ``state_dict()``, ``static_state_dict()`` and ``load_state_dict(state, ctx,
+        static)``."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """Everything that shapes the rest of the run and may change during a task (projectors, counters, a
-        generator still being trained). Saved at every checkpoint."""
-        return {}
+        generator still being trained). Saved at every checkpoint. Default: the components' states."""
+        return {name: s for name, part in self.components().items() if (s := part.state_dict())}
 
     def static_state_dict(self) -> dict[str, Any]:
         """State fixed from the end of :meth:`on_task_start` to the end of the task (frozen teacher, trained
-        generator). Saved once per task; per-epoch checkpoints refer to it."""
-        return {}
+        generator). Saved once per task; per-epoch checkpoints refer to it. Default: the components'."""
+        return {name: s for name, part in self.components().items() if (s := part.static_state_dict())}
 
     def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
         """Restore :meth:`state_dict` (and :meth:`static_state_dict`) inside task ``ctx.task_id``; the network
-        is already restored."""
+        is already restored. Default: the components'."""
+        for name, part in self.components().items():
+            part.load_state_dict(state.get(name, {}), ctx, (static or {}).get(name))
 
     def task0_signature(self) -> str | None:
         """What task-0 training optimises, for sharing first-task models between methods; None: never share.

@@ -60,14 +60,8 @@ class DeepInversion(Method):
             "kd_syn": c.lambda_kd * kd_soft_ce(logits[b:], old[b:], c.temperature),  # new classes pushed to 0
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.replay.state_dict()
-
-    def static_state_dict(self) -> dict[str, Any]:
-        return self.replay.static_state_dict()
-
-    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
-        self.replay.load_state_dict(state, ctx, static)
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
 
     def task0_signature(self) -> str | None:
         return "ce"

@@ -44,7 +44,7 @@ class LwF(Method):
             terms["kd"] = self.cfg.lambda_kd * kd_soft_ce(logits[:, : ctx.n_old], old, self.cfg.temperature)
         return terms
 
-    def static_state_dict(self) -> dict:
+    def static_state_dict(self) -> dict:  # the teacher is a snapshot: fixed for the whole task
         return {"teacher": self.teacher.state_dict()} if self.teacher is not None else {}
 
     def load_state_dict(self, state: dict, ctx: TaskContext, static: dict | None = None) -> None:

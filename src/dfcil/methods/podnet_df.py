@@ -121,15 +121,14 @@ class PODNetDF(Method):
             "pod_flat": c.lambda_f * factor * pod_flat(out.features, t.features),
         }
 
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
+
     def state_dict(self) -> dict[str, Any]:
-        state = self.replay.state_dict()
+        state = super().state_dict()
         return state | {"class_counts": self.class_counts} if self.class_counts is not None else state
 
-    def static_state_dict(self) -> dict[str, Any]:
-        return self.replay.static_state_dict()
-
     def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
-        state = dict(state)
-        counts = state.pop("class_counts", None)
+        super().load_state_dict(state, ctx, static)
+        counts = state.get("class_counts")
         self.class_counts = counts.to(ctx.device) if counts is not None else None
-        self.replay.load_state_dict(state, ctx, static)

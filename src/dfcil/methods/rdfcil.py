@@ -172,9 +172,11 @@ class RDFCIL(Method):
         if ctx.task_id > 0:  # cumulative real + pseudo-label counts since the task started, RRL included
             self.class_weights = balanced_class_weights(self.class_counts)
 
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
+
     def state_dict(self) -> dict[str, Any]:
-        replay = self.replay.state_dict()
-        state: dict[str, Any] = {"replay": replay} if replay else {}
+        state = super().state_dict()
         if self.task_id is not None:
             state |= {
                 "task_id": self.task_id,
@@ -184,11 +186,8 @@ class RDFCIL(Method):
             }
         return state
 
-    def static_state_dict(self) -> dict[str, Any]:
-        return self.replay.static_state_dict()
-
     def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
-        self.replay.load_state_dict(state.get("replay", {}), ctx, static)
+        super().load_state_dict(state, ctx, static)
         if "task_id" not in state:
             self.task_id = None
             return

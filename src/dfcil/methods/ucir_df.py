@@ -88,11 +88,5 @@ class UCIRDF(Method):
             "margin": margin_ranking(cosine, y, n_old, c.hard_negatives, c.margin),
         }
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.replay.state_dict()
-
-    def static_state_dict(self) -> dict[str, Any]:
-        return self.replay.static_state_dict()
-
-    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
-        self.replay.load_state_dict(state, ctx, static)
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
