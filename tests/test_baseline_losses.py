@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from dfcil.losses.classification import task_balance_weights
 from dfcil.losses.distillation import head_feature_kd, kd_soft_ce
 from dfcil.losses.podnet import nca, pod_flat, pod_spatial
 from dfcil.losses.ucir import less_forget, margin_ranking
-from dfcil.methods.abd import task_balance_weights
 from dfcil.methods.podnet_df import kmeans
 from dfcil.models.heads import CosineIncremental, IncrementalLinear, LocalSimilarity
 

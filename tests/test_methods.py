@@ -31,7 +31,11 @@ class Records(Callback):
 
 
 # methods whose default schedule split does not fit 2 epochs
-SMOKE_OVERRIDES = {"podnet_df": [("method.ft_epochs", "1")], "rdfcil": [("method.chr_epochs", "1")]}
+SMOKE_OVERRIDES = {
+    "podnet_df": [("method.ft_epochs", "1")],
+    "rdfcil": [("method.chr_epochs", "1")],
+    "dgr": [("method.zdim", "32")],
+}
 
 
 def tiny_config(name, extra=()):

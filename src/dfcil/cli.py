@@ -179,8 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dfcil.methods import METHODS
 
             for name in METHODS.names():
-                doc = (METHODS.get(name).__doc__ or "").strip().splitlines()
-                print(f"{name:14s} {doc[0] if doc else ''}")
+                method = METHODS.get(name)
+                doc = (method.__doc__ or "").strip().splitlines()
+                note = "" if method.data_free else "  [not data-free]"
+                print(f"{name:14s} {doc[0] if doc else ''}{note}")
             return 0
         if args.command == "datasets":
             from dfcil.data.datasets import DATASETS

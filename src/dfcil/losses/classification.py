@@ -30,6 +30,15 @@ def class_histogram(y: Tensor, n_classes: int) -> Tensor:
     return torch.zeros(n_classes, dtype=torch.float32, device=y.device).index_add_(0, y, ones)
 
 
+def task_balance_weights(y: Tensor, n_old: int, n_seen: int) -> Tensor:
+    """ABD's per-sample weights (also its DGR): r = n_old / n_seen for old-class labels, 1 − r for new ones.
+
+    With as many replayed as real samples per batch, every seen class gets the same total weight in expectation.
+    """
+    r = n_old / n_seen
+    return torch.where(y < n_old, r, 1.0 - r)
+
+
 def balanced_class_weights(counts: Tensor) -> Tensor:
     """Class-balanced CE weights from cumulative label counts (R-DFCIL reference §7).
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dfcil.config import MethodConfig, NonNegativeFloat, configclass
+from dfcil.losses.classification import task_balance_weights
 from dfcil.losses.distillation import head_feature_kd
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
@@ -22,12 +23,6 @@ class ABDConfig(MethodConfig):
     name: str = "abd"
     mu: NonNegativeFloat = 0.1  # weight of the importance-weighted feature KD
     inversion: InversionConfig = dataclasses.field(default_factory=lambda: InversionConfig(persistent=True))
-
-
-def task_balance_weights(y: Tensor, n_old: int, n_seen: int) -> Tensor:
-    """ABD's per-sample weights: r = n_old / n_seen for old-class labels, 1 − r for new-class labels."""
-    r = n_old / n_seen
-    return torch.where(y < n_old, r, 1.0 - r)
 
 
 @register_method("abd")

@@ -75,6 +75,7 @@ class Method:
     name: ClassVar[str]
     head: ClassVar[str] = "linear"  # which head IncrementalNet must build
     train_data: ClassVar[Literal["task", "seen"]] = "task"  # "seen": real data of every task so far (joint only)
+    data_free: ClassVar[bool] = True  # False: keeps real data or a generative model of it (joint, DGR)
     grad_clip_value: ClassVar[float | None] = None  # clamp every gradient to [-v, v] (PODNet: 5)
     Config: ClassVar[type[MethodConfig]] = MethodConfig
 

@@ -19,10 +19,11 @@ class JointConfig(MethodConfig):
 
 @register_method("joint")
 class Joint(Method):
-    """Joint training, the upper bound (not data-free): CE on the real data of all tasks so far."""
+    """Joint training, the upper bound: CE on the real data of all tasks so far."""
 
     Config = JointConfig
     train_data = "seen"
+    data_free = False
 
     def phases(self, ctx: TaskContext) -> list[Phase]:
         if self.cfg.last_only and ctx.task_id < ctx.num_tasks - 1:
