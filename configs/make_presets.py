@@ -83,6 +83,13 @@ METHODS = {
         {"n5": ("18.80 ± 0.30", None), "n10": ("10.90 ± 0.60", None), "n20": ("5.70 ± 0.30", None)},
         f"Uses {SYNTH}.",
     ),
+    "dgr": (
+        {"name": "dgr", "lambda_kd": 1.0, "temperature": 2.0, "zdim": 1024},
+        {},
+        "DGR* (Table 1, from the ABD paper; not data-free)",
+        {"n5": ("14.40 ± 0.40", None), "n10": ("8.10 ± 0.10", None), "n20": ("4.10 ± 0.30", None)},
+        "Not data-free: a VAE (ABD's CIFAR autoencoder) is trained with the classifier and kept across tasks.",
+    ),
     "abd": (
         {"name": "abd", "mu": 0.1, "inversion": INVERSION},
         {},
@@ -248,6 +255,7 @@ def main() -> None:
         "joint": {"name": "joint", "from_scratch": True, "last_only": False},
         "lwf": {"name": "lwf"},
         "deepinversion": {"name": "deepinversion"} | mini_budget,
+        "dgr": {"name": "dgr"},
         "abd": {"name": "abd", "inversion": {"steps": 80, "persistent": False}},
         "ucir_df": {"name": "ucir_df"} | mini_budget,
         "podnet_df": {"name": "podnet_df", "ft_epochs": 3} | mini_budget,
