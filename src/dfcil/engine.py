@@ -41,6 +41,31 @@ class Interrupt:
     requested: bool = False
 
 
+@dataclasses.dataclass
+class TestSet:
+    """The protocol's test images on the device, sorted by label so that the seen classes' images are a prefix."""
+
+    x: torch.Tensor  # (N, H, W, C) uint8
+    y: torch.Tensor  # (N,) labels in order position
+    seen: np.ndarray  # seen[t] = images of the classes of tasks 0..t
+    task_of_label: torch.Tensor
+    normalizer: Normalizer
+
+    @classmethod
+    def build(cls, protocol: Protocol, per_class: int | None, normalizer: Normalizer, device: torch.device) -> TestSet:
+        split, ds = protocol.split, protocol.dataset
+        x, y = select_classes(ds.test, split.label_map(ds.num_classes), range(split.num_classes), per_class)
+        order = np.argsort(y, kind="stable")
+        x, y = x[order], y[order]
+        seen = np.searchsorted(y, split.offsets[1:])
+        labels = torch.as_tensor(split.task_of_label(), device=device)
+        return cls(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), seen, labels, normalizer)
+
+    def evaluate(self, net: IncrementalNet, task: int, batch_size: int, bar: Any = None) -> tuple[np.ndarray, ...]:
+        n = int(self.seen[task])
+        return evaluate(net, self.x[:n], self.y[:n], self.task_of_label, task + 1, self.normalizer, batch_size, bar)
+
+
 def run(
     cfg: RunConfig,
     callbacks: Sequence[Callback] = (),
@@ -68,7 +93,6 @@ def run(
     ckpt = Checkpointer(run_dir) if run_dir is not None else None
     s = Session(cfg, protocol, ckpt, run_dir / "metrics.jsonl" if run_dir is not None else None)
     interrupt = interrupt or Interrupt()
-    save_every_s = cfg.checkpoint_interval_s if save_every_s is None else save_every_s
     resumed: dict[str, Any] = {"optimizer": None, "epoch": None}
     if resume:
         payload = ckpt.load_latest()
@@ -81,40 +105,72 @@ def run(
         for cb in callbacks:
             cb.on_task_end(record)
         s.save()
-    ds, split, device = protocol.dataset, protocol.split, s.device
-    normalizer = Normalizer(ds.mean, ds.std, device, channels_last=cfg.engine.channels_last)
-    lut, offsets = split.label_map(ds.num_classes), split.offsets
-    test_x, test_y = select_classes(ds.test, lut, range(split.num_classes), cfg.data.test_per_class)
-    order = np.argsort(test_y, kind="stable")  # sorted by label: the seen classes' images are a prefix
-    test_x, test_y = torch.from_numpy(test_x[order]).to(device), torch.from_numpy(test_y[order]).to(device)
-    test_seen = np.searchsorted(test_y.cpu().numpy(), offsets[1:])  # images of classes < offsets[t + 1]
-    task_of_label = torch.as_tensor(split.task_of_label(), device=device)
-    progress_bar = make_progress(progress)
+    normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, s.device, cfg.engine.channels_last)
+    test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, s.device)
+    loop = _TaskLoop(s, test, callbacks, make_progress(progress), interrupt, save_every_s)
+    for task in range(s.pos.task, protocol.split.num_tasks):
+        loop.run_task(task, resumed, resuming=resume and task == s.pos.task)
+        resumed = {"optimizer": None, "epoch": None}
 
-    def save_point() -> None:  # inside a task's setup: checkpoint now and then, and on interrupt
-        if interrupt.requested:
+    split = protocol.split
+    summary = {
+        "method": cfg.method.name,
+        "dataset": protocol.dataset.name,
+        "class_order": list(split.class_order),
+        "tasks": split.tasks,
+        "task_sizes": list(split.task_sizes),
+        **s.acc.summary(),
+        "timings": s.timings,
+        "wall_time_s": round(time.perf_counter() - started, 2),
+        "resumed": resume,
+        "device": str(s.device),
+        "seed": cfg.seed,
+    }
+    for cb in callbacks:
+        cb.on_run_end(summary)
+    return summary, s.net
+
+
+@dataclasses.dataclass
+class _TaskLoop:
+    """One task: grow the head, the method's setup (inversion), its phases, evaluation, checkpoints."""
+
+    s: Session
+    test: TestSet
+    callbacks: Sequence[Callback]
+    progress: ProgressFactory
+    interrupt: Interrupt
+    save_every_s: float | None
+
+    def save_point(self) -> None:
+        """Inside a task's setup: checkpoint now and then, and on interrupt."""
+        s = self.s
+        if self.interrupt.requested:
             s.save()
             raise RunInterrupted(f"interrupted in task {s.pos.task}, setup")
-        if time.monotonic() - s.last_save > save_every_s:
+        every = s.cfg.checkpoint_interval_s if self.save_every_s is None else self.save_every_s
+        if time.monotonic() - s.last_save > every:
             s.save()
 
-    for task in range(s.pos.task, split.num_tasks):
-        ctx = s.context(task, progress_bar, save_point)
+    def run_task(self, task: int, resumed: dict[str, Any], resuming: bool) -> None:
+        s, cfg, device, interrupt = self.s, self.s.cfg, self.s.device, self.interrupt
+        ds, lut = s.protocol.dataset, s.protocol.split.label_map(s.protocol.dataset.num_classes)
+        ctx = s.context(task, self.progress, self.save_point)
         if s.pos.stage == "start":
             s.net.expand(ctx.n_new)
             s.pos = Position(task, "setup")
         first = 0 if type(s.method).train_data == "seen" else ctx.n_old  # the joint upper bound sees all tasks
         x, y = select_classes(ds.train, lut, range(first, ctx.n_seen), cfg.data.train_per_class)
         batches = TrainBatches(
-            torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), cfg.train.batch_size, normalizer,
-            s.rngs["data"],
+            torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), cfg.train.batch_size,
+            self.test.normalizer, s.rngs["data"],
         )  # fmt: skip
         ctx.task_data = batches
         phases = s.method.phases(ctx)
-        info = {"task": task, "num_tasks": split.num_tasks, "n_new": ctx.n_new, "n_seen": ctx.n_seen}
+        info = {"task": task, "num_tasks": s.protocol.split.num_tasks, "n_new": ctx.n_new, "n_seen": ctx.n_seen}
         info |= {"train_images": len(x), "phases": [dataclasses.asdict(p) for p in phases]}
-        info |= {"resumed_at": dataclasses.asdict(s.pos)} if resume and task == s.pos.task else {}
-        for cb in callbacks:
+        info |= {"resumed_at": dataclasses.asdict(s.pos)} if resuming else {}
+        for cb in self.callbacks:
             cb.on_task_start(info)
 
         timing: dict[str, Any] = {"task": task}
@@ -136,52 +192,28 @@ def run(
             s.save(optimizer, epoch)
 
         timing["phases"] = fit_task(
-            s.net, s.method, ctx, batches, phases, cfg.train, callbacks, progress_bar, start=s.pos,
+            s.net, s.method, ctx, batches, phases, cfg.train, self.callbacks, self.progress, start=s.pos,
             optimizer_state=resumed["optimizer"], epoch_state=resumed["epoch"], checkpoint=checkpoint,
             interrupt=interrupt, fused=cfg.engine.fused_optimizer,
         )  # fmt: skip
-        resumed = {"optimizer": None, "epoch": None}
         s.method.on_task_end(ctx)
 
         t0 = time.perf_counter()
-        n_test = int(test_seen[task])
-        with (
-            progress_bar(total=-(-n_test // cfg.train.eval_batch_size), desc=f"task {task} eval", unit="batch") as bar,
-            s.autocast(),
-        ):
-            correct, count = evaluate(
-                s.net, test_x[:n_test], test_y[:n_test], task_of_label, task + 1, normalizer,
-                cfg.train.eval_batch_size, bar,
-            )  # fmt: skip
+        batch = cfg.train.eval_batch_size
+        with self.progress(total=-(-int(self.test.seen[task]) // batch), desc=f"task {task} eval") as bar, s.autocast():
+            correct, count = self.test.evaluate(s.net, task, batch, bar)
         timing["eval_s"] = round(time.perf_counter() - t0, 3)
         timing["peak_memory_mb"] = peak_memory_mb(device)
         s.acc.record(task, correct, count)
         s.timings.append(timing)
-        for cb in callbacks:
+        for cb in self.callbacks:
             cb.on_task_end(_task_record(s, task))
         s.pos = Position(task + 1, "start")
         s.save()
         if task == 0:
             s.store_task0()
-        if interrupt.requested and task + 1 < split.num_tasks:
+        if interrupt.requested and task + 1 < s.protocol.split.num_tasks:
             raise RunInterrupted(f"interrupted after task {task}")
-
-    summary = {
-        "method": cfg.method.name,
-        "dataset": ds.name,
-        "class_order": list(split.class_order),
-        "tasks": split.tasks,
-        "task_sizes": list(split.task_sizes),
-        **s.acc.summary(),
-        "timings": s.timings,
-        "wall_time_s": round(time.perf_counter() - started, 2),
-        "resumed": resume,
-        "device": str(device),
-        "seed": cfg.seed,
-    }
-    for cb in callbacks:
-        cb.on_run_end(summary)
-    return summary, s.net
 
 
 def peak_memory_mb(device: torch.device) -> float:
