@@ -27,9 +27,9 @@ class ConsoleLogger(Callback):
 
     def on_task_start(self, info: dict[str, Any]) -> None:
         log.info(
-            "task %d/%d: %d new classes (%d seen), %d training images, phases %s",
-            info["task"] + 1,
-            info["num_tasks"],
+            "task %d (of 0..%d): %d new classes (%d seen), %d training images, phases %s",
+            info["task"],
+            info["num_tasks"] - 1,
             info["n_new"],
             info["n_seen"],
             info["train_images"],
