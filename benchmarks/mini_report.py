@@ -1,8 +1,10 @@
-"""Print the cifar100-mini table from run directories (runs/mini-<name>-o<order seed>/summary.json).
+"""Print the cifar100-mini tables from run directories (runs/mini-<name>-o<order seed>/summary.json).
 
     python benchmarks/mini_report.py [RUNS_DIR]
 
-Mean ± std (population) over the class orders present for each name; reads only summary.json and meta.json.
+Two tables: the methods, then R-DFCIL and its ablations (with the change in A_N against full R-DFCIL on the
+same class orders). Mean ± std (population) over the class orders present for each name. Reads only the run
+directories' summary.json and meta.json, never the engine.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ORDER = ["joint", "finetune", "lwf", "deepinversion", "abd", "ucir_df", "podnet_df", "rdfcil"]
+METHODS = ["joint", "finetune", "lwf", "deepinversion", "dgr", "abd", "abd_faithful", "ucir_df", "podnet_df", "rdfcil"]
+HEADER = "| {first} | orders | A_N | avg. inc. acc. | forgetting | {extra}wall time (s) | threads | commit |"
 
 
 def fmt(values: list[float]) -> str:
@@ -23,24 +26,67 @@ def fmt(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.pstdev(values):.2f}"
 
 
-def main(root: str = "runs") -> None:
-    rows: dict[str, list[dict]] = defaultdict(list)
-    for summary in sorted(Path(root).glob("mini-*-o*/summary.json")):
-        name, order = re.fullmatch(r"mini-(.+)-o(\d+)", summary.parent.name).groups()
+def load(root: Path) -> dict[str, dict[int, dict]]:
+    rows: dict[str, dict[int, dict]] = defaultdict(dict)
+    for summary in sorted(root.glob("mini-*-o*/summary.json")):
+        match = re.fullmatch(r"mini-(.+)-o(\d+)", summary.parent.name)
+        if match is None:
+            continue
+        name, order = match.groups()
         s = json.loads(summary.read_text())
         meta = json.loads((summary.parent / "meta.json").read_text())
-        rows[name].append(s | {"order": int(order), "commit": (meta.get("git_sha") or "?")[:7]})
-    names = [n for n in ORDER if n in rows] + sorted(n for n in rows if n not in ORDER)
-    print("| method | orders | A_N | avg. inc. acc. | forgetting | wall time (s) | commit |")
-    print("|---|---|---:|---:|---:|---:|---|")
-    for name in names:
-        runs = rows[name]
-        commits = ",".join(sorted({r["commit"] for r in runs}))
-        print(
-            f"| {name} | {','.join(str(r['order']) for r in runs)} | {fmt([r['last_acc'] for r in runs])} | "
-            f"{fmt([r['avg_inc_acc'] for r in runs])} | {fmt([r['forgetting'] for r in runs])} | "
-            f"{' / '.join(str(round(r['wall_time_s'])) for r in runs)} | {commits} |"
+        rows[name][int(order)] = s | {
+            "commit": (meta.get("git_sha") or "?")[:7],
+            "threads": meta.get("torch_threads", "?"),
+        }
+    return rows
+
+
+def seconds(r: dict) -> str:
+    """Time the run's kept work took; older resumed runs lack ``total_time_s``: sum their per-task timings."""
+    if "total_time_s" in r or not r.get("resumed"):
+        return str(round(r.get("total_time_s", r["wall_time_s"])))
+    t = sum(x.get("setup_s", 0) + x["eval_s"] + sum(p["time_s"] for p in x["phases"].values()) for x in r["timings"])
+    return f"≈{round(t)}"
+
+
+def row(name: str, runs: dict[int, dict], extra: str = "") -> str:
+    rs = [runs[o] for o in sorted(runs)]
+    resumed = "*" if any(r.get("resumed") for r in rs) else ""
+    return (
+        f"| {name}{resumed} | {','.join(map(str, sorted(runs)))} | {fmt([r['last_acc'] for r in rs])} | "
+        f"{fmt([r['avg_inc_acc'] for r in rs])} | {fmt([r['forgetting'] for r in rs])} | {extra}"
+        f"{' / '.join(seconds(r) for r in rs)} | "
+        f"{' / '.join(str(r['threads']) for r in rs)} | {','.join(sorted({r['commit'] for r in rs}))} |"
+    )
+
+
+def main(root: str = "runs") -> None:
+    rows = load(Path(root))
+    methods = [n for n in METHODS if n in rows] + sorted(n for n in rows if n not in METHODS and not n.startswith("rdfcil_"))
+    print(HEADER.format(first="method", extra=""))
+    print("|---|---|---:|---:|---:|---:|---|---|")
+    for name in methods:
+        print(row(name, rows[name]))
+
+    ablations = sorted(n for n in rows if n.startswith("rdfcil_"))
+    if not ablations:
+        return
+    print()
+    print(HEADER.format(first="R-DFCIL variant", extra="ΔA_N vs full | "))
+    print("|---|---|---:|---:|---:|---:|---:|---|---|")
+    full = rows.get("rdfcil", {})
+    if full:
+        print(row("rdfcil (full)", full, extra="— | "))
+    for name in ablations:
+        same = [o for o in rows[name] if o in full]
+        delta = (
+            fmt([rows[name][o]["last_acc"] - full[o]["last_acc"] for o in same]) if same else "n/a"
         )
+        print(row(name, rows[name], extra=f"{delta} | "))
+    print()
+    print("`*`: resumed from a checkpoint at least once; its time is the kept work of all its processes (`≈`: the")
+    print("sum of its per-task timings, for runs made before `total_time_s` existed).")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ ARGS = [
     "--train.batch_size", "16", "--train.epochs", "5", "--train.milestones", "[1]", "--method.chr_epochs", "3",
     "--method.inversion.steps", "40", "--method.inversion.zdim", "32", "--checkpoint_interval_s", "0",
 ]  # fmt: skip
-VOLATILE = {"timings", "wall_time_s", "resumed"}
+VOLATILE = {"timings", "wall_time_s", "total_time_s", "resumed"}
 
 
 def _summary(run):
@@ -119,8 +119,12 @@ def test_sigterm_checkpoints_mid_epoch_and_says_how_to_resume(reference, tmp_pat
     assert f"Continue with: dfcil resume {out}" in err
     pos = _position(out)
     assert pos["task"] == 1 and pos["stage"] == "train"
+    kept = loads(Checkpointer(out).last.read_bytes())["elapsed_s"]
+    assert kept > 0
     assert main(["resume", str(out), "--no-progress"]) == 0
     assert_same_run(reference, out)
+    summary = json.loads((out / "summary.json").read_text())  # the first process's kept time is counted
+    assert summary["total_time_s"] == pytest.approx(kept + summary["wall_time_s"], abs=1.0)
 
 
 def _unfinished(tmp_path, epochs=3):
@@ -136,7 +140,7 @@ def test_checkpoint_holds_everything(tmp_path):
     _, out = _unfinished(tmp_path)
     payload = loads(Checkpointer(out).last.read_bytes())
     assert payload["position"] == {"task": 1, "stage": "train", "phase": 0, "epoch": 1, "step": 0}
-    assert {"net", "optimizer", "method", "static", "acc", "rng", "head_sizes", "config", "metrics_bytes"} <= set(
+    assert {"net", "optimizer", "method", "static", "acc", "rng", "head_sizes", "config", "metrics_bytes", "elapsed_s"} <= set(
         payload
     )
     assert set(payload["rng"]) == {"python", "numpy", "torch", "cuda", "generators"}

@@ -122,6 +122,7 @@ def run(
         **s.acc.summary(),
         "timings": s.timings,
         "wall_time_s": round(time.perf_counter() - started, 2),
+        "total_time_s": round(s.elapsed_s(), 2),
         "resumed": resume,
         "device": str(s.device),
         "seed": cfg.seed,

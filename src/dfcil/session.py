@@ -123,6 +123,12 @@ class Session:
         self.timings: list[dict[str, Any]] = []
         self.static_ref: dict[str, Any] | None = None
         self.last_save = time.monotonic()
+        self.started = time.monotonic()
+        self.elapsed_before = 0.0  # seconds spent by earlier processes of this run, up to their last checkpoint
+
+    def elapsed_s(self) -> float:
+        """Seconds of work this run has kept: earlier processes up to their checkpoints plus this process."""
+        return self.elapsed_before + time.monotonic() - self.started
 
     def merges(self) -> tuple[bool, bool]:
         """(merge_teacher, merge_student) from ``engine.merge_passes``."""
@@ -150,6 +156,7 @@ class Session:
             "epoch_progress": epoch.state_dict() if epoch is not None else None,
             "acc": self.acc.state_dict(),
             "timings": self.timings,
+            "elapsed_s": self.elapsed_s(),
             "rng": capture_rng(self.rngs),
             "metrics_bytes": self.metrics.stat().st_size if self.metrics and self.metrics.exists() else 0,
             "config": config_to_dict(self.cfg),
@@ -172,6 +179,7 @@ class Session:
         self.static_ref = payload["static"]
         self.acc.load_state_dict(payload["acc"])
         self.timings = list(payload["timings"])
+        self.elapsed_before = float(payload.get("elapsed_s", 0.0))
         restore_rng(payload["rng"], self.rngs)  # last: building the state above consumed random numbers
         epoch = payload["epoch_progress"]
         if epoch:
