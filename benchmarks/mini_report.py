@@ -70,9 +70,16 @@ def main(root: str = "runs") -> None:
         print(row(name, rows[name]))
 
     ablations = sorted(n for n in rows if n.startswith("rdfcil_"))
-    if not ablations:
-        return
-    print()
+    if ablations:
+        print()
+        ablation_table(rows, ablations)
+    if any(r.get("resumed") for runs in rows.values() for r in runs.values()):
+        print()
+        print("`*`: resumed from a checkpoint at least once; its time is the kept work of all its processes (`≈`: the")
+        print("sum of its per-task timings, for runs made before `total_time_s` existed).")
+
+
+def ablation_table(rows: dict[str, dict[int, dict]], ablations: list[str]) -> None:
     print(HEADER.format(first="R-DFCIL variant", extra="ΔA_N vs full | "))
     print("|---|---|---:|---:|---:|---:|---:|---|---|")
     full = rows.get("rdfcil", {})
@@ -84,9 +91,6 @@ def main(root: str = "runs") -> None:
             fmt([rows[name][o]["last_acc"] - full[o]["last_acc"] for o in same]) if same else "n/a"
         )
         print(row(name, rows[name], extra=f"{delta} | "))
-    print()
-    print("`*`: resumed from a checkpoint at least once; its time is the kept work of all its processes (`≈`: the")
-    print("sum of its per-task timings, for runs made before `total_time_s` existed).")
 
 
 if __name__ == "__main__":

@@ -174,20 +174,21 @@ ABLATIONS = {  # R-DFCIL on N = 20 (paper Table 6 and the supplement)
     "identity_proj": (
         {"projection": "identity"},
         {},
-        "RKD on raw features, no learned φ/ψ (the paper says the\n# projections add 'about 2%' to A_N; no table)",
+        "RKD on raw features, no learned φ/ψ (the paper says the\nprojections add 'about 2%' to A_N; no table)",
         None,
     ),
     "chr_ce_only": (
         {"chr_hkd": False},
         {},
         "CHR with the class-balanced CE only, as the paper describes it (the\n"
-        "# code keeps HKD in CHR; no number in the paper)",
+        "code keeps HKD in CHR; no number in the paper)",
         None,
     ),
 }
 
 
 def header(lines: list[str]) -> str:
+    lines = [part for line in lines for part in line.split("\n")]
     return "\n".join(f"# {line}" if line else "#" for line in lines) + "\n"
 
 
