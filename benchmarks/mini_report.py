@@ -21,9 +21,11 @@ HEADER = "| {first} | orders | A_N | avg. inc. acc. | forgetting | {extra}wall t
 
 
 def fmt(values: list[float]) -> str:
+    """One value, or mean ± population std followed by the values per class order."""
     if len(values) == 1:
         return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.pstdev(values):.2f}"
+    each = ", ".join(f"{v:.2f}" for v in values)
+    return f"{statistics.mean(values):.2f} ± {statistics.pstdev(values):.2f} ({each})"
 
 
 def load(root: Path) -> dict[str, dict[int, dict]]:
