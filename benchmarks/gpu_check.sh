@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_check.sh check   # carries .whl, .devdata/part0, .devdata/index.json:
 #                                        #   step benchmarks (fast vs reference, fp32 vs bf16), then the CUDA tests
 #   bash benchmarks/gpu_check.sh full    # carries .devdata/part1: the full 5-task CIFAR-100 R-DFCIL protocol
-#                                        #   (paper schedule) with FULL_TIMEOUT seconds at most; records in $OUT/full
+#                                        #   (paper schedule) with FULL_TIMEOUT seconds at most; records in $OUT/full;
+#                                        #   PRECISION (bf16) and GRAPHS (on) choose the engine switches
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -23,12 +24,17 @@ if [ "${1:-check}" = "check" ]; then
     | tee "$OUT/speed-precision.txt"
   timeout 60 python3 benchmarks/speed.py --device cuda --precision bf16 --channels-last --rounds 10 --steps 20 2>&1 \
     | tee "$OUT/speed-bf16-cl.txt"
+  timeout 90 python3 benchmarks/speed.py --device cuda --ab graphs --rounds 10 --steps 20 2>&1 \
+    | tee "$OUT/speed-graphs.txt"
+  timeout 90 python3 benchmarks/speed.py --device cuda --ab graphs --precision bf16 --channels-last --rounds 10 \
+    --steps 20 2>&1 | tee "$OUT/speed-graphs-bf16-cl.txt"
   timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_engine_modes.py tests/test_cuda.py \
-    2>&1 | tee "$OUT/tests.txt" | tail -15
+    tests/test_graphs.py -k "not every_graph_safe" 2>&1 | tee "$OUT/tests.txt" | tail -15
 else
   python3 benchmarks/pack_cifar.py unpack /tmp/dev /tmp/data || exit 1
   timeout "${FULL_TIMEOUT:-480}" python3 -m dfcil train --config configs/cifar100/rdfcil_n5.yaml --data.root /tmp/data \
-    --device cuda --engine.precision "${PRECISION:-bf16}" --engine.channels_last true --out "$OUT/full" --no-progress \
+    --device cuda --engine.precision "${PRECISION:-bf16}" --engine.channels_last true \
+    --engine.cuda_graphs "${GRAPHS:-on}" --out "$OUT/full" --no-progress \
     > "$OUT/full.log" 2>&1
   echo "exit $?"
   rm -rf "$OUT/full/checkpoints" "$OUT/full/model.pt" "$OUT/full/.lock"

@@ -65,7 +65,8 @@ def row(name: str, runs: dict[int, dict], extra: str = "") -> str:
 
 def main(root: str = "runs") -> None:
     rows = load(Path(root))
-    methods = [n for n in METHODS if n in rows] + sorted(n for n in rows if n not in METHODS and not n.startswith("rdfcil_"))
+    others = sorted(n for n in rows if n not in METHODS and not n.startswith("rdfcil_"))
+    methods = [n for n in METHODS if n in rows] + others
     print(HEADER.format(first="method", extra=""))
     print("|---|---|---:|---:|---:|---:|---|---|")
     for name in methods:
@@ -89,9 +90,7 @@ def ablation_table(rows: dict[str, dict[int, dict]], ablations: list[str]) -> No
         print(row("rdfcil (full)", full, extra="— | "))
     for name in ablations:
         same = [o for o in rows[name] if o in full]
-        delta = (
-            fmt([rows[name][o]["last_acc"] - full[o]["last_acc"] for o in same]) if same else "n/a"
-        )
+        delta = fmt([rows[name][o]["last_acc"] - full[o]["last_acc"] for o in same]) if same else "n/a"
         print(row(name, rows[name], extra=f"{delta} | "))
 
 

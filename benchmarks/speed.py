@@ -3,9 +3,11 @@
     python benchmarks/speed.py                           # CPU, fp32, reference vs fast, batch 128
     python benchmarks/speed.py --ab precision            # fast path, fp32 vs bf16 autocast
     python benchmarks/speed.py --device cuda --rounds 20 # on a GPU
+    python benchmarks/speed.py --device cuda --ab graphs # fast path, eager vs one CUDA graph per step
 
 Each round times ``--steps`` steps of every phase for A and then B (the order alternates between rounds) after
-one untimed warm-up step; the table gives the median milliseconds per step over rounds and the ratio A/B.
+untimed warm-up steps (in the first round enough to capture the graphs); the table gives the median milliseconds
+per step over rounds and the ratio A/B.
 
 * inversion: one generator Adam step against the frozen teacher. Reference: BN statistics collected by forward
   hooks on every BN layer (as cl-lite/ABD); fast: the explicit ``BNMode(record=...)`` path.
@@ -14,6 +16,8 @@ one untimed warm-up step; the table gives the median milliseconds per step over 
   one student pass with per-half BN.
 * chr: one CHR step (backbone frozen in eval mode). Reference: separate passes; fast: one pass each.
 * eval: a no-grad forward of 1000 test images (identical in both modes: a control for noise).
+
+With ``--ab graphs`` both sides take the fast path; B replays each step as one CUDA graph (``dfcil.graphs``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 from torch import nn
 
 from dfcil.config import load_config
+from dfcil.graphs import StepGraph
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.batchnorm import BNStats
 from dfcil.models.network import build_network
@@ -96,23 +101,33 @@ def hooked_inversion_terms(inv, x):
     ]
 
 
-def steps_for(setup, hooks: bool) -> dict[str, Callable[[], None]]:
+def steps_for(setup, hooks: bool, graphs: str = "off") -> dict[str, Callable[[], None]]:
     method, net, ctx, optimizer, batch = setup
     inv = method.replay.synth
-    inv_opt = torch.optim.Adam(inv.generator.parameters(), lr=1e-3)
+    capturable = {"capturable": True, "fused": True} if graphs == "on" else {}
+    inv_opt = torch.optim.Adam(inv.generator.parameters(), lr=1e-3, **capturable)
     test = torch.randn(1000, 3, 32, 32, device=ctx.device)
 
-    def inversion():
-        inv.generator.train()
+    def inversion_terms():
         with ctx.autocast():
             x = inv.generator(inv.latent(inv.batch_size))
             terms = hooked_inversion_terms(inv, x) if hooks else list(inv.loss_terms(x).values())
-        loss = torch.stack([t.float() for t in terms]).sum()
-        inv_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        inv_opt.step()
+        return torch.stack([t.float() for t in terms])
+
+    inv_step = StepGraph(inversion_terms, inv_opt, graphs, ctx.device, generators=(inv.rng,))
+
+    def inversion():
+        inv.generator.train()
+        inv_step("inversion")
 
     def train_step(phase: Phase):
+        def terms(x, y):
+            with ctx.autocast():
+                terms = method.training_step(net, Batch(x, y), ctx, phase)
+            return torch.stack([t.float() for t in terms.values()])
+
+        graph = StepGraph(terms, optimizer, graphs, ctx.device, generators=(ctx.rng,))
+
         def step():
             if phase.trainable == "head":
                 net.backbone.eval()
@@ -120,12 +135,7 @@ def steps_for(setup, hooks: bool) -> dict[str, Callable[[], None]]:
             else:
                 net.train()
                 net.requires_grad_(True)
-            with ctx.autocast():
-                terms = method.training_step(net, batch, ctx, phase)
-            loss = torch.stack([t.float() for t in terms.values()]).sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            graph(phase.name, batch.x, batch.y)
 
         return step
 
@@ -146,7 +156,7 @@ def steps_for(setup, hooks: bool) -> dict[str, Callable[[], None]]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--ab", choices=["merge", "precision"], default="merge", help="what A and B differ in")
+    p.add_argument("--ab", choices=["merge", "precision", "graphs"], default="merge", help="what A and B differ in")
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="for --ab merge")
     p.add_argument("--fast", choices=["auto", "all", "teacher"], default="auto", help="the fast path's merge_passes")
     p.add_argument("--channels-last", action="store_true")
@@ -161,14 +171,18 @@ def main(argv=None) -> int:
     phases = args.phases.split(",")
     fast = args.fast if args.fast != "auto" else ("all" if device.type == "cuda" else "teacher")
     if args.ab == "merge":
-        variants = {"reference": ("none", args.precision, True), f"fast-{fast}": (fast, args.precision, False)}
+        variants = {
+            "reference": ("none", args.precision, True, "off"),
+            f"fast-{fast}": (fast, args.precision, False, "off"),
+        }
+    elif args.ab == "graphs":
+        variants = {"eager": (fast, args.precision, False, "off"), "graphs": (fast, args.precision, False, "on")}
     else:
-        variants = {"fp32": (fast, "fp32", False), "bf16": (fast, "bf16", False)}
+        variants = {"fp32": (fast, "fp32", False, "off"), "bf16": (fast, "bf16", False, "off")}
     steps = {}
-    for name, (merge, precision, hooks) in variants.items():
-        steps[name] = steps_for(
-            build(device, args.batch, args.n_old, args.n_new, merge, precision, args.channels_last), hooks
-        )
+    for name, (merge, precision, hooks, graphs) in variants.items():
+        setup = build(device, args.batch, args.n_old, args.n_new, merge, precision, args.channels_last)
+        steps[name] = steps_for(setup, hooks, graphs)
     times: dict[tuple[str, str], list[float]] = {(v, ph): [] for v in variants for ph in phases}
     names = list(variants)
     for r in range(args.rounds):
@@ -176,7 +190,8 @@ def main(argv=None) -> int:
         for phase in phases:
             for v in order:
                 fn = steps[v][phase]
-                fn()  # warm-up (and cuDNN autotuning on the first round)
+                for _ in range(4 if r == 0 else 1):  # warm-up: cuDNN autotuning, graph capture in the first round
+                    fn()
                 _sync(device)
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
@@ -186,7 +201,7 @@ def main(argv=None) -> int:
     a, b = names
     info = f"device {device}, batch {args.batch}, n_old {args.n_old}, n_new {args.n_new}, threads "
     info += f"{torch.get_num_threads()}, torch {torch.__version__}, rounds {args.rounds} x {args.steps} steps"
-    if args.ab == "merge":
+    if args.ab in ("merge", "graphs"):
         info += f", {args.precision}"
     print(info)
     print(f"| phase | {a} ms/step | {b} ms/step | ratio {a}/{b} |")

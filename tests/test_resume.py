@@ -140,9 +140,18 @@ def test_checkpoint_holds_everything(tmp_path):
     _, out = _unfinished(tmp_path)
     payload = loads(Checkpointer(out).last.read_bytes())
     assert payload["position"] == {"task": 1, "stage": "train", "phase": 0, "epoch": 1, "step": 0}
-    assert {"net", "optimizer", "method", "static", "acc", "rng", "head_sizes", "config", "metrics_bytes", "elapsed_s"} <= set(
-        payload
-    )
+    assert {
+        "net",
+        "optimizer",
+        "method",
+        "static",
+        "acc",
+        "rng",
+        "head_sizes",
+        "config",
+        "metrics_bytes",
+        "elapsed_s",
+    } <= set(payload)
     assert set(payload["rng"]) == {"python", "numpy", "torch", "cuda", "generators"}
     assert {"projector", "class_counts", "class_weights", "task_id"} <= set(payload["method"])
     static = Checkpointer(out).load_static(1, payload["static"]["digest"])

@@ -83,6 +83,17 @@ class EngineConfig:
     compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"  # torch.compile mode
     cudnn_benchmark: bool = True  # CUDA only
     fused_optimizer: bool = True  # fused SGD/Adam kernels; CUDA only
+    # Training and inversion steps as CUDA graphs (dfcil.graphs). on: captured per phase and lr, replayed (CUDA
+    # only; eager elsewhere and for methods not marked graph-safe); check: eager, verifying on any device that
+    # the steps could be replayed (for new methods); off: eager.
+    cuda_graphs: Literal["off", "on", "check"] = "off"
+
+    def __post_init__(self) -> None:
+        if self.cuda_graphs != "off" and self.compile in ("reduce-overhead", "max-autotune"):
+            raise ValueError(
+                f"cuda_graphs: {self.cuda_graphs} cannot be combined with compile: {self.compile}, which captures "
+                f"CUDA graphs itself; use compile: default (or none) with cuda_graphs"
+            )
 
 
 @configclass

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from torch import nn
 from dfcil.callbacks import Callback
 from dfcil.config import RunConfig, TrainConfig
 from dfcil.data.device import Normalizer, TrainBatches, select_classes
+from dfcil.graphs import GraphMode, StepGraph
 from dfcil.methods import Batch, Method, Phase, TaskContext
 from dfcil.models.network import IncrementalNet
 from dfcil.progress import ProgressFactory, make_progress
@@ -23,7 +25,10 @@ from dfcil.session import EpochProgress, Protocol, Session, prepare, resolve_dev
 from dfcil.state import Checkpointer, Position
 
 __all__ = ["Interrupt", "NonFiniteLossError", "Protocol", "RunInterrupted", "evaluate", "fit_task", "prepare"]
-__all__ += ["resolve_device", "run", "seed_everything", "set_trainable", "train_epoch"]
+__all__ += ["TrainStep", "resolve_device", "run", "seed_everything", "set_trainable", "train_epoch"]
+
+
+log = logging.getLogger("dfcil")
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -195,7 +200,7 @@ class _TaskLoop:
         timing["phases"] = fit_task(
             s.net, s.method, ctx, batches, phases, cfg.train, self.callbacks, self.progress, start=s.pos,
             optimizer_state=resumed["optimizer"], epoch_state=resumed["epoch"], checkpoint=checkpoint,
-            interrupt=interrupt, fused=cfg.engine.fused_optimizer,
+            interrupt=interrupt, fused=cfg.engine.fused_optimizer, graphs=cfg.engine.cuda_graphs,
         )  # fmt: skip
         s.method.on_task_end(ctx)
 
@@ -271,6 +276,7 @@ def fit_task(
     checkpoint: Checkpoint | None = None,
     interrupt: Interrupt | None = None,
     fused: bool = False,
+    graphs: GraphMode = "off",
 ) -> dict[str, dict[str, float]]:
     """Run the phases of one task with one SGD optimiser (momentum carries over unless a phase resets it).
 
@@ -279,6 +285,7 @@ def fit_task(
         optimizer_state, epoch_state: the optimiser and the partly done epoch at ``start``.
         checkpoint: called with (position, optimiser, partial epoch) after every epoch and on interrupt.
         fused: use the fused SGD kernel where the parameters live on CUDA.
+        graphs: each phase's step as one CUDA graph (``on``), or checked for it (``check``); see :mod:`dfcil.graphs`.
 
     Returns:
         Per phase: wall time and real images per second.
@@ -307,6 +314,15 @@ def fit_task(
         set_trainable(net, extra, phase.trainable)
         for module in method.frozen_modules(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             module.requires_grad_(False)
+        mode = graphs if method.graph_safe or graphs == "check" else "off"
+        if mode != graphs:
+            log.warning(
+                "%s is not marked graph_safe: its steps run eagerly (check it with cuda_graphs: check)", method.name
+            )
+        step = StepGraph(
+            TrainStep(net, method, ctx, phase), optimizer, mode, ctx.device, generators=(ctx.rng,),
+            clip=_clip(net, method),
+        )  # fmt: skip
         t_phase = time.perf_counter()
         total = phase.epochs * len(batches)
         initial = first_epoch * len(batches) + (epoch_state.step if epoch_state else 0)
@@ -325,7 +341,7 @@ def fit_task(
 
                 t0 = time.perf_counter()
                 losses = train_epoch(
-                    net, method, batches, optimizer, ctx, phase, epoch, bar, epoch_state, interrupt, on_interrupt
+                    net, method, batches, optimizer, ctx, phase, epoch, bar, epoch_state, interrupt, on_interrupt, step
                 )
                 epoch_state = None
                 method.on_epoch_end(ctx, phase)
@@ -353,6 +369,33 @@ def fused_kwargs(params: Sequence[torch.Tensor], fused: bool) -> dict[str, bool]
     return {"fused": True} if ok else {}
 
 
+class TrainStep:
+    """The method's loss terms for one batch as one vector (the ``compute`` of a :class:`StepGraph`); the terms'
+    names are kept in :attr:`names`, from the first call on."""
+
+    def __init__(self, net: IncrementalNet, method: Method, ctx: TaskContext, phase: Phase) -> None:
+        self.net, self.method, self.ctx, self.phase = net, method, ctx, phase
+        self.names: list[str] | None = None
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with self.ctx.autocast():
+            terms = self.method.training_step(self.net, Batch(x, y), self.ctx, self.phase)
+        if self.names is None:
+            self.names = list(terms)
+        elif list(terms) != self.names:
+            raise RuntimeError(
+                f"{self.method.name} changed its loss terms within a phase: {self.names} → {list(terms)}"
+            )
+        return torch.stack([v.float() for v in terms.values()])
+
+
+def _clip(net: IncrementalNet, method: Method) -> Callable[[], None] | None:
+    if method.grad_clip_value is None:
+        return None
+    value = method.grad_clip_value
+    return lambda: torch.nn.utils.clip_grad_value_(net.parameters(), value)
+
+
 def train_epoch(
     net: IncrementalNet,
     method: Method,
@@ -365,35 +408,31 @@ def train_epoch(
     state: EpochProgress | None = None,
     interrupt: Interrupt | None = None,
     on_interrupt: Callable[[EpochProgress], None] | None = None,
+    step: StepGraph | None = None,
 ) -> dict[str, float]:
     """One pass over the task's batches. Loss terms are summed on the device and read once, at the end.
 
     Args:
         state: a partly done epoch to continue (from a mid-epoch checkpoint).
+        step: the phase's step (a :class:`TrainStep` under a :class:`StepGraph`); default an eager one.
         interrupt: checked after every step; when set, ``on_interrupt`` gets the epoch so far and
             :class:`RunInterrupted` is raised.
 
     Raises:
         NonFiniteLossError: naming the first non-finite term, with task, phase, epoch and step.
     """
+    step = step or StepGraph(TrainStep(net, method, ctx, phase), optimizer, clip=_clip(net, method))
+    key = (phase.name, tuple(group["lr"] for group in optimizer.param_groups))  # a new lr: a new graph
     ep = state or EpochProgress(batches.permutation())
     for x, y in batches.iterate(ep.perm, start=ep.step):
-        with ctx.autocast():
-            terms = method.training_step(net, Batch(x, y), ctx, phase)
+        values = step(key, x, y)
+        names = step.compute.names
         if ep.names is None:
-            ep.names = list(terms)
+            ep.names = names
             ep.first_bad = torch.full((len(ep.names),), -1, device=x.device)
-        elif list(terms) != ep.names:
-            raise RuntimeError(f"{method.name} changed its loss terms within an epoch: {ep.names} → {list(terms)}")
-        values = torch.stack([v.float() for v in terms.values()])
-        loss = values.sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if method.grad_clip_value is not None:
-            torch.nn.utils.clip_grad_value_(net.parameters(), method.grad_clip_value)
-        optimizer.step()
-        values = values.detach()
-        ep.sums = values if ep.sums is None else ep.sums + values
+        elif names != ep.names:
+            raise RuntimeError(f"{method.name} changed its loss terms within an epoch: {ep.names} → {names}")
+        ep.sums = values.clone() if ep.sums is None else ep.sums + values
         ep.first_bad = torch.where(~torch.isfinite(values) & (ep.first_bad < 0), ep.step, ep.first_bad)
         ep.step += 1
         if bar is not None:

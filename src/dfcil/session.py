@@ -140,7 +140,8 @@ class Session:
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast around forward passes when ``engine.precision`` is bf16; weights stay fp32."""
         enabled = self.cfg.engine.precision == "bf16"
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+        cache = self.cfg.engine.cuda_graphs == "off"  # casts cached across a captured step would not be replayed
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=cache)
 
     def payload(self, optimizer: torch.optim.Optimizer | None = None, epoch: EpochProgress | None = None) -> dict:
         static = self.method.static_state_dict()
@@ -194,6 +195,7 @@ class Session:
             self.cfg.train.batch_size, self.rngs["method"], progress or make_progress(False),
             save_point or (lambda: None), *self.merges(), self.autocast,
             self.cfg.engine.channels_last, self.cfg.engine.fused_optimizer and self.device.type == "cuda",
+            self.cfg.engine.cuda_graphs,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------ shared first-task models

@@ -47,8 +47,7 @@ def nca(
     s = s - s.max(dim=1, keepdim=True).values
     rows = torch.arange(len(y), device=y.device)
     positive = s[rows, y]
-    denominator = s.clone()
-    denominator[rows, y] = 0.0
+    denominator = s.scatter(1, y[:, None], 0.0)  # not an indexed assignment of a Python number: graph-safe
     losses = -(positive - torch.logsumexp(denominator, dim=1))
     if class_weight is None:
         return losses.mean()

@@ -35,6 +35,8 @@ class ABD(Method):
     Not replicated: ABD's first-task and head CE run over all C outputs of a pre-allocated head, unseen classes
     included; here they run over the classes seen so far."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     Config = ABDConfig
 
     def __init__(self, cfg: ABDConfig, train) -> None:

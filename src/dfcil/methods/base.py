@@ -62,6 +62,7 @@ class TaskContext:
     autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext  # wrap forwards outside training_step
     channels_last: bool = False  # modules a method builds (generators) should use NHWC
     fused: bool = False  # optimisers a method builds may use fused kernels (CUDA)
+    graphs: str = "off"  # engine.cuda_graphs, for steps a method runs itself (model inversion)
     task_data: Any = None  # the task's TrainBatches: ``task_data.plain()`` gives un-augmented batches (imprinting)
 
     @property
@@ -77,6 +78,9 @@ class Method:
     train_data: ClassVar[Literal["task", "seen"]] = "task"  # "seen": real data of every task so far (joint only)
     data_free: ClassVar[bool] = True  # False: keeps real data or a generative model of it (joint, DGR)
     grad_clip_value: ClassVar[float | None] = None  # clamp every gradient to [-v, v] (PODNet: 5)
+    # Its training_step may be replayed as a CUDA graph (engine.cuda_graphs: on): verified under "check" by
+    # tests/test_graphs.py. False: the engine runs the method's steps eagerly even when graphs are on.
+    graph_safe: ClassVar[bool] = False
     Config: ClassVar[type[MethodConfig]] = MethodConfig
 
     def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:

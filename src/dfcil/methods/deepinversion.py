@@ -33,6 +33,8 @@ class DeepInversion(Method):
     CE over the seen classes on real data, KD of the old outputs on real data, and KD on synthetic data against
     the old model's outputs padded with zeros for the new classes."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     Config = DeepInversionConfig
 
     def __init__(self, cfg: DeepInversionConfig, train) -> None:

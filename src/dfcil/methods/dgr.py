@@ -68,6 +68,8 @@ class VAE(nn.Module):
 class DGR(Method):
     """DGR (Shin et al., 2017): replay from a VAE trained alongside the classifier."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     Config = DGRConfig
     data_free = False
 

@@ -13,6 +13,8 @@ from dfcil.models.network import IncrementalNet
 class Finetune(Method):
     """Fine-tuning, the lower bound: CE on the current task's data only (ABD's "Base")."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
 

@@ -21,6 +21,8 @@ class JointConfig(MethodConfig):
 class Joint(Method):
     """Joint training, the upper bound: CE on the real data of all tasks so far."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     Config = JointConfig
     train_data = "seen"
     data_free = False

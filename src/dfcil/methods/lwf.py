@@ -23,6 +23,8 @@ class LwFConfig(MethodConfig):
 class LwF(Method):
     """LwF (Li & Hoiem, 2017): CE on the new data plus soft KD of the old model's outputs."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     Config = LwFConfig
 
     def __init__(self, cfg: LwFConfig, train) -> None:

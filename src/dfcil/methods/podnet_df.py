@@ -51,6 +51,8 @@ class PODNetDF(Method):
     LSC classifier with NCA loss, POD-spatial on stage outputs and POD-flat on features against the old model,
     on real + synthetic data; new proxies imprinted by k-means; then class-balanced head finetuning."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     Config = PODNetDFConfig
     head = "lsc"
     grad_clip_value = 5.0  # PODNet clamps every gradient to [-5, 5]

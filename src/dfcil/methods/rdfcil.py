@@ -72,6 +72,8 @@ class RDFCIL(Method):
     Task 0: CE for ``epochs - chr_epochs`` epochs (the reference's remaining task-0 epochs are no-ops, skipped).
     Task t ≥ 1: invert the old model into a fresh generator, then RRL (LCE + HKD + RKD), then CHR."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     Config = RDFCILConfig
 
     def __init__(self, cfg: RDFCILConfig, train) -> None:
@@ -170,7 +172,7 @@ class RDFCIL(Method):
 
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
         if ctx.task_id > 0:  # cumulative real + pseudo-label counts since the task started, RRL included
-            self.class_weights = balanced_class_weights(self.class_counts)
+            self.class_weights.copy_(balanced_class_weights(self.class_counts))  # in place: a graph reads it
 
     def components(self) -> dict[str, Any]:
         return {"replay": self.replay}
@@ -194,8 +196,8 @@ class RDFCIL(Method):
         self._build_task_state(ctx)
         if self.projector is not None:
             self.projector.load_state_dict(state["projector"])
-        self.class_counts = state["class_counts"].to(ctx.device)
-        self.class_weights = state["class_weights"].to(ctx.device)
+        self.class_counts.copy_(state["class_counts"])
+        self.class_weights.copy_(state["class_weights"])
 
     def task0_signature(self) -> str | None:
         return "ce"  # task 0 is plain CE over its classes

@@ -47,6 +47,8 @@ class UCIRDF(Method):
     Cosine classifier; CE over the seen classes on real + synthetic data, less-forget constraint on the features,
     margin ranking on the synthetic (old-class) samples; new weights imprinted, old weights frozen."""
 
+    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+
     Config = UCIRDFConfig
     head = "cosine"
 

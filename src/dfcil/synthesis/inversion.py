@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from dfcil.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, configclass
+from dfcil.graphs import GraphMode, StepGraph
 from dfcil.models.batchnorm import BNMode, BNStats
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet
@@ -53,6 +54,7 @@ class ModelInversion:
         autocast: context for the forward passes (bf16 autocast or nothing); the loss maths stays in fp32.
         channels_last: build the generator in NHWC memory format.
         fused: fused Adam kernel (CUDA).
+        graphs: the Adam step as one CUDA graph (``on``, CUDA), or checked for it (``check``); see dfcil.graphs.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class ModelInversion:
         autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         channels_last: bool = False,
         fused: bool = False,
+        graphs: GraphMode = "off",
     ) -> None:
         self.teacher = teacher
         self.cfg = cfg
@@ -74,9 +77,14 @@ class ModelInversion:
         self.device = next(teacher.parameters()).device
         memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.generator = build_generator(image_size, cfg.zdim).to(self.device, memory_format=memory_format)
-        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.lr, **({"fused": True} if fused else {}))
+        self.graphs: GraphMode = graphs if self.device.type == "cuda" or graphs == "check" else "off"
+        extra = {"fused": True} if fused else {}
+        if self.graphs == "on":
+            extra["capturable"] = True  # the step counter lives on the device, so a replay advances it
+        self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.lr, **extra)
         self.kernel = gaussian_kernel().to(self.device)
         self.step = 0  # Adam steps done; fit() continues from here
+        self.names: list[str] = []  # the loss terms' names, in the order of fit()'s values
 
     @property
     def done(self) -> bool:
@@ -97,24 +105,28 @@ class ModelInversion:
             "prior": c.w_prior * smoothness_prior(x.float(), self.kernel),
         }
 
-    def fit(self, on_step: Callable[[int, dict[str, Tensor]], None] | None = None) -> None:
+    def _terms(self) -> Tensor:
+        """One step's weighted loss terms, as a vector in the order of :attr:`names`."""
+        with self.autocast():
+            terms = self.loss_terms(self.generator(self.latent(self.batch_size)))
+        self.names = list(terms)
+        return torch.stack([t.float() for t in terms.values()])
+
+    def fit(self, on_step: Callable[[int, Tensor], None] | None = None) -> None:
         """Run the remaining Adam steps, then freeze the generator in eval mode.
 
         Args:
-            on_step: called after every step with (steps done, loss terms); for progress and checkpoints.
+            on_step: called after every step with (steps done, loss terms as in :attr:`names`), for progress
+                and checkpoints; the vector is overwritten by the next step.
         """
         self.generator.train()
         self.teacher.eval()
+        step = StepGraph(self._terms, self.optimizer, self.graphs, self.device, generators=(self.rng,))
         while self.step < self.cfg.steps:
-            with self.autocast():
-                terms = self.loss_terms(self.generator(self.latent(self.batch_size)))
-            loss = torch.stack([t.float() for t in terms.values()]).sum()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+            values = step("inversion")
             self.step += 1
             if on_step is not None:
-                on_step(self.step, terms)
+                on_step(self.step, values)
         self._freeze()
 
     def _freeze(self) -> None:

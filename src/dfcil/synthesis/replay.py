@@ -38,7 +38,15 @@ class Replay:
         self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
         batch = self.cfg.batch_size or ctx.batch_size
         self.synth = ModelInversion(
-            self.teacher, self.cfg, ctx.image_size, batch, ctx.rng, ctx.autocast, ctx.channels_last, ctx.fused
+            self.teacher,
+            self.cfg,
+            ctx.image_size,
+            batch,
+            ctx.rng,
+            ctx.autocast,
+            ctx.channels_last,
+            ctx.fused,
+            ctx.graphs,
         )
 
     def begin(self, ctx: TaskContext) -> None:
@@ -56,10 +64,10 @@ class Replay:
         )
         with ctx.progress(total=self.cfg.steps, desc=f"task {ctx.task_id} inversion", initial=synth.step) as bar:
 
-            def on_step(step: int, terms: dict[str, Tensor]) -> None:
+            def on_step(step: int, values: Tensor) -> None:
                 bar.update(1)
-                if step % 50 == 0 or step == synth.cfg.steps:
-                    bar.set_postfix({k: f"{v.item():.3f}" for k, v in terms.items()})
+                if step % 50 == 0 or step == synth.cfg.steps:  # a host sync every 50 steps, for the progress bar
+                    bar.set_postfix({k: f"{v:.3f}" for k, v in zip(synth.names, values.tolist(), strict=True)})
                 ctx.save_point()
 
             synth.fit(on_step)

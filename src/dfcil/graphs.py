@@ -1,0 +1,276 @@
+"""One optimisation step as one CUDA graph: loss terms, backward and the optimiser update replayed with a single
+launch (spec/performance.md §2.1 and §6.7). At ResNet-32's size a step is bound by kernel launches and Python
+dispatch, not arithmetic (docs/results.md §3); a replay removes both.
+
+A replay repeats the captured kernels on the captured memory. That is right only if every step would have issued
+those kernels on that memory, so a step function must
+
+* read its per-step inputs only through its arguments (they are copied into fixed buffers before each replay);
+* update every other tensor it reads in place (``copy_``, ``+=``), never rebind it to a new tensor;
+* not depend on Python numbers that change between steps (the lr is part of the key: a new key, a new graph);
+* not synchronise with the host (``.item()``, ``.tolist()``, data-dependent shapes, tensors made from Python data);
+* draw random numbers only from the default generator or the generators it declares.
+
+``mode="check"`` verifies these rules eagerly, on any device: the first step after warm-up is recorded operator by
+operator, and every later step must issue the same operators on the same outside tensors with the same Python
+arguments; a host sync fails at once. Run a method's smoke preset with ``engine.cuda_graphs: check`` on a CPU
+before trusting it to ``on`` (``tests/test_graphs.py`` does this for every registered method).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["GraphMode", "GraphSafetyError", "StepGraph"]
+
+GraphMode = Literal["off", "on", "check"]
+
+
+class GraphSafetyError(RuntimeError):
+    """A step does something a CUDA graph cannot replay faithfully."""
+
+
+class StepGraph:
+    """``optimizer.zero_grad(); values = compute(*inputs); values.sum().backward(); clip(); optimizer.step()``.
+
+    Args:
+        compute: the step's loss terms as a 1-D tensor, from per-step tensor inputs.
+        optimizer: updated by the step. Under ``on`` an Adam must be ``capturable``; an SGD needs nothing.
+        mode: ``off``: eager. ``on``: eager for ``warmup`` steps of each key, then captured once and replayed (CUDA
+            only; eager on other devices). ``check``: eager, verifying that ``on`` would replay the same work.
+        device: where the step runs.
+        generators: random streams the step draws from besides the default one (registered with the graph).
+        warmup: eager steps of each key before the capture (lazy state such as momentum buffers, cuDNN autotuning).
+        clip: called between backward and the optimiser step (gradient clipping).
+
+    Calling returns the step's loss terms, detached. Under ``on`` and ``check`` that tensor is overwritten by the
+    next call: read or copy it first.
+    """
+
+    def __init__(
+        self,
+        compute: Callable[..., Tensor],
+        optimizer: torch.optim.Optimizer,
+        mode: GraphMode = "off",
+        device: torch.device | None = None,
+        generators: Sequence[torch.Generator] = (),
+        warmup: int = 2,
+        clip: Callable[[], None] | None = None,
+    ) -> None:
+        if mode not in ("off", "on", "check"):
+            raise ValueError(f"unknown graph mode {mode!r}; expected off, on or check")
+        self.compute, self.optimizer, self.generators, self.warmup, self.clip = (
+            compute,
+            optimizer,
+            generators,
+            warmup,
+            clip,
+        )
+        self.mode: GraphMode = "off" if mode == "on" and (device is None or device.type != "cuda") else mode
+        self.key: Hashable = None
+        self.captures = 0  # graphs captured (on) or steps recorded (check) so far: one per key
+        self._reset()
+
+    def _reset(self) -> None:
+        self.calls = 0  # steps under the current key
+        self.graph: Any = None
+        self.recording: _Recording | None = None
+        self.static_in: list[Tensor] = []
+        self.static_out: Tensor | None = None
+
+    def _step(self, *inputs: Tensor, recorder: _Recorder | None = None) -> Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        if recorder is None:
+            values = self._differentiate(inputs)
+        else:
+            with recorder:
+                values = self._differentiate(inputs)
+        self.optimizer.step()
+        return values
+
+    def _differentiate(self, inputs: Sequence[Tensor]) -> Tensor:
+        values = self.compute(*inputs)
+        values.sum().backward()
+        if self.clip is not None:
+            self.clip()
+        return values.detach()
+
+    def __call__(self, key: Hashable, *inputs: Tensor) -> Tensor:
+        """One step with ``inputs``; ``key`` names the graph (same key ⇒ same work, e.g. (phase, lr))."""
+        if self.mode == "off":
+            return self._step(*inputs)
+        if key != self.key:
+            self._reset()
+            self.key = key
+        self.calls += 1
+        if self.calls <= self.warmup:
+            return self._warm(inputs)
+        if not self.static_in:  # the first step past warm-up: fixed buffers, then capture or record
+            self.static_in = [x.detach().clone() for x in inputs]
+            self.captures += 1
+            if self.mode == "on":
+                return self._capture(inputs)
+        for buffer, x in zip(self.static_in, inputs, strict=True):
+            if buffer.shape != x.shape or buffer.dtype != x.dtype:
+                raise GraphSafetyError(
+                    f"step input changed from {tuple(buffer.shape)} {buffer.dtype} to {tuple(x.shape)} {x.dtype} "
+                    f"under one graph key; give steps of another shape another key"
+                )
+            buffer.copy_(x)
+        if self.mode == "on":
+            self.graph.replay()
+            return self.static_out
+        return self._checked_step()
+
+    def _warm(self, inputs: Sequence[Tensor]) -> Tensor:
+        if self.mode != "on":
+            return self._step(*inputs)
+        side = torch.cuda.Stream()  # the documented warm-up: a side stream, as the capture will use
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = self._step(*inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    def _capture(self, inputs: Sequence[Tensor]) -> Tensor:
+        graph = torch.cuda.CUDAGraph()
+        for generator in self.generators:
+            graph.register_generator_state(generator)
+        self.optimizer.zero_grad(set_to_none=True)  # gradients are allocated inside the graph's memory pool
+        with torch.cuda.graph(graph):
+            self.static_out = self._step(*self.static_in)
+        self.graph = graph
+        for buffer, x in zip(self.static_in, inputs, strict=True):
+            buffer.copy_(x)
+        graph.replay()  # the capture ran nothing: this is the step
+        return self.static_out
+
+    def _checked_step(self) -> Tensor:
+        recorder = _Recorder(self.generators)
+        values = self._step(*self.static_in, recorder=recorder)
+        if self.recording is None:
+            self.recording = recorder.recording
+            self.static_out = values.clone()
+        else:
+            self.recording.compare(recorder.recording, self.key)
+            self.static_out.copy_(values)
+        return self.static_out
+
+
+_HOST_SYNC = {
+    "_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
+    "unique_consecutive",
+}  # fmt: skip
+_FROM_PYTHON = {"lift_fresh", "lift_fresh_copy", "lift"}
+
+
+def _caller() -> str:
+    """The innermost stack frame outside torch and this module: the line of the step that issued the operator."""
+    torch_dir = os.path.dirname(torch.__file__)
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(torch_dir) and frame.filename != __file__:
+            return f" (at {frame.filename}:{frame.lineno}: {frame.line})"
+    return ""
+
+
+class _Recording:
+    """The operators of one step, each with its arguments: outside tensors by storage, Python values by value."""
+
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, tuple[Any, ...]]] = []
+        self.where: list[str] = []  # the step's line that issued each operator
+        self.alive: list[Tensor] = []  # keeps outside tensors alive, so a rebound tensor cannot reuse the address
+
+    def compare(self, other: _Recording, key: Hashable) -> None:
+        where = f"under graph key {key!r}"
+        for i, ((name, sig), (name2, sig2)) in enumerate(zip(self.ops, other.ops, strict=False)):
+            if name != name2:
+                raise GraphSafetyError(
+                    f"operator {i} of the step was {name} when captured and is {name2} now {where}: the step's "
+                    f"control flow changes between steps, which a replay cannot follow{other.where[i]}"
+                )
+            if sig != sig2:
+                raise GraphSafetyError(f"operator {i} ({name}) {where}: {_difference(sig, sig2)}{other.where[i]}")
+        if len(self.ops) != len(other.ops):
+            raise GraphSafetyError(
+                f"the step issued {len(self.ops)} operators when captured and {len(other.ops)} now {where}"
+            )
+
+
+def _difference(captured: tuple[Any, ...], now: tuple[Any, ...]) -> str:
+    if len(captured) != len(now):
+        return f"takes {len(now)} arguments now, {len(captured)} when captured"
+    for a, b in zip(captured, now, strict=True):
+        if a == b:
+            continue
+        if isinstance(a, tuple) and a[:1] == ("tensor",) and isinstance(b, tuple) and b[:1] == ("tensor",):
+            return (
+                "reads a different tensor than when captured (a tensor was replaced, not updated in place: "
+                "use t.copy_(new) or an in-place op instead of rebinding t)"
+            )
+        return f"a Python argument changed from {a!r} to {b!r}; a replay would keep the captured value"
+    return "arguments differ"
+
+
+class _Recorder(TorchDispatchMode):
+    """Records one step's operators; fails on host syncs, Python data and undeclared random streams."""
+
+    def __init__(self, generators: Sequence[torch.Generator]) -> None:
+        super().__init__()
+        self.recording = _Recording()
+        self.generators = list(generators)
+        self.fresh: set[int] = set()  # storages allocated inside this step
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in _HOST_SYNC:
+            raise GraphSafetyError(
+                f"the step synchronises with the host ({name}: .item(), .tolist(), a data-dependent shape or "
+                f"boolean indexing); a graph cannot capture that. Keep the value on the device{_caller()}."
+            )
+        if name in _FROM_PYTHON:
+            raise GraphSafetyError(
+                "the step makes a tensor from Python data (torch.tensor(...)), a host-to-device copy a graph cannot "
+                f"capture; build it once outside the step, or with torch.full/arange on the device{_caller()}"
+            )
+        flat, _ = tree_flatten((args, kwargs))
+        inputs: set[int] = set()
+        sig: list[Any] = []
+        for a in flat:
+            if isinstance(a, Tensor):
+                ptr = a.untyped_storage().data_ptr()
+                inputs.add(ptr)
+                if ptr in self.fresh:
+                    sig.append(("fresh", tuple(a.shape), a.dtype))
+                else:
+                    sig.append(("tensor", ptr, a.storage_offset(), tuple(a.shape), a.dtype))
+                    self.recording.alive.append(a)
+            elif isinstance(a, torch.Generator):  # a fresh Python wrapper per call: match declared ones by state
+                state = a.get_state()
+                index = next((i for i, g in enumerate(self.generators) if torch.equal(g.get_state(), state)), None)
+                if index is None:
+                    raise GraphSafetyError(
+                        "the step draws from a random generator it did not declare; pass it in StepGraph's "
+                        f"generators so the graph advances it{_caller()}"
+                    )
+                sig.append(("generator", index))
+            else:
+                sig.append(a)
+        out = func(*args, **kwargs)
+        for o in tree_flatten(out)[0]:
+            if isinstance(o, Tensor):
+                ptr = o.untyped_storage().data_ptr()
+                if ptr not in inputs:
+                    self.fresh.add(ptr)
+        self.recording.ops.append((name, tuple(sig)))
+        self.recording.where.append(_caller())
+        return out

@@ -1,0 +1,194 @@
+"""StepGraph: the eager step and its graph-safety check on the CPU; every method's step passes the check.
+
+The CUDA capture itself runs in tests/test_cuda.py (GPU only)."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from dfcil.engine import run
+from dfcil.graphs import GraphSafetyError, StepGraph
+from dfcil.methods import METHODS
+from dfcil.synthesis.inversion import InversionConfig, ModelInversion
+from test_methods import tiny_config
+
+
+class Toy:
+    """A linear model, an SGD optimiser and a step function that can be made to break each graph rule."""
+
+    def __init__(self, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+        self.weight = torch.ones(3)  # state the step reads, like R-DFCIL's class weights
+        self.rng = torch.Generator().manual_seed(1)
+        self.scale = 1.0
+        self.sync = self.from_python = self.noise = False
+
+    def compute(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.noise:
+            x = x + 0.1 * torch.randn(x.shape, generator=self.rng, device=x.device)
+        logits = self.net(x)
+        ce = nn.functional.cross_entropy(logits, y, weight=self.weight)
+        if self.sync and ce.item() > 0:  # a host sync deciding control flow
+            ce = ce * 1.0
+        if self.from_python:
+            ce = ce * torch.tensor([1.0, 1.0]).sum()
+        return torch.stack([ce, self.scale * logits.pow(2).mean()])
+
+
+def batches(n: int, seed: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 4, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(n)]
+
+
+def train(toy: Toy, mode: str, data, generators=()) -> list[torch.Tensor]:
+    step = StepGraph(toy.compute, toy.opt, mode, warmup=1, generators=generators)
+    return [step(("phase", 0.1), x, y).clone() for x, y in data]
+
+
+def test_check_mode_trains_exactly_like_the_eager_step():
+    eager, checked = Toy(), Toy()
+    a, b = train(eager, "off", batches(6)), train(checked, "check", batches(6))
+    for u, v in zip(a, b, strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+    for p, q in zip(eager.net.state_dict().values(), checked.net.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)  # weights, momentum-driven updates, BN running stats
+
+
+def test_on_mode_is_eager_off_cuda():
+    toy = Toy()
+    step = StepGraph(toy.compute, toy.opt, "on", device=torch.device("cpu"))
+    assert step.mode == "off"
+
+
+def test_the_returned_terms_are_overwritten_by_the_next_step_as_a_replay_would():
+    toy = Toy()
+    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
+    data = batches(4)
+    step("k", *data[0])  # warm-up: eager
+    first = step("k", *data[1])
+    kept = first.clone()
+    second = step("k", *data[2])
+    assert second is first and not torch.equal(first, kept)
+
+
+def test_rebinding_state_between_steps_is_caught():
+    toy = Toy()
+    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
+    data = batches(4)
+    for x, y in data[:3]:
+        step("k", x, y)
+    toy.weight = torch.full((3,), 2.0)  # rebound: a graph would keep reading the old tensor
+    with pytest.raises(GraphSafetyError, match="replaced, not updated in place"):
+        step("k", *data[3])
+
+
+def test_updating_state_in_place_is_fine():
+    toy = Toy()
+    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
+    for i, (x, y) in enumerate(batches(5)):
+        toy.weight.fill_(1.0 + i)
+        step("k", x, y)
+
+
+def test_a_changed_python_number_is_caught_and_a_new_key_starts_afresh():
+    toy = Toy()
+    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
+    data = batches(6)
+    for x, y in data[:3]:
+        step("lr 0.1", x, y)
+    toy.scale = 2.0
+    with pytest.raises(GraphSafetyError, match="Python argument changed from 1.0 to 2.0"):
+        step("lr 0.1", *data[3])
+    for x, y in data[3:]:  # under a new key the step is warmed up and recorded again
+        step("lr 0.01", x, y)
+    assert step.captures == 2
+
+
+def test_host_syncs_and_tensors_from_python_data_are_caught():
+    for flag, message in [("sync", "synchronises with the host"), ("from_python", "from Python data")]:
+        toy = Toy()
+        setattr(toy, flag, True)
+        step = StepGraph(toy.compute, toy.opt, "check", warmup=0)
+        with pytest.raises(GraphSafetyError, match=message) as err:
+            step("k", *batches(1)[0])
+        assert "test_graphs.py" in str(err.value)  # names the offending line
+
+
+def test_random_streams_must_be_declared():
+    toy = Toy()
+    toy.noise = True
+    with pytest.raises(GraphSafetyError, match="did not declare"):
+        train(toy, "check", batches(3))
+    toy = Toy()
+    toy.noise = True
+    train(toy, "check", batches(3), generators=(toy.rng,))
+
+
+def test_a_batch_of_another_shape_under_one_key_is_an_error():
+    toy = Toy()
+    step = StepGraph(toy.compute, toy.opt, "check", warmup=0)
+    step("k", *batches(1)[0])
+    with pytest.raises(GraphSafetyError, match=r"\(16, 4\).*\(8, 4\)"):
+        step("k", torch.randn(8, 4), torch.randint(0, 3, (8,)))
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_graph_safe_method_passes_the_check_and_trains_identically(name):
+    """A 2-task run with engine.cuda_graphs=check: every training step (and the inversion) recorded and compared;
+    on the CPU the result equals the eager run's bit for bit."""
+    assert METHODS.get(name).graph_safe
+    extra = [] if name == "podnet_df" else [("train.epochs", "3"), ("train.milestones", "[2]")]
+    eager, _ = run(tiny_config(name, extra), progress=False)
+    checked, _ = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "check")]), progress=False)
+    assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
+
+
+def test_rdfcil_class_weights_rebound_at_epoch_end_would_be_caught():
+    """The check sees the bug a graph would hide: R-DFCIL's class weights replaced instead of updated in place."""
+    from dfcil.losses.classification import balanced_class_weights
+    from dfcil.methods.rdfcil import RDFCIL
+
+    class Rebinding(RDFCIL):
+        def on_epoch_end(self, ctx, phase):
+            if ctx.task_id > 0:
+                self.class_weights = balanced_class_weights(self.class_counts)
+
+    extra = [("train.epochs", "4"), ("method.chr_epochs", "2"), ("engine.cuda_graphs", "check")]
+    cfg = tiny_config("rdfcil", extra)  # two CHR epochs, the phase that reads the weights
+    original = METHODS.get("rdfcil")
+    METHODS._items["rdfcil"] = Rebinding
+    try:
+        with pytest.raises(GraphSafetyError, match="replaced"):
+            run(cfg, progress=False)
+    finally:
+        METHODS._items["rdfcil"] = original
+
+
+def test_inversion_under_check_equals_the_eager_inversion():
+    from dfcil.models.network import build_network
+
+    torch.manual_seed(0)
+    teacher = build_network("resnet8")
+    teacher.expand(4)
+    teacher = teacher.frozen_copy()
+    cfg = InversionConfig(steps=4, zdim=16)
+
+    def fit(mode):
+        inv = ModelInversion(copy.deepcopy(teacher), cfg, 32, 8, torch.Generator().manual_seed(3), graphs=mode)
+        torch.manual_seed(1)
+        inv.generator.load_state_dict(reference_init)
+        seen = []
+        inv.fit(lambda step, values: seen.append(values.clone()))
+        return inv, seen
+
+    reference_init = ModelInversion(teacher, cfg, 32, 8, torch.Generator()).generator.state_dict()
+    (a, la), (b, lb) = fit("off"), fit("check")
+    assert b.names == ["content", "diversity", "bn", "prior"]
+    for u, v in zip(la, lb, strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+    for p, q in zip(a.generator.state_dict().values(), b.generator.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
