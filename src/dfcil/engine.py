@@ -320,8 +320,8 @@ def fit_task(
                 "%s is not marked graph_safe: its steps run eagerly (check it with cuda_graphs: check)", method.name
             )
         step = StepGraph(
-            TrainStep(net, method, ctx, phase), optimizer, mode, ctx.device, generators=(ctx.rng,),
-            clip=_clip(net, method),
+            TrainStep(net, method, ctx, phase, batches), optimizer, mode, ctx.device,
+            generators=(ctx.rng, batches.generator), clip=_clip(net, method),
         )  # fmt: skip
         t_phase = time.perf_counter()
         total = phase.epochs * len(batches)
@@ -370,14 +370,18 @@ def fused_kwargs(params: Sequence[torch.Tensor], fused: bool) -> dict[str, bool]
 
 
 class TrainStep:
-    """The method's loss terms for one batch as one vector (the ``compute`` of a :class:`StepGraph`); the terms'
+    """The method's loss terms for one batch, from the batch's image indices to one vector of terms (the
+    ``compute`` of a :class:`StepGraph`: loading and augmentation are part of the captured step). The terms'
     names are kept in :attr:`names`, from the first call on."""
 
-    def __init__(self, net: IncrementalNet, method: Method, ctx: TaskContext, phase: Phase) -> None:
-        self.net, self.method, self.ctx, self.phase = net, method, ctx, phase
+    def __init__(
+        self, net: IncrementalNet, method: Method, ctx: TaskContext, phase: Phase, batches: TrainBatches
+    ) -> None:
+        self.net, self.method, self.ctx, self.phase, self.batches = net, method, ctx, phase, batches
         self.names: list[str] | None = None
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
+        x, y = self.batches.load(idx)
         with self.ctx.autocast():
             terms = self.method.training_step(self.net, Batch(x, y), self.ctx, self.phase)
         if self.names is None:
@@ -421,15 +425,15 @@ def train_epoch(
     Raises:
         NonFiniteLossError: naming the first non-finite term, with task, phase, epoch and step.
     """
-    step = step or StepGraph(TrainStep(net, method, ctx, phase), optimizer, clip=_clip(net, method))
+    step = step or StepGraph(TrainStep(net, method, ctx, phase, batches), optimizer, clip=_clip(net, method))
     key = (phase.name, tuple(group["lr"] for group in optimizer.param_groups))  # a new lr: a new graph
     ep = state or EpochProgress(batches.permutation())
-    for x, y in batches.iterate(ep.perm, start=ep.step):
-        values = step(key, x, y)
+    for idx in batches.indices(ep.perm, start=ep.step):
+        values = step(key, idx)
         names = step.compute.names
         if ep.names is None:
             ep.names = names
-            ep.first_bad = torch.full((len(ep.names),), -1, device=x.device)
+            ep.first_bad = torch.full((len(ep.names),), -1, device=idx.device)
         elif names != ep.names:
             raise RuntimeError(f"{method.name} changed its loss terms within an epoch: {ep.names} → {names}")
         ep.sums = values.clone() if ep.sums is None else ep.sums + values

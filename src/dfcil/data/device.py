@@ -132,12 +132,19 @@ class TrainBatches:
         for i in range(0, len(self.x), batch_size):
             yield self.normalizer(self.x[i : i + batch_size]), self.y[i : i + batch_size]
 
+    def indices(self, perm: Tensor, start: int = 0) -> Iterator[Tensor]:
+        """The image indices of each batch of the epoch with order ``perm``, from batch ``start`` on."""
+        for i in range(start, len(self)):
+            yield perm[i * self.batch_size : (i + 1) * self.batch_size]
+
+    def load(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """The augmented, normalised images and the labels of one batch (all on the device, no host sync)."""
+        x = self.x[idx]
+        if self.augment:
+            return self.normalizer.to_nchw(crop_flip(self.normalizer.nhwc(x), self.pad, self.generator)), self.y[idx]
+        return self.normalizer(x), self.y[idx]
+
     def iterate(self, perm: Tensor, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """The batches of the epoch with order ``perm``, from batch ``start`` on (to continue a partial epoch)."""
-        for i in range(start, len(self)):
-            idx = perm[i * self.batch_size : (i + 1) * self.batch_size]
-            x = self.x[idx]
-            if self.augment:
-                yield self.normalizer.to_nchw(crop_flip(self.normalizer.nhwc(x), self.pad, self.generator)), self.y[idx]
-            else:
-                yield self.normalizer(x), self.y[idx]
+        for idx in self.indices(perm, start):
+            yield self.load(idx)
