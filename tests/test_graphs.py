@@ -58,6 +58,15 @@ def test_check_mode_trains_exactly_like_the_eager_step():
         torch.testing.assert_close(p, q, rtol=0, atol=0)  # weights, momentum-driven updates, BN running stats
 
 
+def test_a_step_without_inputs_is_recorded_once():
+    toy = Toy()
+    x, y = batches(1)[0]
+    step = StepGraph(lambda: toy.compute(x, y), toy.opt, "check", warmup=1)
+    for _ in range(5):
+        step("inversion")
+    assert step.captures == 1 and step.calls == 5
+
+
 def test_on_mode_is_eager_off_cuda():
     toy = Toy()
     step = StepGraph(toy.compute, toy.opt, "on", device=torch.device("cpu"))

@@ -67,13 +67,8 @@ class StepGraph:
     ) -> None:
         if mode not in ("off", "on", "check"):
             raise ValueError(f"unknown graph mode {mode!r}; expected off, on or check")
-        self.compute, self.optimizer, self.generators, self.warmup, self.clip = (
-            compute,
-            optimizer,
-            generators,
-            warmup,
-            clip,
-        )
+        self.compute, self.optimizer, self.clip = compute, optimizer, clip
+        self.generators, self.warmup = generators, warmup
         self.mode: GraphMode = "off" if mode == "on" and (device is None or device.type != "cuda") else mode
         self.key: Hashable = None
         self.captures = 0  # graphs captured (on) or steps recorded (check) so far: one per key
@@ -113,11 +108,10 @@ class StepGraph:
         self.calls += 1
         if self.calls <= self.warmup:
             return self._warm(inputs)
-        if not self.static_in:  # the first step past warm-up: fixed buffers, then capture or record
+        if self.static_out is None:  # the first step past warm-up: fixed input buffers, then capture or record
             self.static_in = [x.detach().clone() for x in inputs]
             self.captures += 1
-            if self.mode == "on":
-                return self._capture(inputs)
+            return self._capture() if self.mode == "on" else self._checked_step()
         for buffer, x in zip(self.static_in, inputs, strict=True):
             if buffer.shape != x.shape or buffer.dtype != x.dtype:
                 raise GraphSafetyError(
@@ -140,7 +134,7 @@ class StepGraph:
         torch.cuda.current_stream().wait_stream(side)
         return out
 
-    def _capture(self, inputs: Sequence[Tensor]) -> Tensor:
+    def _capture(self) -> Tensor:
         graph = torch.cuda.CUDAGraph()
         for generator in self.generators:
             graph.register_generator_state(generator)
@@ -148,8 +142,6 @@ class StepGraph:
         with torch.cuda.graph(graph):
             self.static_out = self._step(*self.static_in)
         self.graph = graph
-        for buffer, x in zip(self.static_in, inputs, strict=True):
-            buffer.copy_(x)
         graph.replay()  # the capture ran nothing: this is the step
         return self.static_out
 
