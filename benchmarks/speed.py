@@ -10,7 +10,8 @@ untimed warm-up steps (in the first round enough to capture the graphs); the tab
 per step over rounds and the ratio A/B.
 
 * inversion: one generator Adam step against the frozen teacher. Reference: BN statistics collected by forward
-  hooks on every BN layer (as cl-lite/ABD); fast: the explicit ``BNMode(record=...)`` path.
+  hooks on every BN layer and the KL layer by layer (as cl-lite/ABD); fast: the explicit ``BNMode(record=...)``
+  path and the KL of equally wide layers stacked.
 * rrl: one R-DFCIL RRL step (forward, three loss terms, backward, SGD step). Reference: separate student passes
   and the reference's three teacher passes; fast: one teacher pass, and with ``--fast all`` (the CUDA default)
   one student pass with per-half BN.
@@ -38,7 +39,7 @@ from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.batchnorm import BNStats
 from dfcil.models.network import build_network
 from dfcil.progress import make_progress
-from dfcil.synthesis.regularizers import bn_statistics_loss, content_loss, diversity_loss, smoothness_prior
+from dfcil.synthesis.regularizers import bn_kl, content_loss, diversity_loss, smoothness_prior
 
 
 def _sync(device: torch.device) -> None:
@@ -77,7 +78,8 @@ def build(device: torch.device, batch: int, n_old: int, n_new: int, merge: str, 
 
 
 def hooked_inversion_terms(inv, x):
-    """The reference's way to get BN statistics: forward hooks on every BN layer of the teacher."""
+    """The reference's way to get BN statistics: forward hooks on every BN layer of the teacher, and the KL
+    computed layer by layer."""
     stats: list[BNStats] = []
 
     def hook(module, inputs, output):
@@ -96,7 +98,7 @@ def hooked_inversion_terms(inv, x):
     return [
         c.w_content * content_loss(logits, c.tau),
         c.w_diversity * diversity_loss(logits),
-        c.w_bn * bn_statistics_loss(stats),
+        c.w_bn * torch.stack([bn_kl(s) for s in stats]).mean(),  # the reference: one layer at a time
         c.w_prior * smoothness_prior(x.float(), inv.kernel),
     ]
 

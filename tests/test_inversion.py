@@ -5,10 +5,11 @@ import pytest
 import torch
 from torch import nn
 
-from dfcil.models.batchnorm import BNMode
+from dfcil.models.batchnorm import BNMode, BNStats
 from dfcil.models.network import build_network
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 from dfcil.synthesis.regularizers import (
+    bn_kl,
     bn_statistics_loss,
     content_loss,
     diversity_loss,
@@ -140,3 +141,24 @@ def test_inversion_state_roundtrip_continues_identically():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="trained"):
         resumed.state_dict()
+
+
+def test_stacked_bn_loss_equals_the_layer_by_layer_loss_and_its_gradients():
+    """Layers of equal width are computed together; value and gradients equal the reference's per-layer loop."""
+    g = torch.Generator().manual_seed(0)
+    widths = [16, 16, 32, 16, 64, 32, 64, 64]
+    leaves = [(torch.randn(c, generator=g), torch.rand(c, generator=g) + 0.1) for c in widths]
+    running = [(torch.randn(c, generator=g), torch.rand(c, generator=g) + 0.1) for c in widths]
+
+    def loss(stacked):
+        means = [m.clone().requires_grad_() for m, _ in leaves]
+        variances = [v.clone().requires_grad_() for _, v in leaves]
+        stats = [BNStats(m, v, rm, rv) for m, v, (rm, rv) in zip(means, variances, running, strict=True)]
+        value = bn_statistics_loss(stats) if stacked else torch.stack([bn_kl(s) for s in stats]).mean()
+        value.backward()
+        return value, [t.grad for t in means + variances]
+
+    (a, ga), (b, gb) = loss(True), loss(False)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
+    for u, v in zip(ga, gb, strict=True):
+        torch.testing.assert_close(u, v, rtol=1e-6, atol=1e-9)

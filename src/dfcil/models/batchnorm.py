@@ -38,15 +38,9 @@ class BatchNorm2d(nn.BatchNorm2d):
         if bn is None:
             return super().forward(x)
         if bn.record is not None:
-            xf = x.float()  # statistics in fp32 even under autocast
-            bn.record.append(
-                BNStats(
-                    xf.mean(dim=(0, 2, 3)),
-                    xf.var(dim=(0, 2, 3), unbiased=False),
-                    self.running_mean,
-                    self.running_var,
-                )
-            )
+            xf = x.float()  # statistics in fp32 even under autocast; mean and var (var_mean is slower on CPUs)
+            mean, var = xf.mean(dim=(0, 2, 3)), xf.var(dim=(0, 2, 3), unbiased=False)
+            bn.record.append(BNStats(mean, var, self.running_mean, self.running_var))
         if bn.splits == 1 or not self.training:
             return super().forward(x)
         if x.shape[0] % bn.splits:

@@ -55,18 +55,29 @@ def smoothness_prior(x: Tensor, kernel: Tensor) -> Tensor:
 
 
 def bn_kl(stats: BNStats, eps: float = 1e-8) -> Tensor:
-    """KL(N(μ_r, σ_r²) ‖ N(μ, σ²)) per channel, averaged over channels, for one BN layer.
+    """KL(N(μ_r, σ_r²) ‖ N(μ, σ²)) per channel, averaged over channels (the last dimension): a scalar for one BN
+    layer's (C,) statistics, one value per layer for statistics stacked to (L, C).
 
     ½·mean_c[log(σ²/(σ_r² + ε)) + (σ_r² + ε + (μ_r − μ)²)/σ² − 1], with σ² the biased batch variance + ε.
     """
     var = stats.var + eps
     running_var = stats.running_var.float() + eps
     ratio = (running_var + (stats.running_mean.float() - stats.mean) ** 2) / var
-    return 0.5 * (torch.log(var / running_var) + ratio - 1.0).mean()
+    return 0.5 * (torch.log(var / running_var) + ratio - 1.0).mean(dim=-1)
 
 
 def bn_statistics_loss(stats: Sequence[BNStats]) -> Tensor:
-    """Mean of :func:`bn_kl` over BN layers (ABD's ``5e1 / L`` per layer is 50 × this mean)."""
+    """Mean of :func:`bn_kl` over BN layers (ABD's ``5e1 / L`` per layer is 50 × this mean).
+
+    Layers of equal width are stacked and computed together (ResNet-32: three groups instead of 31 layers, about a
+    third of an inversion step's operators fewer); equal to the per-layer loop within rounding.
+    """
     if not stats:
         raise ValueError("no BN statistics were recorded: the teacher has no BatchNorm2d layers")
-    return torch.stack([bn_kl(s) for s in stats]).mean()
+    groups: dict[int, list[BNStats]] = {}
+    for layer in stats:
+        groups.setdefault(layer.mean.shape[-1], []).append(layer)
+    total = sum(
+        bn_kl(BNStats(*(torch.stack(column) for column in zip(*g, strict=True)))).sum() for g in groups.values()
+    )
+    return total / len(stats)
