@@ -67,6 +67,24 @@ def test_a_step_without_inputs_is_recorded_once():
     assert step.captures == 1 and step.calls == 5
 
 
+def test_a_failed_capture_falls_back_to_eager_steps(caplog):
+    """If CUDA refuses a capture the run goes on eagerly, says so, and trains exactly as the eager engine."""
+    eager, graphed = Toy(), Toy()
+    step = StepGraph(graphed.compute, graphed.opt, "check", warmup=0)
+    step.mode = "on"  # as on a GPU; the capture is made to fail as CUDA would on an illegal operation
+
+    def refuse():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    step._capture = refuse
+    with caplog.at_level("WARNING", logger="dfcil"):
+        got = [step("k", x, y).clone() for x, y in batches(4)]
+    assert step.mode == "off" and "not permitted" in step.failure and "runs eagerly" in caplog.text
+    want = train(eager, "off", batches(4))
+    for u, v in zip(want, got, strict=True):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+
 def test_on_mode_is_eager_off_cuda():
     toy = Toy()
     step = StepGraph(toy.compute, toy.opt, "on", device=torch.device("cpu"))
@@ -154,6 +172,9 @@ def test_every_graph_safe_method_passes_the_check_and_trains_identically(name):
     eager, _ = run(tiny_config(name, extra), progress=False)
     checked, _ = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "check")]), progress=False)
     assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
+    phases = [p for t in checked["timings"] for p in t["phases"].values()]
+    assert phases and all(p["cuda_graphs"] == "check" for p in phases)
+    assert all("cuda_graphs" not in p for t in eager["timings"] for p in t["phases"].values())
 
 
 def test_rdfcil_class_weights_rebound_at_epoch_end_would_be_caught():

@@ -288,7 +288,8 @@ def fit_task(
         graphs: each phase's step as one CUDA graph (``on``), or checked for it (``check``); see :mod:`dfcil.graphs`.
 
     Returns:
-        Per phase: wall time and real images per second.
+        Per phase: wall time and real images per second; with ``graphs`` on (or check), the mode its steps ran in
+        (``off`` after a failed capture, with the reason in ``graph_failure``).
     """
     progress = progress or make_progress(False)
     start = start if start is not None and start.stage == "train" else Position(ctx.task_id, "train")
@@ -360,6 +361,8 @@ def fit_task(
         dt = time.perf_counter() - t_phase
         images = (phase.epochs - first_epoch) * len(batches) * batches.batch_size
         out[phase.name] = {"time_s": round(dt, 3), "images_per_s": round(images / dt, 1) if dt > 0 else 0.0}
+        if graphs != "off":  # whether the phase's steps really were replayed
+            out[phase.name] |= {"cuda_graphs": step.mode} | ({"graph_failure": step.failure} if step.failure else {})
     return out
 
 

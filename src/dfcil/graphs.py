@@ -19,6 +19,7 @@ before trusting it to ``on`` (``tests/test_graphs.py`` does this for every regis
 
 from __future__ import annotations
 
+import logging
 import os
 import traceback
 from collections.abc import Callable, Hashable, Sequence
@@ -30,6 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["GraphMode", "GraphSafetyError", "StepGraph"]
+
+log = logging.getLogger("dfcil")
 
 GraphMode = Literal["off", "on", "check"]
 
@@ -45,7 +48,8 @@ class StepGraph:
         compute: the step's loss terms as a 1-D tensor, from per-step tensor inputs.
         optimizer: updated by the step. Under ``on`` an Adam must be ``capturable``; an SGD needs nothing.
         mode: ``off``: eager. ``on``: eager for ``warmup`` steps of each key, then captured once and replayed (CUDA
-            only; eager on other devices). ``check``: eager, verifying that ``on`` would replay the same work.
+            only; eager on other devices, and from a failed capture on, with a warning and :attr:`failure` set).
+            ``check``: eager, verifying that ``on`` would replay the same work.
         device: where the step runs.
         generators: random streams the step draws from besides the default one (registered with the graph).
         warmup: eager steps of each key before the capture (lazy state such as momentum buffers, cuDNN autotuning).
@@ -71,6 +75,7 @@ class StepGraph:
         self.generators, self.warmup = generators, warmup
         self.mode: GraphMode = "off" if mode == "on" and (device is None or device.type != "cuda") else mode
         self.key: Hashable = None
+        self.failure: str | None = None  # why a capture failed (the step then runs eagerly)
         self.captures = 0  # graphs captured (on) or steps recorded (check) so far: one per key
         self._reset()
 
@@ -111,7 +116,15 @@ class StepGraph:
         if self.static_out is None:  # the first step past warm-up: fixed input buffers, then capture or record
             self.static_in = [x.detach().clone() for x in inputs]
             self.captures += 1
-            return self._capture() if self.mode == "on" else self._checked_step()
+            if self.mode == "check":
+                return self._checked_step()
+            try:
+                return self._capture()
+            except Exception as err:  # noqa: BLE001 - a capture that CUDA refuses must not end a run
+                log.warning("CUDA graph capture of %r failed; the step runs eagerly from here on: %s", key, err)
+                self.mode, self.failure = "off", f"{type(err).__name__}: {err}"
+                self._reset()
+                return self._step(*inputs)
         for buffer, x in zip(self.static_in, inputs, strict=True):
             if buffer.shape != x.shape or buffer.dtype != x.dtype:
                 raise GraphSafetyError(
