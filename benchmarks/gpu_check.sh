@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks for the lent GPU machine (repo root; torch comes with the machine's image; runbook: docs/gpu.md). So that
-# CIFAR-100 (122 MB packed, benchmarks/pack_cifar.py) can arrive in two uploads of under 64 MiB:
+# GPU checks for the lent GPU machine (repo root; torch from the machine's image; runbook: docs/gpu.md). Two stages,
+# so that CIFAR-100 (122 MB packed, benchmarks/pack_cifar.py) can arrive in two uploads of under 64 MiB:
 #   bash benchmarks/gpu_check.sh check   # carries .whl, .devdata/part0, .devdata/index.json:
 #                                        #   step benchmarks (eager vs graphs; SPEED=all adds fast vs reference and
 #                                        #   fp32 vs bf16), then the CUDA tests
