@@ -1,9 +1,9 @@
 """Registered methods. Each module registers itself on import; the list is explicit (no folder scanning)."""
 
 from dfcil.methods import abd, deepinversion, dgr, finetune, joint, lwf, podnet_df, rdfcil, ucir_df  # noqa: F401
-from dfcil.methods.base import METHODS, Batch, Method, Phase, ReplayMethod, TaskContext, register_method
+from dfcil.methods.base import METHODS, Batch, Method, Phase, TaskContext, register_method
 
-__all__ = ["METHODS", "Batch", "Method", "Phase", "ReplayMethod", "TaskContext", "register_method", "build_method"]
+__all__ = ["METHODS", "Batch", "Method", "Phase", "TaskContext", "register_method", "build_method"]
 
 
 def build_method(cfg, train) -> Method:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,9 +12,10 @@ from torch import Tensor
 from dfcil.config import MethodConfig, NonNegativeFloat, configclass
 from dfcil.losses.classification import task_balance_weights
 from dfcil.losses.distillation import head_feature_kd
-from dfcil.methods.base import Batch, Phase, ReplayMethod, TaskContext, register_method
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
 
 
 @configclass
@@ -24,7 +26,7 @@ class ABDConfig(MethodConfig):
 
 
 @register_method("abd")
-class ABD(ReplayMethod):
+class ABD(Method):
     """ABD (Smith et al., 2021): local CE, task-balanced head CE, feature KD through the old head.
 
     Local CE on the new data over the new-class logits; a task-balanced CE that trains only the head on real +
@@ -36,6 +38,17 @@ class ABD(ReplayMethod):
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = ABDConfig
+
+    def __init__(self, cfg: ABDConfig, train) -> None:
+        super().__init__(cfg, train)
+        self.replay = Replay(cfg.inversion)
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if ctx.task_id > 0:
+            self.replay.begin(ctx)  # ABD's generator persists and is warm-started (inversion.persistent)
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        self.replay.end()
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         if ctx.task_id == 0:
@@ -57,6 +70,9 @@ class ABD(ReplayMethod):
             "head_ce": head_ce.mean(),
             "kd": self.cfg.mu * head_feature_kd(out.features, t.features, teacher.head.weight()),
         }
+
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
 
     def task0_signature(self) -> str | None:
         return "ce"

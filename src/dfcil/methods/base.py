@@ -15,7 +15,6 @@ from torch import Tensor, nn
 from dfcil.config import MethodConfig, TrainConfig
 from dfcil.models.network import IncrementalNet
 from dfcil.registry import Registry
-from dfcil.synthesis.replay import Replay
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,31 +160,3 @@ def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
         return METHODS.register(name)(cls)
 
     return decorator
-
-
-class ReplayMethod(Method):
-    """A method with synthetic replay (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF): at the start of every task
-    after the first, :meth:`before_inversion`, then a frozen snapshot of the old model and a generator inverted
-    from it (``self.replay``, built from ``cfg.inversion``); both are dropped at the task's end. The replay's
-    state, a partial inversion included, is saved and restored with the method's."""
-
-    def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:
-        super().__init__(cfg, train)
-        self.replay = Replay(cfg.inversion)
-
-    def before_inversion(self, ctx: TaskContext) -> None:
-        """Task setup that precedes the inversion (imprinting, per-task state), once per task: not again after a
-        resume inside the inversion, whose checkpoint holds its result."""
-
-    def on_task_start(self, ctx: TaskContext) -> None:
-        if ctx.task_id == 0:
-            return
-        if self.replay.task_id != ctx.task_id:
-            self.before_inversion(ctx)
-        self.replay.begin(ctx)
-
-    def on_task_end(self, ctx: TaskContext) -> None:
-        self.replay.end()
-
-    def components(self) -> dict[str, Any]:
-        return {"replay": self.replay}

@@ -4,6 +4,7 @@ soft KD, CE on real data only, real and synthetic images in one batch (shared BN
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -11,9 +12,10 @@ from torch import Tensor
 
 from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, configclass
 from dfcil.losses.distillation import kd_soft_ce
-from dfcil.methods.base import Batch, Phase, ReplayMethod, TaskContext, register_method
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
 
 
 @configclass
@@ -25,7 +27,7 @@ class DeepInversionConfig(MethodConfig):
 
 
 @register_method("deepinversion")
-class DeepInversion(ReplayMethod):
+class DeepInversion(Method):
     """DeepInversion (Yin et al., 2020) for DFCIL: CE on real data, soft KD on real and synthetic data.
 
     CE over the seen classes on real data, KD of the old outputs on real data, and KD on synthetic data against
@@ -34,6 +36,17 @@ class DeepInversion(ReplayMethod):
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = DeepInversionConfig
+
+    def __init__(self, cfg: DeepInversionConfig, train) -> None:
+        super().__init__(cfg, train)
+        self.replay = Replay(cfg.inversion)
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if ctx.task_id > 0:
+            self.replay.begin(ctx)
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        self.replay.end()
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         if ctx.task_id == 0:
@@ -48,6 +61,9 @@ class DeepInversion(ReplayMethod):
             "kd_real": c.lambda_kd * kd_soft_ce(logits[:b, :n_old], old[:b], c.temperature),
             "kd_syn": c.lambda_kd * kd_soft_ce(logits[b:], old[b:], c.temperature),  # new classes pushed to 0
         }
+
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
 
     def task0_signature(self) -> str | None:
         return "ce"

@@ -14,9 +14,10 @@ from torch import Tensor, nn
 from dfcil.config import ConfigError, MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
 from dfcil.losses.classification import balanced_class_weights, class_histogram
 from dfcil.losses.podnet import nca, pod_flat, pod_spatial
-from dfcil.methods.base import Batch, Phase, ReplayMethod, TaskContext, register_method
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
 
 
 @configclass
@@ -44,7 +45,7 @@ def kmeans(x: Tensor, k: int, generator: torch.Generator, iters: int = 20) -> Te
 
 
 @register_method("podnet_df")
-class PODNetDF(ReplayMethod):
+class PODNetDF(Method):
     """PODNet-DF: PODNet (Douillard et al., 2020) with synthetic instead of stored exemplars.
 
     LSC classifier with NCA loss, POD-spatial on stage outputs and POD-flat on features against the old model,
@@ -60,6 +61,7 @@ class PODNetDF(ReplayMethod):
         super().__init__(cfg, train)
         if cfg.ft_epochs >= train.epochs:
             raise ConfigError(f"method.ft_epochs ({cfg.ft_epochs}) must be smaller than train.epochs ({train.epochs})")
+        self.replay = Replay(cfg.inversion)
         self.class_counts: Tensor | None = None
 
     def phases(self, ctx: TaskContext) -> list[Phase]:
@@ -85,12 +87,16 @@ class PODNetDF(ReplayMethod):
         head.blocks[-1].weight.copy_(torch.cat(proxies) * old_norm)
         net.train()
 
-    def before_inversion(self, ctx: TaskContext) -> None:
-        self._imprint(ctx)
-        self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if ctx.task_id == 0:
+            return
+        if self.replay.task_id != ctx.task_id:  # a resume inside the inversion has imprinted already
+            self._imprint(ctx)
+            self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
+        self.replay.begin(ctx)
 
     def on_task_end(self, ctx: TaskContext) -> None:
-        super().on_task_end(ctx)
+        self.replay.end()
         self.class_counts = None
 
     def frozen_modules(self, ctx: TaskContext, phase: Phase) -> list[nn.Module]:
@@ -116,6 +122,9 @@ class PODNetDF(ReplayMethod):
             "pod_spatial": c.lambda_c * factor * pod_spatial(out.fmaps, t.fmaps),
             "pod_flat": c.lambda_f * factor * pod_flat(out.features, t.features),
         }
+
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

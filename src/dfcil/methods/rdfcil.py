@@ -18,10 +18,11 @@ from torch import Tensor, nn
 from dfcil.config import ConfigError, MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
 from dfcil.losses.classification import balanced_class_weights, class_histogram, local_ce
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
-from dfcil.methods.base import Batch, Phase, ReplayMethod, TaskContext, register_method
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.batchnorm import BNMode
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
 
 
 @configclass
@@ -65,7 +66,7 @@ def rdfcil_loss_weights(lambda_ce: float, lambda_hkd: float, lambda_rkd: float, 
 
 
 @register_method("rdfcil")
-class RDFCIL(ReplayMethod):
+class RDFCIL(Method):
     """R-DFCIL (Gao et al., 2022): relation-guided representation learning, then head refinement.
 
     Task 0: CE for ``epochs - chr_epochs`` epochs (the reference's remaining task-0 epochs are no-ops, skipped).
@@ -82,6 +83,7 @@ class RDFCIL(ReplayMethod):
                 f"method.chr_epochs ({cfg.chr_epochs}) must be smaller than train.epochs ({train.epochs}): "
                 f"train.epochs counts RRL and CHR epochs together, as the reference's max_epochs"
             )
+        self.replay = Replay(cfg.inversion)
         self.task_id: int | None = None  # the task the state below belongs to
         self.projector: RelationProjector | None = None
         self.weights: LossWeights | None = None
@@ -105,11 +107,15 @@ class RDFCIL(ReplayMethod):
         self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
         self.class_weights = torch.ones(ctx.n_seen, device=ctx.device)
 
-    def before_inversion(self, ctx: TaskContext) -> None:
-        self._build_task_state(ctx)  # then a fresh generator per task (reference), inverted from the old model
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if ctx.task_id == 0:
+            return
+        if self.task_id != ctx.task_id:  # after a resume inside the setup the partial state is already loaded
+            self._build_task_state(ctx)
+        self.replay.begin(ctx)  # a fresh generator per task (reference), trained against the frozen old model
 
     def on_task_end(self, ctx: TaskContext) -> None:
-        super().on_task_end(ctx)  # nothing of a task's teacher, generator or projectors is carried into the next
+        self.replay.end()  # nothing of a task's teacher, generator or projectors is carried into the next
         self.task_id = self.projector = self.weights = self.class_counts = self.class_weights = None
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
@@ -167,6 +173,9 @@ class RDFCIL(ReplayMethod):
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
         if ctx.task_id > 0:  # cumulative real + pseudo-label counts since the task started, RRL included
             self.class_weights.copy_(balanced_class_weights(self.class_counts))  # in place: a graph reads it
+
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,9 +13,10 @@ from torch import Tensor, nn
 
 from dfcil.config import MethodConfig, NonNegativeFloat, PositiveInt, configclass
 from dfcil.losses.ucir import less_forget, margin_ranking
-from dfcil.methods.base import Batch, Phase, ReplayMethod, TaskContext, register_method
+from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
+from dfcil.synthesis.replay import Replay
 
 
 @configclass
@@ -39,7 +41,7 @@ def class_mean_features(net: IncrementalNet, ctx: TaskContext) -> Tensor:
 
 
 @register_method("ucir_df")
-class UCIRDF(ReplayMethod):
+class UCIRDF(Method):
     """UCIR-DF: UCIR (Hou et al., 2019) with synthetic instead of stored exemplars.
 
     Cosine classifier; CE over the seen classes on real + synthetic data, less-forget constraint on the features,
@@ -50,12 +52,23 @@ class UCIRDF(ReplayMethod):
     Config = UCIRDFConfig
     head = "cosine"
 
-    def before_inversion(self, ctx: TaskContext) -> None:
-        head = ctx.net.head  # imprint the new classes' weights: normalised class means × the old weights' norm
-        old_norm = head.weight()[: ctx.n_old].norm(dim=1).mean()
-        means = F.normalize(class_mean_features(ctx.net, ctx), dim=1)
-        with torch.no_grad():
-            head.blocks[-1].weight.copy_(means * old_norm)
+    def __init__(self, cfg: UCIRDFConfig, train) -> None:
+        super().__init__(cfg, train)
+        self.replay = Replay(cfg.inversion)
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        if ctx.task_id == 0:
+            return
+        if self.replay.task_id != ctx.task_id:  # imprint once (a resume inside the inversion has done it)
+            head = ctx.net.head
+            old_norm = head.weight()[: ctx.n_old].norm(dim=1).mean()
+            means = F.normalize(class_mean_features(ctx.net, ctx), dim=1)
+            with torch.no_grad():
+                head.blocks[-1].weight.copy_(means * old_norm)
+        self.replay.begin(ctx)
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        self.replay.end()
 
     def frozen_modules(self, ctx: TaskContext, phase: Phase) -> list[nn.Module]:
         return list(ctx.net.head.blocks)[:-1] if ctx.task_id > 0 else []  # old class weights stay fixed
@@ -76,3 +89,6 @@ class UCIRDF(ReplayMethod):
             "less_forget": lam * less_forget(out.features, t.features),
             "margin": margin_ranking(cosine, y, n_old, c.hard_negatives, c.margin),
         }
+
+    def components(self) -> dict[str, Any]:
+        return {"replay": self.replay}

@@ -1,9 +1,8 @@
 """Synthetic replay of one task: a frozen snapshot of the old model and the generator inverted from it.
 
-Every synthetic-replay method (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF) derives from
-:class:`dfcil.methods.base.ReplayMethod`, which holds one :class:`Replay`, begins it at the start of each task
-after the first and ends it at the task's end; the checkpoint logic (partial inversion, frozen state) lives here
-once. With ``InversionConfig.persistent`` (ABD) the generator and its Adam state carry over to the next task
+Every synthetic-replay method (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF) holds one :class:`Replay` and
+calls :meth:`Replay.begin` from ``on_task_start``; the checkpoint logic (partial inversion, frozen state) lives
+here once. With ``InversionConfig.persistent`` (ABD) the generator and its Adam state carry over to the next task
 and are warm-started there, instead of a fresh generator per task (R-DFCIL).
 """
 
