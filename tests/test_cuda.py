@@ -80,10 +80,12 @@ def test_captured_steps_train_like_eager_steps():
             toy.weight.fill_(1.0 + i / 10)  # state updated in place between steps
             key = toy.opt.param_groups[0]["lr"]
             values.append(step(key, x.cuda(), y.cuda()).clone())
-        results.append((torch.stack(values), [p.detach().clone() for p in toy.net.state_dict().values()]))
+        weights = [p.detach().clone() for p in toy.net.state_dict().values()]
+        results.append((torch.stack(values), weights, toy.rng.get_state()))
         if mode == "on":
             assert step.captures == 2
-    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-5)
+    assert torch.equal(results[0][2], results[1][2])  # a replay advances the declared stream as eager steps do
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-5)  # and draws the same numbers
     for a, b in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(a.float(), b.float(), rtol=1e-4, atol=1e-5)
 
