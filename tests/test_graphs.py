@@ -163,11 +163,17 @@ def test_a_batch_of_another_shape_under_one_key_is_an_error():
         step("k", torch.randn(8, 4), torch.randint(0, 3, (8,)))
 
 
+def test_the_built_in_methods_are_graph_safe():
+    builtin = ["abd", "deepinversion", "dgr", "finetune", "joint", "lwf", "podnet_df", "rdfcil", "ucir_df"]
+    assert [name for name in builtin if not METHODS.get(name).graph_safe] == []
+
+
 @pytest.mark.parametrize("name", METHODS.names())
 def test_every_graph_safe_method_passes_the_check_and_trains_identically(name):
     """A 2-task run with engine.cuda_graphs=check: every training step (and the inversion) recorded and compared;
     on the CPU the result equals the eager run's bit for bit."""
-    assert METHODS.get(name).graph_safe
+    if not METHODS.get(name).graph_safe:
+        pytest.skip(f"{name} is not marked graph_safe: the engine runs its steps eagerly")
     extra = [] if name == "podnet_df" else [("train.epochs", "3"), ("train.milestones", "[2]")]
     eager, _ = run(tiny_config(name, extra), progress=False)
     checked, _ = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "check")]), progress=False)
