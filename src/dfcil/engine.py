@@ -110,6 +110,10 @@ def run(
         for cb in callbacks:
             cb.on_task_end(record)
         s.save()
+    if cfg.engine.cuda_graphs == "on" and not type(s.method).graph_safe:
+        log.warning(
+            "%s is not marked graph_safe: its steps run eagerly (check it with cuda_graphs: check)", s.method.name
+        )
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, s.device, cfg.engine.channels_last)
     test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, s.device)
     loop = _TaskLoop(s, test, callbacks, make_progress(progress), interrupt, save_every_s)
@@ -315,11 +319,7 @@ def fit_task(
         set_trainable(net, extra, phase.trainable)
         for module in method.frozen_modules(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             module.requires_grad_(False)
-        mode = graphs if method.graph_safe or graphs == "check" else "off"
-        if mode != graphs:
-            log.warning(
-                "%s is not marked graph_safe: its steps run eagerly (check it with cuda_graphs: check)", method.name
-            )
+        mode = graphs if method.graph_safe or graphs == "check" else "off"  # run() has warned about the method
         step = StepGraph(
             TrainStep(net, method, ctx, phase, batches), optimizer, mode, ctx.device,
             generators=(ctx.rng, batches.generator), clip=_clip(net, method),
