@@ -228,3 +228,20 @@ def test_inversion_under_check_equals_the_eager_inversion():
         torch.testing.assert_close(u, v, rtol=0, atol=0)
     for p, q in zip(a.generator.state_dict().values(), b.generator.state_dict().values(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_a_method_not_marked_graph_safe_runs_eagerly_with_one_warning(caplog):
+    from dfcil.methods.finetune import Finetune
+
+    class Unmarked(Finetune):
+        graph_safe = False
+
+    original = METHODS.get("finetune")
+    METHODS._items["finetune"] = Unmarked
+    try:
+        with caplog.at_level("WARNING", logger="dfcil"):
+            summary, _ = run(tiny_config("finetune", [("engine.cuda_graphs", "on")]), progress=False)
+    finally:
+        METHODS._items["finetune"] = original
+    assert caplog.text.count("not marked graph_safe") == 1
+    assert all(p["cuda_graphs"] == "off" for t in summary["timings"] for p in t["phases"].values())
