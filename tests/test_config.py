@@ -124,3 +124,14 @@ def test_every_shipped_config_is_valid_and_states_its_command(path):
     build_method(cfg.method, cfg.train)
     header = path.read_text().split("\n", 12)
     assert any("dfcil train --config" in line for line in header), f"{path} has no command in its header"
+
+
+def test_on_off_switches_survive_yaml_booleans(tmp_path):
+    """YAML reads bare on/off as booleans; engine.cuda_graphs takes them (and true/false) as "on"/"off"."""
+    path = tmp_path / "c.yaml"
+    path.write_text("method:\n  name: finetune\nengine:\n  cuda_graphs: on\n")
+    assert load_config([path])[0].engine.cuda_graphs == "on"
+    for raw, want in [("off", "off"), ("true", "on"), ("check", "check")]:
+        assert load_config([path], [("engine.cuda_graphs", raw)])[0].engine.cuda_graphs == want
+    with pytest.raises(ConfigError, match="'off', 'on' or 'check'"):
+        load_config([path], [("engine.cuda_graphs", "sometimes")])

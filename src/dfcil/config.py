@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 T = TypeVar("T")
@@ -26,6 +26,14 @@ PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+def _yaml_switch(value: Any) -> Any:
+    """YAML reads a bare on/off (and yes/no, true/false) as a bool: map it back to "on"/"off"."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
+OnOffCheck = Annotated[Literal["off", "on", "check"], BeforeValidator(_yaml_switch)]
 
 
 class ConfigError(ValueError):
@@ -86,7 +94,7 @@ class EngineConfig:
     # Training and inversion steps as CUDA graphs (dfcil.graphs). on: captured per phase and lr, replayed (CUDA
     # only; eager elsewhere and for methods not marked graph-safe); check: eager, verifying on any device that
     # the steps could be replayed (for new methods); off: eager.
-    cuda_graphs: Literal["off", "on", "check"] = "off"
+    cuda_graphs: OnOffCheck = "off"
 
     def __post_init__(self) -> None:
         if self.cuda_graphs != "off" and self.compile in ("reduce-overhead", "max-autotune"):
