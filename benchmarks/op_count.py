@@ -4,8 +4,9 @@
 
 Counts the aten operators of one step (forward, loss terms, backward, optimiser update) after a warm-up step,
 with ResNet-32 on the CPU, for the eager engine (``engine.cuda_graphs: off``) and what stays eager under ``on``:
-copying the batch's indices into the graph's buffer. On a GPU each operator is at least one kernel launch plus
-its Python and dispatcher overhead, which is what bounds ResNet-32 steps (docs/results.md §3).
+copying the batch's indices into the graph's buffer and the step's loss terms into the epoch's record. On a GPU
+each operator is at least one kernel launch plus its Python and dispatcher overhead, which is what bounds ResNet-32
+steps (docs/results.md §3).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
                 steps[phase]()
             counts[(label, phase)] = c
     for phase in ("inversion", "rrl", "chr"):
-        eager_under_graphs = 0 if phase == "inversion" else 1  # the index copy; inversion takes no input
+        eager_under_graphs = 0 if phase == "inversion" else 2  # copies: indices in, loss terms out to the epoch
         ref, fast = counts[("reference", phase)], counts[("fast", phase)]
         cells = [f"{sum(c.ops.values())} + {c.optimizer_ops}" for c in (ref, fast)]
         print(f"| {phase} | {cells[0]} | {cells[1]} ({fast.kernels} compute) | 1 replay + {eager_under_graphs} |")

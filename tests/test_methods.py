@@ -171,3 +171,31 @@ def _fields(name):
     import dataclasses
 
     return {f.name for f in dataclasses.fields(METHODS.get(name).Config)}
+
+
+def test_an_earlier_versions_partial_epoch_converts_to_the_same_sums_and_first_bad_step():
+    """Mid-epoch checkpoints used to hold running sums and the first non-finite step per term; they still resume."""
+    from dfcil.session import EpochProgress
+
+    cfg, _, net, ctx, batches = _task1_setup()
+    perm = batches.permutation()
+    old = {"perm": perm, "step": 2, "names": ["ce", "broken"], "sums": torch.tensor([3.0, 1.0]),
+           "first_bad": torch.tensor([-1, -1])}  # fmt: skip
+    ep = EpochProgress.from_state(old, torch.device("cpu"))
+    assert ep.values[:2].sum(dim=0).tolist() == [3.0, 1.0]
+
+    class Constant(Method):
+        name = "constant"
+
+        def training_step(self, net, batch, ctx, phase):
+            return {"ce": torch.nn.functional.cross_entropy(net(batch.x).logits, batch.y) * 0 + 1.0,
+                    "broken": torch.tensor(0.0)}  # fmt: skip
+
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
+    losses = train_epoch(net, Constant(cfg.method, cfg.train), batches, optimizer, ctx, Phase("rrl", 1, 0.1), state=ep)
+    n = len(batches)
+    assert losses == pytest.approx({"ce": (3.0 + (n - 2)) / n, "broken": 1.0 / n})
+    old["first_bad"] = torch.tensor([-1, 1])
+    with pytest.raises(NonFiniteLossError, match="'broken' became non-finite .* step 1"):
+        train_epoch(net, Constant(cfg.method, cfg.train), batches, optimizer, ctx, Phase("rrl", 1, 0.1),
+                    state=EpochProgress.from_state(old, torch.device("cpu")))  # fmt: skip

@@ -431,16 +431,17 @@ def train_epoch(
     step = step or StepGraph(TrainStep(net, method, ctx, phase, batches), optimizer, clip=_clip(net, method))
     key = (phase.name, tuple(group["lr"] for group in optimizer.param_groups))  # a new lr: a new graph
     ep = state or EpochProgress(batches.permutation())
+    if ep.values is not None and len(ep.values) < len(batches):  # converted from an earlier version's checkpoint
+        ep.values = torch.cat([ep.values, ep.values.new_zeros(len(batches) - len(ep.values), ep.values.shape[1])])
     for idx in batches.indices(ep.perm, start=ep.step):
         values = step(key, idx)
         names = step.compute.names
         if ep.names is None:
             ep.names = names
-            ep.first_bad = torch.full((len(ep.names),), -1, device=idx.device)
+            ep.values = values.new_zeros(len(batches), len(names))
         elif names != ep.names:
             raise RuntimeError(f"{method.name} changed its loss terms within an epoch: {ep.names} → {names}")
-        ep.sums = values.clone() if ep.sums is None else ep.sums + values
-        ep.first_bad = torch.where(~torch.isfinite(values) & (ep.first_bad < 0), ep.step, ep.first_bad)
+        ep.values[ep.step].copy_(values)  # the step's only bookkeeping on the device: one copy
         ep.step += 1
         if bar is not None:
             bar.update(1)
@@ -450,10 +451,11 @@ def train_epoch(
             raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")
     if ep.names is None:
         return {}
-    means = (ep.sums / ep.step).tolist()  # the one host sync of the epoch
-    bad = [(at, i) for i, at in enumerate(ep.first_bad.tolist()) if at >= 0]
+    done = ep.values[: ep.step]
+    means = (done.sum(dim=0) / ep.step).tolist()  # the one host sync of the epoch
+    bad = (~torch.isfinite(done)).nonzero().tolist()  # (step, term), in step order
     if bad:  # name the term that went wrong first; later ones usually follow from it
-        at, i = min(bad)
+        at, i = bad[0]
         raise NonFiniteLossError(
             f"loss term {ep.names[i]!r} became non-finite in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, "
             f"step {at}. Lower the learning rate or this term's weight; the run directory keeps the checkpoint "

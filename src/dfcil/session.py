@@ -41,16 +41,29 @@ class Protocol:
 
 @dataclasses.dataclass
 class EpochProgress:
-    """A partly done epoch: its batch order, batches done and loss sums so far (for mid-epoch checkpoints)."""
+    """A partly done epoch: its batch order, batches done and each step's loss terms so far (for mid-epoch
+    checkpoints). Recording a step is one device copy; sums and the first non-finite step are read at the end."""
 
     perm: Tensor
     step: int = 0
     names: list[str] | None = None
-    sums: Tensor | None = None
-    first_bad: Tensor | None = None
+    values: Tensor | None = None  # (steps in the epoch, terms), rows 0..step-1 filled
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: torch.device) -> EpochProgress:
+        state = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in state.items()}
+        sums, first_bad = state.pop("sums", None), state.pop("first_bad", None)
+        if sums is not None:  # a checkpoint of an earlier version, with running sums: same sums, same first bad step
+            values = torch.zeros(max(state["step"], 1), len(sums), device=device)
+            values[0] = sums
+            for term, at in enumerate(first_bad.tolist()):
+                if at >= 0:
+                    values[at, term] = float("nan")
+            state["values"] = values
+        return cls(**state)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -184,7 +197,7 @@ class Session:
         restore_rng(payload["rng"], self.rngs)  # last: building the state above consumed random numbers
         epoch = payload["epoch_progress"]
         if epoch:
-            epoch = EpochProgress(**{k: v.to(self.device) if isinstance(v, Tensor) else v for k, v in epoch.items()})
+            epoch = EpochProgress.from_state(epoch, self.device)
         return {"optimizer": payload["optimizer"], "epoch": epoch or None}
 
     def context(self, task: int, progress: ProgressFactory | None = None, save_point=None) -> TaskContext:
