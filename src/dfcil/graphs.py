@@ -14,7 +14,7 @@ those kernels on that memory, so a step function must
 ``mode="check"`` verifies these rules eagerly, on any device: the first step after warm-up is recorded operator by
 operator, and every later step must issue the same operators on the same outside tensors with the same Python
 arguments; a host sync fails at once. Run a method's smoke preset with ``engine.cuda_graphs: check`` on a CPU
-before trusting it to ``on`` (``tests/test_graphs.py`` does this for every registered method).
+before trusting it to ``on`` (``tests/test_graphs.py`` does this for every method marked ``graph_safe``).
 """
 
 from __future__ import annotations
