@@ -135,3 +135,10 @@ def test_on_off_switches_survive_yaml_booleans(tmp_path):
         assert load_config([path], [("engine.cuda_graphs", raw)])[0].engine.cuda_graphs == want
     with pytest.raises(ConfigError, match="'off', 'on' or 'check'"):
         load_config([path], [("engine.cuda_graphs", "sometimes")])
+
+
+def test_graphs_and_a_compile_mode_that_captures_graphs_itself_are_refused():
+    with pytest.raises(ConfigError, match=r"^engine: cuda_graphs: on cannot be combined with compile: reduce-over"):
+        load_config([CONFIGS / "smoke.yaml"], [("engine.cuda_graphs", "on"), ("engine.compile", "reduce-overhead")])
+    cfg = load_config([CONFIGS / "smoke.yaml"], [("engine.cuda_graphs", "on"), ("engine.compile", "default")])[0]
+    assert (cfg.engine.cuda_graphs, cfg.engine.compile) == ("on", "default")

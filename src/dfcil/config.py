@@ -156,6 +156,8 @@ def _format_errors(err: ValidationError, cls: type, where: str) -> str:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             lines.append(f"unknown config key {loc!r}.{hint} Valid keys here: {', '.join(valid)}")
+        elif e["type"] == "value_error" and not e["loc"]:  # a check across fields (__post_init__): its own words
+            lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
     return "; ".join(lines)
