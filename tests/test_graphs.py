@@ -102,12 +102,18 @@ def test_the_returned_terms_are_overwritten_by_the_next_step_as_a_replay_would()
     assert second is first and not torch.equal(first, kept)
 
 
+def recorded(toy: Toy, n: int, key: str = "k"):
+    """A checked step after its warm-up, its recorded step and one compared step; the batches for ``n`` steps."""
+    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
+    data = batches(n)
+    for x, y in data[:3]:
+        step(key, x, y)
+    return step, data
+
+
 def test_rebinding_state_between_steps_is_caught():
     toy = Toy()
-    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
-    data = batches(4)
-    for x, y in data[:3]:
-        step("k", x, y)
+    step, data = recorded(toy, 4)
     toy.weight = torch.full((3,), 2.0)  # rebound: a graph would keep reading the old tensor
     with pytest.raises(GraphSafetyError, match="replaced, not updated in place"):
         step("k", *data[3])
@@ -123,10 +129,7 @@ def test_updating_state_in_place_is_fine():
 
 def test_a_changed_python_number_is_caught_and_a_new_key_starts_afresh():
     toy = Toy()
-    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
-    data = batches(6)
-    for x, y in data[:3]:
-        step("lr 0.1", x, y)
+    step, data = recorded(toy, 6, "lr 0.1")
     toy.scale = 2.0
     with pytest.raises(GraphSafetyError, match="Python argument changed from 1.0 to 2.0"):
         step("lr 0.1", *data[3])

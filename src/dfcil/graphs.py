@@ -19,9 +19,10 @@ before trusting it to ``on`` (``tests/test_graphs.py`` does this for every metho
 
 from __future__ import annotations
 
+import linecache
 import logging
 import os
-import traceback
+import sys
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Literal
 
@@ -177,13 +178,25 @@ _HOST_SYNC = {
 _FROM_PYTHON = {"lift_fresh", "lift_fresh_copy", "lift"}
 
 
-def _caller() -> str:
-    """The innermost stack frame outside torch and this module: the line of the step that issued the operator."""
+def _caller() -> tuple[str, int] | None:
+    """The innermost stack frame outside torch and this module (the step's line that issued the operator), as
+    (file, line); cheap enough to take for every operator, the source is read only for a message."""
     torch_dir = os.path.dirname(torch.__file__)
-    for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith(torch_dir) and frame.filename != __file__:
-            return f" (at {frame.filename}:{frame.lineno}: {frame.line})"
-    return ""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(torch_dir) and name != __file__:
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _at(location: tuple[str, int] | None) -> str:
+    """`` (at file:line: source)`` for an error message, or nothing."""
+    if location is None:
+        return ""
+    name, line = location
+    return f" (at {name}:{line}: {linecache.getline(name, line).strip()})"
 
 
 class _Recording:
@@ -191,7 +204,7 @@ class _Recording:
 
     def __init__(self) -> None:
         self.ops: list[tuple[str, tuple[Any, ...]]] = []
-        self.where: list[str] = []  # the step's line that issued each operator
+        self.where: list[tuple[str, int] | None] = []  # the step's line that issued each operator
         self.alive: list[Tensor] = []  # keeps outside tensors alive, so a rebound tensor cannot reuse the address
 
     def compare(self, other: _Recording, key: Hashable) -> None:
@@ -200,10 +213,10 @@ class _Recording:
             if name != name2:
                 raise GraphSafetyError(
                     f"operator {i} of the step was {name} when captured and is {name2} now {where}: the step's "
-                    f"control flow changes between steps, which a replay cannot follow{other.where[i]}"
+                    f"control flow changes between steps, which a replay cannot follow{_at(other.where[i])}"
                 )
             if sig != sig2:
-                raise GraphSafetyError(f"operator {i} ({name}) {where}: {_difference(sig, sig2)}{other.where[i]}")
+                raise GraphSafetyError(f"operator {i} ({name}) {where}: {_difference(sig, sig2)}{_at(other.where[i])}")
         if len(self.ops) != len(other.ops):
             raise GraphSafetyError(
                 f"the step issued {len(self.ops)} operators when captured and {len(other.ops)} now {where}"
@@ -240,12 +253,12 @@ class _Recorder(TorchDispatchMode):
         if name in _HOST_SYNC:
             raise GraphSafetyError(
                 f"the step synchronises with the host ({name}: .item(), .tolist(), a data-dependent shape or "
-                f"boolean indexing); a graph cannot capture that. Keep the value on the device{_caller()}."
+                f"boolean indexing); a graph cannot capture that. Keep the value on the device{_at(_caller())}."
             )
         if name in _FROM_PYTHON:
             raise GraphSafetyError(
                 "the step makes a tensor from Python data (torch.tensor(...)), a host-to-device copy a graph cannot "
-                f"capture; build it once outside the step, or with torch.full/arange on the device{_caller()}"
+                f"capture; build it once outside the step, or with torch.full/arange on the device{_at(_caller())}"
             )
         flat, _ = tree_flatten((args, kwargs))
         inputs: set[int] = set()
@@ -265,7 +278,7 @@ class _Recorder(TorchDispatchMode):
                 if index is None:
                     raise GraphSafetyError(
                         "the step draws from a random generator it did not declare; pass it in StepGraph's "
-                        f"generators so the graph advances it{_caller()}"
+                        f"generators so the graph advances it{_at(_caller())}"
                     )
                 sig.append(("generator", index))
             else:

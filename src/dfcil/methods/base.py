@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from dfcil.config import MethodConfig, TrainConfig
+from dfcil.graphs import GraphMode
 from dfcil.models.network import IncrementalNet
 from dfcil.registry import Registry
 
@@ -62,7 +63,7 @@ class TaskContext:
     autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext  # wrap forwards outside training_step
     channels_last: bool = False  # modules a method builds (generators) should use NHWC
     fused: bool = False  # optimisers a method builds may use fused kernels (CUDA)
-    graphs: str = "off"  # engine.cuda_graphs, for steps a method runs itself (model inversion)
+    graphs: GraphMode = "off"  # engine.cuda_graphs, for steps a method runs itself (model inversion)
     task_data: Any = None  # the task's TrainBatches: ``task_data.plain()`` gives un-augmented batches (imprinting)
 
     @property

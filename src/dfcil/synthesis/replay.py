@@ -38,16 +38,9 @@ class Replay:
         self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
         batch = self.cfg.batch_size or ctx.batch_size
         self.synth = ModelInversion(
-            self.teacher,
-            self.cfg,
-            ctx.image_size,
-            batch,
-            ctx.rng,
-            ctx.autocast,
-            ctx.channels_last,
-            ctx.fused,
+            self.teacher, self.cfg, ctx.image_size, batch, ctx.rng, ctx.autocast, ctx.channels_last, ctx.fused,
             ctx.graphs,
-        )
+        )  # fmt: skip
 
     def begin(self, ctx: TaskContext) -> None:
         """Snapshot the old model and train the generator (continuing a partial inversion after a resume)."""
