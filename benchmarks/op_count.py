@@ -19,6 +19,8 @@ from speed import build, steps_for
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dfcil.models import batchnorm
+
 
 class Count(TorchDispatchMode):
     """Operators by name, those inside ``optimizer.step`` apart (the CPU's per-parameter loop; on CUDA the engine
@@ -66,6 +68,7 @@ def main(argv=None) -> int:
     print("| phase | reference (separate passes, hooks) | fast path | fast path under cuda_graphs: on |")
     print("|---|---:|---:|---:|")
     counts = {}
+    batchnorm._TWO_PASS_DEVICES = frozenset()  # count the CUDA path of batch_moments (one var_mean)
     for label, merge, hooks in (("reference", "none", True), ("fast", args.fast, False)):
         steps = steps_for(build(device, args.batch, 20, 20, merge, "fp32", False), hooks)
         for phase in ("inversion", "rrl", "chr"):

@@ -110,3 +110,17 @@ def test_captured_inversion_follows_the_eager_inversion():
         inv.fit(lambda step, values, seen=seen: seen.append(values.clone()))
         losses[mode] = torch.stack(seen)
     torch.testing.assert_close(losses["off"], losses["on"], rtol=2e-3, atol=1e-4)  # TF32 convolutions
+
+
+def test_batch_moments_on_cuda_match_the_cpu():
+    from dfcil.models.batchnorm import batch_moments
+
+    x = torch.randn(16, 8, 6, 6, dtype=torch.float64) * 2 + 1
+    out = {}
+    for device in ("cpu", "cuda"):
+        xd = x.to(device).requires_grad_()
+        mean, var = batch_moments(xd)  # var_mean on CUDA, two passes on the CPU
+        (mean.sum() + (var * torch.arange(8, device=device)).sum()).backward()
+        out[device] = (mean.cpu(), var.cpu(), xd.grad.cpu())
+    for a, b in zip(out["cpu"], out["cuda"], strict=True):
+        torch.testing.assert_close(a, b)

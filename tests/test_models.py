@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dfcil.models.batchnorm import BatchNorm2d, BNMode
+from dfcil.models.batchnorm import BatchNorm2d, BNMode, batch_moments
 from dfcil.models.generator import build_generator
 from dfcil.models.network import build_network
 from dfcil.models.resnet_cifar import BACKBONES, BasicBlock
@@ -98,6 +98,31 @@ def test_batchnorm_records_input_statistics():
     torch.testing.assert_close(stats.mean, x.mean(dim=(0, 2, 3)))
     torch.testing.assert_close(stats.var, x.permute(1, 0, 2, 3).reshape(3, -1).var(dim=1, unbiased=False))
     assert stats.running_var is bn.running_var
+
+
+def test_batch_moments_values_and_gradients():
+    torch.manual_seed(0)
+    x = (
+        torch.randn(6, 3, 5, 4, dtype=torch.float64) * torch.tensor([0.5, 2.0, 1.0]).view(1, 3, 1, 1) + 3
+    ).requires_grad_()
+    mean, var = batch_moments(x)
+    assert mean.dtype == var.dtype == torch.float32  # fp32 statistics, whatever the input
+    torch.testing.assert_close(mean.double(), x.mean(dim=(0, 2, 3)))
+    torch.testing.assert_close(var.double(), x.var(dim=(0, 2, 3), unbiased=False))
+    # the hand-written backward against autograd's, for a loss that mixes both moments with weights per channel
+    w_m, w_v = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.3, 1.5, -1.0])
+    (g,) = torch.autograd.grad((mean * w_m + var * w_v).sum(), x)
+    (g_ref,) = torch.autograd.grad((x.mean(dim=(0, 2, 3)) * w_m + x.var(dim=(0, 2, 3), unbiased=False) * w_v).sum(), x)
+    assert g.dtype == torch.float64
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_moments_keep_the_input_dtype_for_the_gradient():
+    x = torch.randn(4, 2, 3, 3).bfloat16().requires_grad_()
+    mean, var = batch_moments(x)
+    (mean.sum() + var.sum()).backward()
+    assert mean.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(var, x.float().var(dim=(0, 2, 3), unbiased=False))
 
 
 @pytest.mark.parametrize(("size", "shape"), [(32, (3, 32, 32)), (64, (3, 64, 64))])
