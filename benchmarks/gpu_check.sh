@@ -3,7 +3,8 @@
 # so that CIFAR-100 (122 MB packed, benchmarks/pack_cifar.py) can arrive in two uploads of under 64 MiB:
 #   bash benchmarks/gpu_check.sh check   # carries .whl, .devdata/part0, .devdata/index.json:
 #                                        #   step benchmarks (eager vs graphs; SPEED=all adds fast vs reference and
-#                                        #   fp32 vs bf16), then the CUDA tests
+#                                        #   fp32 vs bf16, SPEED=compile graphs with and without torch.compile),
+#                                        #   then the CUDA tests
 #   bash benchmarks/gpu_check.sh full    # carries .devdata/part1: the full 5-task CIFAR-100 R-DFCIL protocol
 #                                        #   (paper schedule) with FULL_TIMEOUT seconds at most; records in
 #                                        #   $OUT/full-on; PRECISION (bf16) and GRAPHS (on) choose the engine
@@ -27,6 +28,10 @@ if [ "${1:-check}" = "check" ]; then
       | tee "$OUT/speed-precision.txt"
     timeout 60 python3 benchmarks/speed.py --device cuda --precision bf16 --channels-last --rounds 10 --steps 20 \
       2>&1 | tee "$OUT/speed-bf16-cl.txt"
+  fi
+  if [ "${SPEED:-graphs}" = compile ]; then  # compile time (minutes) is untimed but costs device time
+    timeout 300 python3 benchmarks/speed.py --device cuda --ab compile --precision bf16 --channels-last --rounds 10 \
+      --steps 20 2>&1 | tee "$OUT/speed-compile-bf16-cl.txt"
   fi
   timeout 90 python3 benchmarks/speed.py --device cuda --ab graphs --rounds 10 --steps 20 2>&1 \
     | tee "$OUT/speed-graphs.txt"
@@ -55,11 +60,4 @@ else
     echo "graphs failed: the rest of the budget ($left s) runs the eager engine"
     full "$left" off
   fi
-fig configs/cifar100/rdfcil_n5.yaml --data.root /tmp/data \
-    --device cuda --engine.precision "${PRECISION:-bf16}" --engine.channels_last true \
-    --engine.cuda_graphs "${GRAPHS:-on}" --out "$OUT/full" --no-progress \
-    > "$OUT/full.log" 2>&1
-  echo "exit $?"
-  rm -rf "$OUT/full/checkpoints" "$OUT/full/model.pt" "$OUT/full/.lock"
-  grep -v " epoch " "$OUT/full.log" | tail -25
 fi

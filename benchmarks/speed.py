@@ -4,6 +4,7 @@
     python benchmarks/speed.py --ab precision            # fast path, fp32 vs bf16 autocast
     python benchmarks/speed.py --device cuda --rounds 20 # on a GPU
     python benchmarks/speed.py --device cuda --ab graphs # fast path, eager vs one CUDA graph per step
+    python benchmarks/speed.py --device cuda --ab compile # graphs, with and without torch.compile of each step
 
 Each round times ``--steps`` steps of every phase for A and then B (the order alternates between rounds) after
 untimed warm-up steps (in the first round enough to capture the graphs); the table gives the median milliseconds
@@ -19,6 +20,8 @@ per step over rounds and the ratio A/B.
 * eval: a no-grad forward of 1000 test images (identical in both modes: a control for noise).
 
 With ``--ab graphs`` both sides take the fast path; B replays each step as one CUDA graph (``dfcil.graphs``).
+With ``--ab compile`` both sides replay graphs (eager steps on a CPU); B compiles each step's forward and loss
+terms with ``torch.compile`` first (fused kernels; the compile time is in the untimed warm-up).
 """
 
 from __future__ import annotations
@@ -103,8 +106,11 @@ def hooked_inversion_terms(inv, x):
     ]
 
 
-def steps_for(setup, hooks: bool, graphs: str = "off") -> dict[str, Callable[[], None]]:
+def steps_for(setup, hooks: bool, graphs: str = "off", compile: bool = False) -> dict[str, Callable[[], None]]:
+    """Each phase's step; ``compile``: the step's forward and loss terms through ``torch.compile`` (the backward
+    through AOTAutograd), inside the CUDA graph when ``graphs`` is on."""
     method, net, ctx, optimizer, batch = setup
+    maybe_compiled = torch.compile if compile else (lambda f: f)
     inv = method.replay.synth
     capturable = {"capturable": True, "fused": True} if graphs == "on" else {}
     inv_opt = torch.optim.Adam(inv.generator.parameters(), lr=1e-3, **capturable)
@@ -116,7 +122,7 @@ def steps_for(setup, hooks: bool, graphs: str = "off") -> dict[str, Callable[[],
             terms = hooked_inversion_terms(inv, x) if hooks else list(inv.loss_terms(x).values())
         return torch.stack([t.float() for t in terms])
 
-    inv_step = StepGraph(inversion_terms, inv_opt, graphs, ctx.device, generators=(inv.rng,))
+    inv_step = StepGraph(maybe_compiled(inversion_terms), inv_opt, graphs, ctx.device, generators=(inv.rng,))
 
     def inversion():
         inv.generator.train()
@@ -128,7 +134,7 @@ def steps_for(setup, hooks: bool, graphs: str = "off") -> dict[str, Callable[[],
                 terms = method.training_step(net, Batch(x, y), ctx, phase)
             return torch.stack([t.float() for t in terms.values()])
 
-        graph = StepGraph(terms, optimizer, graphs, ctx.device, generators=(ctx.rng,))
+        graph = StepGraph(maybe_compiled(terms), optimizer, graphs, ctx.device, generators=(ctx.rng,))
 
         def step():
             if phase.trainable == "head":
@@ -158,7 +164,9 @@ def steps_for(setup, hooks: bool, graphs: str = "off") -> dict[str, Callable[[],
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--ab", choices=["merge", "precision", "graphs"], default="merge", help="what A and B differ in")
+    p.add_argument(
+        "--ab", choices=["merge", "precision", "graphs", "compile"], default="merge", help="what A and B differ in"
+    )
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="for --ab merge")
     p.add_argument("--fast", choices=["auto", "all", "teacher"], default="auto", help="the fast path's merge_passes")
     p.add_argument("--channels-last", action="store_true")
@@ -174,17 +182,25 @@ def main(argv=None) -> int:
     fast = args.fast if args.fast != "auto" else ("all" if device.type == "cuda" else "teacher")
     if args.ab == "merge":
         variants = {
-            "reference": ("none", args.precision, True, "off"),
-            f"fast-{fast}": (fast, args.precision, False, "off"),
+            "reference": ("none", args.precision, True, "off", False),
+            f"fast-{fast}": (fast, args.precision, False, "off", False),
         }
     elif args.ab == "graphs":
-        variants = {"eager": (fast, args.precision, False, "off"), "graphs": (fast, args.precision, False, "on")}
+        variants = {
+            "eager": (fast, args.precision, False, "off", False),
+            "graphs": (fast, args.precision, False, "on", False),
+        }
+    elif args.ab == "compile":
+        variants = {
+            "graphs": (fast, args.precision, False, "on", False),
+            "graphs+compile": (fast, args.precision, False, "on", True),
+        }
     else:
-        variants = {"fp32": (fast, "fp32", False, "off"), "bf16": (fast, "bf16", False, "off")}
+        variants = {"fp32": (fast, "fp32", False, "off", False), "bf16": (fast, "bf16", False, "off", False)}
     steps = {}
-    for name, (merge, precision, hooks, graphs) in variants.items():
+    for name, (merge, precision, hooks, graphs, compiled) in variants.items():
         setup = build(device, args.batch, args.n_old, args.n_new, merge, precision, args.channels_last)
-        steps[name] = steps_for(setup, hooks, graphs)
+        steps[name] = steps_for(setup, hooks, graphs, compiled)
     times: dict[tuple[str, str], list[float]] = {(v, ph): [] for v in variants for ph in phases}
     names = list(variants)
     for r in range(args.rounds):
@@ -203,7 +219,7 @@ def main(argv=None) -> int:
     a, b = names
     info = f"device {device}, batch {args.batch}, n_old {args.n_old}, n_new {args.n_new}, threads "
     info += f"{torch.get_num_threads()}, torch {torch.__version__}, rounds {args.rounds} x {args.steps} steps"
-    if args.ab in ("merge", "graphs"):
+    if args.ab in ("merge", "graphs", "compile"):
         info += f", {args.precision}"
     print(info)
     print(f"| phase | {a} ms/step | {b} ms/step | ratio {a}/{b} |")
