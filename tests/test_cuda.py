@@ -122,5 +122,5 @@ def test_batch_moments_on_cuda_match_the_cpu():
         mean, var = batch_moments(xd)  # var_mean on CUDA, two passes on the CPU
         (mean.sum() + (var * torch.arange(8, device=device)).sum()).backward()
         out[device] = (mean.cpu(), var.cpu(), xd.grad.cpu())
-    for a, b in zip(out["cpu"], out["cuda"], strict=True):
-        torch.testing.assert_close(a, b)
+    for a, b in zip(out["cpu"], out["cuda"], strict=True):  # fp32 statistics: fp32 tolerances throughout
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
