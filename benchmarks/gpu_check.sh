@@ -7,7 +7,7 @@
 #                                        #   then the CUDA tests
 #   bash benchmarks/gpu_check.sh full    # carries .devdata/part1: the full 5-task CIFAR-100 R-DFCIL protocol
 #                                        #   (paper schedule) with FULL_TIMEOUT seconds at most; records in
-#                                        #   $OUT/full-on; PRECISION (bf16) and GRAPHS (on) choose the engine
+#                                        #   $OUT/full-on; PRECISION (fp32) and GRAPHS (on) choose the engine
 #                                        #   switches; if graphs fail, the rest of the budget runs eagerly
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -43,7 +43,7 @@ else
   python3 benchmarks/pack_cifar.py unpack /tmp/dev /tmp/data || exit 1
   full() {  # $1 seconds at most, $2 cuda_graphs, into $OUT/full-$2
     timeout "$1" python3 -m dfcil train --config configs/cifar100/rdfcil_n5.yaml --data.root /tmp/data \
-      --device cuda --engine.precision "${PRECISION:-bf16}" --engine.channels_last true \
+      --device cuda --engine.precision "${PRECISION:-fp32}" --engine.channels_last true \
       --engine.cuda_graphs "$2" --out "$OUT/full-$2" --no-progress > "$OUT/full-$2.log" 2>&1
     rc=$?
     echo "cuda_graphs $2: exit $rc"
