@@ -180,27 +180,18 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     phases = args.phases.split(",")
     fast = args.fast if args.fast != "auto" else ("all" if device.type == "cuda" else "teacher")
-    if args.ab == "merge":
-        variants = {
-            "reference": ("none", args.precision, True, "off", False),
-            f"fast-{fast}": (fast, args.precision, False, "off", False),
-        }
-    elif args.ab == "graphs":
-        variants = {
-            "eager": (fast, args.precision, False, "off", False),
-            "graphs": (fast, args.precision, False, "on", False),
-        }
-    elif args.ab == "compile":
-        variants = {
-            "graphs": (fast, args.precision, False, "on", False),
-            "graphs+compile": (fast, args.precision, False, "on", True),
-        }
-    else:
-        variants = {"fp32": (fast, "fp32", False, "off", False), "bf16": (fast, "bf16", False, "off", False)}
+    base = {"merge": fast, "precision": args.precision, "hooks": False, "graphs": "off", "compile": False}
+    variants = {  # what A and B change of the fast path
+        "merge": {"reference": {"merge": "none", "hooks": True}, f"fast-{fast}": {}},
+        "graphs": {"eager": {}, "graphs": {"graphs": "on"}},
+        "compile": {"graphs": {"graphs": "on"}, "graphs+compile": {"graphs": "on", "compile": True}},
+        "precision": {"fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16"}},
+    }[args.ab]
     steps = {}
-    for name, (merge, precision, hooks, graphs, compiled) in variants.items():
-        setup = build(device, args.batch, args.n_old, args.n_new, merge, precision, args.channels_last)
-        steps[name] = steps_for(setup, hooks, graphs, compiled)
+    for name, change in variants.items():
+        v = base | change
+        setup = build(device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], args.channels_last)
+        steps[name] = steps_for(setup, v["hooks"], v["graphs"], v["compile"])
     times: dict[tuple[str, str], list[float]] = {(v, ph): [] for v in variants for ph in phases}
     names = list(variants)
     for r in range(args.rounds):
@@ -219,7 +210,7 @@ def main(argv=None) -> int:
     a, b = names
     info = f"device {device}, batch {args.batch}, n_old {args.n_old}, n_new {args.n_new}, threads "
     info += f"{torch.get_num_threads()}, torch {torch.__version__}, rounds {args.rounds} x {args.steps} steps"
-    if args.ab in ("merge", "graphs", "compile"):
+    if args.ab != "precision":
         info += f", {args.precision}"
     print(info)
     print(f"| phase | {a} ms/step | {b} ms/step | ratio {a}/{b} |")
