@@ -71,18 +71,18 @@ def main(argv=None) -> int:
     batchnorm._TWO_PASS_DEVICES = frozenset()  # count the CUDA path of batch_moments (one var_mean)
     for label, merge, hooks in (("reference", "none", True), ("fast", args.fast, False)):
         steps = steps_for(build(device, args.batch, 20, 20, merge, "fp32", False), hooks)
-        for phase in ("inversion", "rrl", "chr"):
+        for phase in ("task0", "inversion", "rrl", "chr"):
             steps[phase]()  # warm-up: lazy optimiser state
             with Count() as c:
                 steps[phase]()
             counts[(label, phase)] = c
-    for phase in ("inversion", "rrl", "chr"):
+    for phase in ("task0", "inversion", "rrl", "chr"):
         eager_under_graphs = 0 if phase == "inversion" else 2  # copies: indices in, loss terms out to the epoch
         ref, fast = counts[("reference", phase)], counts[("fast", phase)]
         cells = [f"{sum(c.ops.values())} + {c.optimizer_ops}" for c in (ref, fast)]
         print(f"| {phase} | {cells[0]} | {cells[1]} ({fast.kernels} compute) | 1 replay + {eager_under_graphs} |")
     if args.top:
-        for phase in ("inversion", "rrl", "chr"):
+        for phase in ("task0", "inversion", "rrl", "chr"):
             print(phase, counts[("fast", phase)].ops.most_common(args.top))
     return 0
 

@@ -10,6 +10,7 @@ Each round times ``--steps`` steps of every phase for A and then B (the order al
 untimed warm-up steps (in the first round enough to capture the graphs); the table gives the median milliseconds
 per step over rounds and the ratio A/B.
 
+* task0: one step of the first task (plain CE; the same code in both modes, timed with ``--phases task0,...``).
 * inversion: one generator Adam step against the frozen teacher. Reference: BN statistics collected by forward
   hooks on every BN layer and the KL layer by layer (as cl-lite/ABD); fast: the explicit ``BNMode(record=...)``
   path and the KL of equally wide layers stacked.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 import sys
 import time
@@ -128,7 +130,7 @@ def steps_for(setup, hooks: bool, graphs: str = "off", compile: bool = False) ->
         inv.generator.train()
         inv_step("inversion")
 
-    def train_step(phase: Phase):
+    def train_step(phase: Phase, ctx: TaskContext = ctx):
         def terms(x, y):
             with ctx.autocast():
                 terms = method.training_step(net, Batch(x, y), ctx, phase)
@@ -154,6 +156,7 @@ def steps_for(setup, hooks: bool, graphs: str = "off", compile: bool = False) ->
             net(test).logits.argmax(1)
 
     return {
+        "task0": train_step(Phase("base", 1, 0.1), dataclasses.replace(ctx, task_id=0)),
         "inversion": inversion,
         "rrl": train_step(Phase("rrl", 1, 0.1)),
         "chr": train_step(Phase("chr", 1, 0.005, trainable="head")),

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -82,11 +84,49 @@ def test_split_batchnorm_equals_two_separate_passes():
     torch.testing.assert_close(merged.logits, torch.cat([real.logits, syn.logits]), rtol=1e-4, atol=1e-5)
     for (name, ba), bb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
         torch.testing.assert_close(ba, bb, rtol=1e-5, atol=1e-6, msg=name)  # running stats updated the same way
+    assert all(int(m.num_batches_tracked) == 2 for m in a.modules() if isinstance(m, nn.BatchNorm2d))
     # and gradients match
     (merged.logits.square().sum()).backward()
     (real.logits.square().sum() + syn.logits.square().sum()).backward()
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_train_forward_counts_batches_as_nn_batchnorm_in_one_operation():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    a = build_network("resnet8")
+    a.expand(3)
+    a.backbone.stage_2[0].bn_a.momentum = None  # a cumulative average: counts per layer, as nn.BatchNorm2d does
+    b = copy.deepcopy(a)
+    for m in b.modules():  # the plain nn.BatchNorm2d forward, counting in each layer
+        if isinstance(m, BatchNorm2d):
+            m.forward = lambda x, bn=None, m=m: nn.BatchNorm2d.forward(m, x)
+    a.train()
+    b.train()
+    for step in range(2):
+        x = torch.randn(4, 3, 32, 32) * (step + 1)
+        with Ops() as ops:
+            out_a = a(x)
+        out_b = b(x)
+        assert torch.equal(out_a.logits, out_b.logits)
+        assert ops.names.count("_foreach_add_") == 1 and ops.names.count("add_") == 1  # the momentum=None layer's
+    for (name, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(va, vb), name
+    assert int(a.backbone.bn_1.num_batches_tracked) == 2
+    a.eval()
+    a(torch.randn(2, 3, 32, 32))  # eval mode counts nothing
+    assert int(a.backbone.bn_1.num_batches_tracked) == 2
 
 
 def test_batchnorm_records_input_statistics():

@@ -5,6 +5,10 @@
   separate forward passes (real first), which is what the R-DFCIL reference does, in one network pass.
 * ``record``: append each layer's input statistics (batch mean and biased variance over N, H, W, next to the
   layer's running statistics) to a list, for the BN-statistics loss of model inversion.
+
+In train mode a layer given a :class:`BNMode` leaves its ``num_batches_tracked`` to :meth:`BNMode.count`, which
+the network calls once after its forward: one multi-tensor add instead of one kernel per layer and pass (the
+counter only matters to ``momentum=None``, whose layers count as ``nn.BatchNorm2d`` does).
 """
 
 from __future__ import annotations
@@ -65,6 +69,14 @@ class BNMode:
 
     splits: int = 1  # statistics groups along the batch (train mode only)
     record: list[BNStats] | None = None  # when a list, every BN layer appends its input statistics
+    tracked: list[Tensor] = dataclasses.field(default_factory=list)  # counters that :meth:`count` advances
+
+    def count(self) -> None:
+        """Advance the ``num_batches_tracked`` of every layer that normalised with batch statistics in this pass by
+        ``splits`` (what as many separate passes would count), in one operation; call once, after the forward."""
+        if self.tracked:
+            torch._foreach_add_(self.tracked, self.splits)
+            self.tracked.clear()
 
 
 class BatchNorm2d(nn.BatchNorm2d):
@@ -76,18 +88,20 @@ class BatchNorm2d(nn.BatchNorm2d):
         if bn.record is not None:
             mean, var = batch_moments(x)
             bn.record.append(BNStats(mean, var, self.running_mean, self.running_var))
-        if bn.splits == 1 or not self.training:
+        if not self.training:
             return super().forward(x)
         if x.shape[0] % bn.splits:
             raise ValueError(f"batch of {x.shape[0]} does not split into {bn.splits} equal BN groups")
-        if self.momentum is None:  # a cumulative average depends on the count between the groups
-            return torch.cat([super(BatchNorm2d, self).forward(part) for part in x.chunk(bn.splits)])
-        parts = [
-            F.batch_norm(
-                part, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps
-            )
-            for part in x.chunk(bn.splits)
-        ]
-        if self.num_batches_tracked is not None:  # once, not once per group: one kernel fewer per group and layer
-            self.num_batches_tracked.add_(bn.splits)
-        return torch.cat(parts)
+        parts = x.chunk(bn.splits) if bn.splits > 1 else (x,)
+        if self.momentum is None:  # a cumulative average depends on the count between the groups: count as nn does
+            out = [super(BatchNorm2d, self).forward(part) for part in parts]
+        else:
+            out = [
+                F.batch_norm(
+                    part, self.running_mean, self.running_var, self.weight, self.bias, True, self.momentum, self.eps
+                )
+                for part in parts
+            ]
+            if self.num_batches_tracked is not None:
+                bn.tracked.append(self.num_batches_tracked)
+        return torch.cat(out) if len(out) > 1 else out[0]

@@ -70,12 +70,16 @@ class CifarResNet(nn.Module):
                 nn.init.zeros_(m.bn_b.weight)
 
     def forward(self, x: Tensor, bn: BNMode | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
+        if bn is None and self.training:
+            bn = BNMode()  # the layers' batch counters advance together at the end (BNMode.count)
         x = F.relu(self.bn_1(self.conv_1(x), bn))
         stage_outputs = []
         for stage in (self.stage_1, self.stage_2, self.stage_3, self.stage_4):
             for block in stage:
                 x = block(x, bn)
             stage_outputs.append(x)
+        if bn is not None:
+            bn.count()
         return x, tuple(stage_outputs)
 
 
