@@ -12,6 +12,7 @@ import torch
 from filelock import FileLock
 
 from conftest import CONFIGS, StopAfterEpochs
+from dfcil.callbacks import Callback
 from dfcil.cli import main
 from dfcil.config import load_config
 from dfcil.engine import Interrupt, RunInterrupted
@@ -134,6 +135,42 @@ def _unfinished(tmp_path, epochs=3):
     with pytest.raises(RunInterrupted):
         train(cfg, out, progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, epochs)])
     return cfg, out
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAfterEpochs(Callback):
+    """A hard crash after ``n`` epochs: no interrupt, no checkpoint of its own."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def on_epoch_end(self, record):
+        self.n -= 1
+        if self.n == 0:
+            raise _Crash
+
+
+def test_epoch_checkpoints_follow_the_interval_and_a_crash_loses_only_what_followed(reference, tmp_path, monkeypatch):
+    overrides = [(ARGS[i][2:], ARGS[i + 1]) for i in range(0, len(ARGS), 2)]
+    cfg = load_config([SMOKE], [*overrides, ("checkpoint_interval_s", "3600")])[0]
+    saved, save = [], Checkpointer.save
+    monkeypatch.setattr(Checkpointer, "save", lambda self, p: (saved.append(p["position"]), save(self, p))[1])
+    out = tmp_path / "run"
+    with pytest.raises(_Crash):  # task 0: 2 epochs; task 1: 2 RRL epochs, then a crash after the 2nd CHR epoch
+        train(cfg, out, progress=False, callbacks=[_CrashAfterEpochs(6)])
+    # after each setup, at each phase's end and each task's end; no epoch-end checkpoint inside a phase
+    assert [(p["task"], p["stage"], p["phase"], p["epoch"], p["step"]) for p in saved] == [
+        (0, "train", 0, 0, 0), (0, "train", 0, 2, 0), (1, "start", 0, 0, 0), (1, "train", 0, 0, 0),
+        (1, "train", 0, 2, 0),
+    ]  # fmt: skip
+    last = loads(Checkpointer(out).last.read_bytes())
+    assert (out / "metrics.jsonl").stat().st_size > last["metrics_bytes"]  # CHR records the resume must drop
+    monkeypatch.undo()
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    assert_same_run(reference, out)
 
 
 def test_checkpoint_holds_everything(tmp_path):

@@ -120,7 +120,7 @@ class RunConfig:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     seed: int = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N; runtime only, may change on resume
-    checkpoint_interval_s: float = 60.0  # extra checkpoints inside long task setups (inversion); runtime only
+    checkpoint_interval_s: float = 60.0  # epoch-end and in-setup checkpoints at most this often (0: every epoch)
     task0_cache: str | None = None  # directory of shared first-task models (see docs/resume.md); runtime only
 
 

@@ -87,8 +87,9 @@ def run(
         run_dir: where checkpoints go (``run_dir/checkpoints``) and ``metrics.jsonl`` lives; None: no checkpoints.
         resume: continue from the newest usable checkpoint in ``run_dir``.
         interrupt: when its flag is set, finish the step, checkpoint and raise :class:`RunInterrupted`.
-        save_every_s: extra checkpoints inside long task setups (inversion), at most this often; default
-            ``cfg.checkpoint_interval_s``.
+        save_every_s: checkpoints at epoch ends and inside long task setups (inversion) at most this often
+            (0: every epoch); default ``cfg.checkpoint_interval_s``. Task ends, phase ends, the end of a task's
+            setup and interrupts always write one.
 
     Returns:
         The summary (see :mod:`dfcil.metrics`) and the trained network.
@@ -152,14 +153,18 @@ class _TaskLoop:
     interrupt: Interrupt
     save_every_s: float | None
 
+    def due(self) -> bool:
+        """Whether ``checkpoint_interval_s`` (or ``save_every_s``) has passed since the last checkpoint."""
+        every = self.s.cfg.checkpoint_interval_s if self.save_every_s is None else self.save_every_s
+        return time.monotonic() - self.s.last_save >= every
+
     def save_point(self) -> None:
         """Inside a task's setup: checkpoint now and then, and on interrupt."""
         s = self.s
         if self.interrupt.requested:
             s.save()
             raise RunInterrupted(f"interrupted in task {s.pos.task}, setup")
-        every = s.cfg.checkpoint_interval_s if self.save_every_s is None else self.save_every_s
-        if time.monotonic() - s.last_save > every:
+        if self.due():
             s.save()
 
     def run_task(self, task: int, resumed: dict[str, Any], resuming: bool) -> None:
@@ -197,9 +202,12 @@ class _TaskLoop:
             if interrupt.requested:
                 raise RunInterrupted(f"interrupted after the setup of task {task}")
 
-        def checkpoint(pos: Position, optimizer: torch.optim.Optimizer, epoch: EpochProgress | None) -> None:
+        def checkpoint(
+            pos: Position, optimizer: torch.optim.Optimizer, epoch: EpochProgress | None, required: bool
+        ) -> None:
             s.pos = pos
-            s.save(optimizer, epoch)
+            if required or self.due():  # an epoch's checkpoint costs ~20 ms: on a GPU, more than a short epoch
+                s.save(optimizer, epoch)
 
         timing["phases"] = fit_task(
             s.net, s.method, ctx, batches, phases, cfg.train, self.callbacks, self.progress, start=s.pos,
@@ -262,7 +270,7 @@ def set_trainable(net: IncrementalNet, extra: Sequence[nn.Module], trainable: st
         raise ValueError(f"unknown trainable set {trainable!r}")
 
 
-Checkpoint = Callable[[Position, torch.optim.Optimizer, "EpochProgress | None"], None]
+Checkpoint = Callable[[Position, torch.optim.Optimizer, "EpochProgress | None", bool], None]
 
 
 def fit_task(
@@ -287,7 +295,9 @@ def fit_task(
     Args:
         start: position to continue from (phase, epochs done, steps done); default the beginning.
         optimizer_state, epoch_state: the optimiser and the partly done epoch at ``start``.
-        checkpoint: called with (position, optimiser, partial epoch) after every epoch and on interrupt.
+        checkpoint: called with (position, optimiser, partial epoch, required) after every epoch and on interrupt;
+            ``required`` is true on interrupt and at a phase's end, where a checkpoint must be written; elsewhere
+            the callee may skip it (the engine writes one at most every ``checkpoint_interval_s``).
         fused: use the fused SGD kernel where the parameters live on CUDA.
         graphs: each phase's step as one CUDA graph (``on``), or checked for it (``check``); see :mod:`dfcil.graphs`.
 
@@ -338,7 +348,7 @@ def fit_task(
                     ep: EpochProgress, pos: Position = pos, opt: torch.optim.Optimizer = optimizer
                 ) -> None:
                     if checkpoint is not None:
-                        checkpoint(dataclasses.replace(pos, step=ep.step), opt, ep)
+                        checkpoint(dataclasses.replace(pos, step=ep.step), opt, ep, True)
 
                 t0 = time.perf_counter()
                 losses = train_epoch(
@@ -355,7 +365,8 @@ def fit_task(
                 for cb in callbacks:
                     cb.on_epoch_end(record)
                 if checkpoint is not None:
-                    checkpoint(Position(ctx.task_id, "train", index, epoch + 1), optimizer, None)
+                    done = epoch + 1 == phase.epochs or (interrupt is not None and interrupt.requested)
+                    checkpoint(Position(ctx.task_id, "train", index, epoch + 1), optimizer, None, done)
                 if interrupt is not None and interrupt.requested:
                     raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
         dt = time.perf_counter() - t_phase

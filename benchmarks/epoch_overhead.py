@@ -1,0 +1,79 @@
+"""What a run spends between epochs, by checkpoint policy: every epoch against at most every 60 s (the default).
+
+    python benchmarks/epoch_overhead.py [--rounds 3] [--device cpu]
+
+Runs a short R-DFCIL protocol (the smoke preset's generated data with ResNet-32, 2 tasks, 21 epochs in all) with
+``checkpoint_interval_s`` 0 and 60, alternately, into temporary run directories, and prints per policy the number
+of checkpoints written, the median time of one write (state to host, serialise, SHA-256, write, fsync, rename),
+and the time between epochs: each phase's wall time minus the sum of its epochs' own times, per epoch boundary.
+On a GPU whose epochs take a tenth of a second this between-epochs time is what a 5-task CIFAR-100 run pays
+960 times (its epochs: 160 in task 0, 200 in each later task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from dfcil import session
+from dfcil.config import load_config
+from dfcil.runner import train
+
+
+def one_run(interval: float, device: str, root: Path) -> tuple[list[float], float, int]:
+    saves: list[float] = []
+    original = session.Session.save
+
+    def timed(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        t0 = time.perf_counter()
+        original(self, *args, **kwargs)
+        saves.append(time.perf_counter() - t0)
+
+    session.Session.save = timed
+    try:
+        overrides = [("model.backbone", "resnet32"), ("train.epochs", "12"), ("train.milestones", "[8]")]
+        overrides += [("checkpoint_interval_s", str(interval)), ("device", device)]
+        overrides += [("method.inversion.steps", "5"), ("method.chr_epochs", "3")]
+        cfg = load_config([str(Path(__file__).parents[1] / "configs" / "smoke.yaml")], overrides)[0]
+        out = root / f"run-{interval}-{time.monotonic_ns()}"
+        summary = train(cfg, out, progress=False)
+    finally:
+        session.Session.save = original
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    epoch_time = sum(r["time_s"] for r in epochs if r["type"] == "epoch")
+    phase_time = sum(p["time_s"] for t in summary["timings"] for p in t["phases"].values())
+    n_epochs = sum(r["type"] == "epoch" for r in epochs)
+    return saves, (phase_time - epoch_time) / n_epochs, n_epochs
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+    policies = {"every epoch (0 s)": 0.0, "at most every 60 s": 60.0}
+    saves: dict[str, list[float]] = {k: [] for k in policies}
+    between: dict[str, list[float]] = {k: [] for k in policies}
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for name in list(policies) if r % 2 == 0 else list(policies)[::-1]:
+                s, gap, n_epochs = one_run(policies[name], args.device, Path(tmp))
+                saves[name] += s
+                between[name].append(gap)
+                counts[name] = len(s)
+    print(f"device {args.device}, ResNet-32, 2 tasks, {n_epochs} epochs per run, {args.rounds} runs per policy")
+    print("| epoch-end checkpoints | checkpoints per run | ms per checkpoint (median) | ms between epochs (median) |")
+    print("|---|---:|---:|---:|")
+    for name in policies:
+        ms_save, ms_gap = statistics.median(saves[name]) * 1000, statistics.median(between[name]) * 1000
+        print(f"| {name} | {counts[name]} | {ms_save:.1f} | {ms_gap:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
