@@ -31,6 +31,9 @@ def test_smoke_on_cuda(tmp_path, engine):
     s = json.loads((out / "summary.json").read_text())
     assert s["device"].startswith("cuda") and s["acc_per_task"][0] > 20
     assert s["timings"][1]["peak_memory_mb"] > 0
+    if "on" in engine:  # every phase replayed, its captures timed apart
+        phases = [p for t in s["timings"] for p in t["phases"].values()]
+        assert all(p["cuda_graphs"] == "on" and p["captures"] >= 1 and p["capture_s"] > 0 for p in phases), phases
 
 
 def test_fast_and_reference_agree_on_cuda():

@@ -303,7 +303,8 @@ def fit_task(
 
     Returns:
         Per phase: wall time and real images per second; with ``graphs`` on (or check), the mode its steps ran in
-        (``off`` after a failed capture, with the reason in ``graph_failure``).
+        (``off`` after a failed capture, with the reason in ``graph_failure``), the graphs captured (or steps
+        recorded under ``check``: one per phase and learning rate) and, under ``on``, the seconds spent capturing.
     """
     progress = progress or make_progress(False)
     start = start if start is not None and start.stage == "train" else Position(ctx.task_id, "train")
@@ -373,7 +374,9 @@ def fit_task(
         images = (phase.epochs - first_epoch) * len(batches) * batches.batch_size
         out[phase.name] = {"time_s": round(dt, 3), "images_per_s": round(images / dt, 1) if dt > 0 else 0.0}
         if graphs != "off":  # whether the phase's steps really were replayed
-            out[phase.name] |= {"cuda_graphs": step.mode} | ({"graph_failure": step.failure} if step.failure else {})
+            out[phase.name] |= {"cuda_graphs": step.mode, "captures": step.captures}
+            out[phase.name] |= {"capture_s": round(step.capture_s, 3)} if step.mode == "on" else {}
+            out[phase.name] |= {"graph_failure": step.failure} if step.failure else {}
     return out
 
 

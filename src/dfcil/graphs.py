@@ -23,6 +23,7 @@ import linecache
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Literal
 
@@ -75,9 +76,11 @@ class StepGraph:
         self.compute, self.optimizer, self.clip = compute, optimizer, clip
         self.generators, self.warmup = generators, warmup
         self.mode: GraphMode = "off" if mode == "on" and (device is None or device.type != "cuda") else mode
+        self.device = device
         self.key: Hashable = None
         self.failure: str | None = None  # why a capture failed (the step then runs eagerly)
         self.captures = 0  # graphs captured (on) or steps recorded (check) so far: one per key
+        self.capture_s = 0.0  # wall time spent capturing (on): recording the kernels, not running them
         self._reset()
 
     def _reset(self) -> None:
@@ -153,8 +156,11 @@ class StepGraph:
         for generator in self.generators:
             graph.register_generator_state(generator)
         self.optimizer.zero_grad(set_to_none=True)  # gradients are allocated inside the graph's memory pool
+        torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
         with torch.cuda.graph(graph):
             self.static_out = self._step(*self.static_in)
+        self.capture_s += time.perf_counter() - t0  # the capture synchronises when it ends
         self.graph = graph
         graph.replay()  # the capture ran nothing: this is the step
         return self.static_out
