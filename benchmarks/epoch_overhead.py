@@ -3,9 +3,10 @@
     python benchmarks/epoch_overhead.py [--rounds 3] [--device cpu]
 
 Runs a short R-DFCIL protocol (the smoke preset's generated data with ResNet-32, 2 tasks, 21 epochs in all) with
-``checkpoint_interval_s`` 0 and 60, alternately, into temporary run directories, and prints per policy the number
-of checkpoints written, the median time of one write (state to host, serialise, SHA-256, write, fsync, rename),
-and the time between epochs: each phase's wall time minus the sum of its epochs' own times, per epoch boundary.
+``epoch_checkpoint_interval_s`` 0 (the default) and 60, alternately, into temporary run directories, and prints
+per policy the number of checkpoints written, the median time of one write (state to host, serialise, SHA-256,
+write, fsync, rename), and the time between epochs: each phase's wall time minus the sum of its epochs' own
+times, per epoch boundary.
 On a GPU whose epochs take a tenth of a second this between-epochs time is what a 5-task CIFAR-100 run pays
 960 times (its epochs: 160 in task 0, 200 in each later task).
 """
@@ -36,7 +37,7 @@ def one_run(interval: float, device: str, root: Path) -> tuple[list[float], floa
     session.Session.save = timed
     try:
         overrides = [("model.backbone", "resnet32"), ("train.epochs", "12"), ("train.milestones", "[8]")]
-        overrides += [("checkpoint_interval_s", str(interval)), ("device", device)]
+        overrides += [("epoch_checkpoint_interval_s", str(interval)), ("device", device)]
         overrides += [("method.inversion.steps", "5"), ("method.chr_epochs", "3")]
         cfg = load_config([str(Path(__file__).parents[1] / "configs" / "smoke.yaml")], overrides)[0]
         out = root / f"run-{interval}-{time.monotonic_ns()}"

@@ -155,7 +155,8 @@ class _CrashAfterEpochs(Callback):
 
 def test_epoch_checkpoints_follow_the_interval_and_a_crash_loses_only_what_followed(reference, tmp_path, monkeypatch):
     overrides = [(ARGS[i][2:], ARGS[i + 1]) for i in range(0, len(ARGS), 2)]
-    cfg = load_config([SMOKE], [*overrides, ("checkpoint_interval_s", "3600")])[0]
+    sparse = [("checkpoint_interval_s", "3600"), ("epoch_checkpoint_interval_s", "3600")]
+    cfg = load_config([SMOKE], [*overrides, *sparse])[0]
     saved, save = [], Checkpointer.save
     monkeypatch.setattr(Checkpointer, "save", lambda self, p: (saved.append(p["position"]), save(self, p))[1])
     out = tmp_path / "run"

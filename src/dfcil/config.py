@@ -120,7 +120,8 @@ class RunConfig:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     seed: int = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N; runtime only, may change on resume
-    checkpoint_interval_s: float = 60.0  # epoch-end and in-setup checkpoints at most this often (0: every epoch)
+    checkpoint_interval_s: float = 60.0  # extra checkpoints inside long task setups (inversion); runtime only
+    epoch_checkpoint_interval_s: float = 0.0  # epoch-end checkpoints at most this often; 0: every epoch; runtime only
     task0_cache: str | None = None  # directory of shared first-task models (see docs/resume.md); runtime only
 
 
@@ -129,10 +130,11 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
     "seed": int,
     "device": str,
     "checkpoint_interval_s": NonNegativeFloat,
+    "epoch_checkpoint_interval_s": NonNegativeFloat,
     "task0_cache": str | None,
 }
 # Keys that a resume may change: they never change the results. Everything else shapes the protocol or model.
-RUNTIME_KEYS = frozenset({"device", "checkpoint_interval_s", "task0_cache"})
+RUNTIME_KEYS = frozenset({"device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache"})
 
 
 # --------------------------------------------------------------------------------------------------- decoding

@@ -87,9 +87,9 @@ def run(
         run_dir: where checkpoints go (``run_dir/checkpoints``) and ``metrics.jsonl`` lives; None: no checkpoints.
         resume: continue from the newest usable checkpoint in ``run_dir``.
         interrupt: when its flag is set, finish the step, checkpoint and raise :class:`RunInterrupted`.
-        save_every_s: checkpoints at epoch ends and inside long task setups (inversion) at most this often
-            (0: every epoch); default ``cfg.checkpoint_interval_s``. Task ends, phase ends, the end of a task's
-            setup and interrupts always write one.
+        save_every_s: extra checkpoints inside long task setups (inversion), at most this often; default
+            ``cfg.checkpoint_interval_s``. Epoch ends write one at most every ``cfg.epoch_checkpoint_interval_s``
+            (default 0: every epoch); task ends, phase ends, the end of a task's setup and interrupts always do.
 
     Returns:
         The summary (see :mod:`dfcil.metrics`) and the trained network.
@@ -153,9 +153,8 @@ class _TaskLoop:
     interrupt: Interrupt
     save_every_s: float | None
 
-    def due(self) -> bool:
-        """Whether ``checkpoint_interval_s`` (or ``save_every_s``) has passed since the last checkpoint."""
-        every = self.s.cfg.checkpoint_interval_s if self.save_every_s is None else self.save_every_s
+    def due(self, every: float) -> bool:
+        """Whether ``every`` seconds have passed since the last checkpoint."""
         return time.monotonic() - self.s.last_save >= every
 
     def save_point(self) -> None:
@@ -164,7 +163,7 @@ class _TaskLoop:
         if self.interrupt.requested:
             s.save()
             raise RunInterrupted(f"interrupted in task {s.pos.task}, setup")
-        if self.due():
+        if self.due(s.cfg.checkpoint_interval_s if self.save_every_s is None else self.save_every_s):
             s.save()
 
     def run_task(self, task: int, resumed: dict[str, Any], resuming: bool) -> None:
@@ -206,7 +205,7 @@ class _TaskLoop:
             pos: Position, optimizer: torch.optim.Optimizer, epoch: EpochProgress | None, required: bool
         ) -> None:
             s.pos = pos
-            if required or self.due():  # an epoch's checkpoint costs ~20 ms: on a GPU, more than a short epoch
+            if required or self.due(cfg.epoch_checkpoint_interval_s):  # default: every epoch
                 s.save(optimizer, epoch)
 
         timing["phases"] = fit_task(
@@ -297,7 +296,7 @@ def fit_task(
         optimizer_state, epoch_state: the optimiser and the partly done epoch at ``start``.
         checkpoint: called with (position, optimiser, partial epoch, required) after every epoch and on interrupt;
             ``required`` is true on interrupt and at a phase's end, where a checkpoint must be written; elsewhere
-            the callee may skip it (the engine writes one at most every ``checkpoint_interval_s``).
+            the callee may skip it (the engine writes one at most every ``epoch_checkpoint_interval_s``).
         fused: use the fused SGD kernel where the parameters live on CUDA.
         graphs: each phase's step as one CUDA graph (``on``), or checked for it (``check``); see :mod:`dfcil.graphs`.
 
