@@ -1,28 +1,63 @@
-"""What a run spends between epochs, by checkpoint policy: every epoch against at most every 60 s (the default).
+"""What a run spends between epochs: checkpoint policies, and the checkpoint layouts.
 
     python benchmarks/epoch_overhead.py [--rounds 3] [--device cpu]
 
 Runs a short R-DFCIL protocol (the smoke preset's generated data with ResNet-32, 2 tasks, 21 epochs in all) with
-``epoch_checkpoint_interval_s`` 0 (the default) and 60, alternately, into temporary run directories, and prints
-per policy the number of checkpoints written, the median time of one write (state to host, serialise, SHA-256,
-write, fsync, rename), and the time between epochs: each phase's wall time minus the sum of its epochs' own
-times, per epoch boundary.
-On a GPU whose epochs take a tenth of a second this between-epochs time is what a 5-task CIFAR-100 run pays
-960 times (its epochs: 160 in task 0, 200 in each later task).
+``epoch_checkpoint_interval_s`` 0 (the default: every epoch) and 60, alternately, into temporary run directories,
+and prints per policy the number of checkpoints written, the median time of one write (state to host, serialise,
+SHA-256, write, fsync, rename), and the time between epochs: each phase's wall time minus the sum of its epochs'
+own times, per epoch boundary. On a GPU whose epochs take a tenth of a second this between-epochs time is what a
+5-task CIFAR-100 run pays 960 times (its epochs: 160 in task 0, 200 in each later task). Then it times one
+epoch-end checkpoint's serialisation both ways: the first layout (``torch.save`` of the payload, ~300 tensors)
+and the current one (``dfcil.state.dumps``: the tensors' bytes in one block), to bytes and back.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from dfcil import session
 from dfcil.config import load_config
 from dfcil.runner import train
+from dfcil.state import MAGIC, dumps, loads
+
+
+def serialisation(path: Path, reps: int = 30) -> list[tuple[str, float, float]]:
+    """ms to turn one checkpoint's payload into bytes and back: the first layout (``DFCILCK1``: ``torch.save`` of
+    the payload, tensors included) against the current one (``dumps``: tensors' bytes in one block)."""
+    payload = loads(path.read_bytes())
+
+    def first_layout() -> bytes:
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        body = buf.getvalue()
+        return MAGIC + hashlib.sha256(body).digest() + body
+
+    def median_ms(fn) -> float:  # noqa: ANN001
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1000
+
+    out = []
+    for name, write in (
+        ("DFCILCK1 (torch.save of the payload)", first_layout),
+        ("DFCILCK2 (dumps)", lambda: dumps(payload)),
+    ):
+        data = write()
+        out.append((name, median_ms(write), median_ms(lambda data=data: loads(data))))
+    return out
 
 
 def one_run(interval: float, device: str, root: Path) -> tuple[list[float], float, int]:
@@ -67,12 +102,20 @@ def main(argv=None) -> int:
                 saves[name] += s
                 between[name].append(gap)
                 counts[name] = len(s)
+        ckpts = sorted(Path(tmp).glob("run-*/checkpoints/*.pt"), key=lambda p: p.stat().st_size)
+        formats = serialisation([p for p in ckpts if "static" not in p.name][-1])
     print(f"device {args.device}, ResNet-32, 2 tasks, {n_epochs} epochs per run, {args.rounds} runs per policy")
     print("| epoch-end checkpoints | checkpoints per run | ms per checkpoint (median) | ms between epochs (median) |")
     print("|---|---:|---:|---:|")
     for name in policies:
         ms_save, ms_gap = statistics.median(saves[name]) * 1000, statistics.median(between[name]) * 1000
         print(f"| {name} | {counts[name]} | {ms_save:.1f} | {ms_gap:.1f} |")
+    print()
+    print("One epoch-end checkpoint (ResNet-32, SGD state), bytes in memory, median of 30:")
+    print("| layout | ms to bytes | ms from bytes |")
+    print("|---|---:|---:|")
+    for name, ms_out, ms_in in formats:
+        print(f"| {name} | {ms_out:.1f} | {ms_in:.1f} |")
     return 0
 
 

@@ -127,3 +127,19 @@ def test_batch_moments_on_cuda_match_the_cpu():
         out[device] = (mean.cpu(), var.cpu(), xd.grad.cpu())
     for a, b in zip(out["cpu"], out["cuda"], strict=True):  # fp32 statistics: fp32 tolerances throughout
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpoint_bytes_of_cuda_tensors_round_trip_to_the_host():
+    from dfcil.state import FORMAT, dumps, loads
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    payload = {
+        "format": FORMAT,
+        "net": {"w": torch.randn(8, 3, device="cuda", generator=g), "n": torch.tensor(3, device="cuda")},
+        "cpu": torch.arange(5),  # beside CUDA tensors: one block per device
+        "bf16": torch.randn(4, device="cuda", generator=g).bfloat16(),
+    }
+    back = loads(dumps(payload))
+    for name, t in [("w", payload["net"]["w"]), ("n", payload["net"]["n"])]:
+        assert back["net"][name].device.type == "cpu" and torch.equal(back["net"][name], t.cpu())
+    assert torch.equal(back["cpu"], payload["cpu"]) and torch.equal(back["bf16"], payload["bf16"].cpu())

@@ -1,5 +1,6 @@
 """Crash safety: kill or interrupt runs anywhere, resume them, and get exactly the uninterrupted result."""
 
+import collections
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from dfcil.cli import main
 from dfcil.config import load_config
 from dfcil.engine import Interrupt, RunInterrupted
 from dfcil.runner import train
-from dfcil.state import MAGIC, Checkpointer, CheckpointError, loads
+from dfcil.state import FORMAT, MAGIC, MAGIC2, Checkpointer, CheckpointError, dumps, loads
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 # 15 steps per epoch; task 1: 40 inversion steps (checkpointed every step), 2 RRL and 3 CHR epochs
@@ -236,14 +237,87 @@ def test_tampered_checkpoints_are_rejected(tmp_path):
         ck.load_latest()
 
 
+def _equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return type(a) is type(b) and list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _mixed_payload():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "format": FORMAT,
+        "net": collections.OrderedDict(
+            w=torch.randn(4, 3, 3, 3, generator=g), n=torch.tensor(7), half=torch.randn(5, generator=g).bfloat16()
+        ),
+        "optimizer": {"state": {0: {"momentum_buffer": torch.randn(2, 6, generator=g)[:, ::2]}}, "lr": [0.1]},
+        "rng": (torch.get_rng_state(), [torch.ones(3, dtype=torch.bool)], "mt"),
+        "empty": torch.empty(0, 4),
+        "plain": {"x": None, "y": 1.5, "z": "text", "nested": [[torch.arange(3, dtype=torch.int16)]]},
+        "not_a_reference": {"__dfcil_tensor__": "a user's own key", "other": 1},
+    }
+
+
+def test_checkpoint_bytes_round_trip_every_dtype_shape_and_container():
+    payload = _mixed_payload()
+    data = dumps(payload)
+    assert data.startswith(MAGIC2)
+    back = loads(data)
+    assert _equal(payload, back)
+    assert back["net"]["w"].untyped_storage().data_ptr() != back["net"]["n"].untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match="reserved"):  # a dict that would read back as a tensor reference
+        dumps({"format": FORMAT, "x": {"__dfcil_tensor__": 0}})
+
+
+def test_checkpoints_of_the_first_layout_still_load():
+    import hashlib
+    import io
+
+    payload = _mixed_payload()
+    buf = io.BytesIO()
+    torch.save(payload, buf)  # DFCILCK1: the tensors inside the archive
+    body = buf.getvalue()
+    assert _equal(payload, loads(MAGIC + hashlib.sha256(body).digest() + body))
+
+
+@pytest.mark.parametrize(
+    "index, message",
+    [
+        ([("float32", (2, 2), 10**6)], "outside the block"),
+        ([("float32", (-1, 4), 0)], "outside the block"),
+        ([("no_such_dtype", (2,), 0)], "malformed tensor index"),
+        ([("float32", "2", 0)], "malformed tensor index"),
+    ],
+)
+def test_a_crafted_tensor_index_is_an_error_not_a_crash(index, message):
+    import hashlib
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"tensors": index, "payload": {"format": FORMAT, "w": {"__dfcil_tensor__": 0}}}, buf)
+    rest = len(buf.getvalue()).to_bytes(8, "little") + buf.getvalue() + bytes(16)
+    with pytest.raises(CheckpointError, match=message):
+        loads(MAGIC2 + hashlib.sha256(rest).digest() + rest)
+    buf = io.BytesIO()
+    torch.save({"tensors": [], "payload": {"format": FORMAT, "w": {"__dfcil_tensor__": 3}}}, buf)
+    rest = len(buf.getvalue()).to_bytes(8, "little") + buf.getvalue()
+    with pytest.raises(CheckpointError, match="refers to a tensor it does not hold"):
+        loads(MAGIC2 + hashlib.sha256(rest).digest() + rest)
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, ("touch pwned",))
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("layout", [MAGIC, MAGIC2])
 @pytest.mark.parametrize("zip_format", [True, False])
-def test_a_malicious_pickle_in_a_checkpoint_never_runs(tmp_path, monkeypatch, zip_format):
+def test_a_malicious_pickle_in_a_checkpoint_never_runs(tmp_path, monkeypatch, zip_format, layout):
     import hashlib
     import io
     import pickle
@@ -255,7 +329,9 @@ def test_a_malicious_pickle_in_a_checkpoint_never_runs(tmp_path, monkeypatch, zi
         body = buf.getvalue()
     else:
         body = pickle.dumps({"format": 1, "net": _Evil()})
-    crafted = MAGIC + hashlib.sha256(body).digest() + body  # a valid header and digest: only weights_only stops it
+    if layout == MAGIC2:  # the evil object in the archive of containers
+        body = len(body).to_bytes(8, "little") + body
+    crafted = layout + hashlib.sha256(body).digest() + body  # a valid header and digest: only weights_only stops it
     with pytest.raises(CheckpointError, match="not allowed"):
         loads(crafted)
     assert not (tmp_path / "pwned").exists()

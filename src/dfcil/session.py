@@ -26,7 +26,7 @@ from dfcil.methods import TaskContext, build_method
 from dfcil.metrics import AccuracyMatrix
 from dfcil.models.network import build_network
 from dfcil.progress import ProgressFactory, make_progress
-from dfcil.state import Checkpointer, Position, capture_rng, dumps, loads, restore_rng
+from dfcil.state import FORMAT, Checkpointer, Position, capture_rng, dumps, loads, restore_rng
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,4 +261,4 @@ class Session:
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = self.payload()
         payload["metrics_bytes"] = 0
-        write_atomic(path, dumps({"format": 1, **payload}))
+        write_atomic(path, dumps({"format": FORMAT, **payload}))

@@ -1,8 +1,10 @@
 """Checkpoints: everything a run needs to continue exactly, written atomically, loaded strictly and safely.
 
-File format: ``DFCILCK1`` magic (8 bytes) + SHA-256 of the rest (32 bytes) + a ``torch.save`` archive of plain
-containers and tensors. Loading checks the magic and the digest (truncation, bit rot, tampering) and then uses
-``torch.load(weights_only=True)``, which refuses arbitrary pickled objects, so a crafted file cannot run code.
+File format: ``DFCILCK2`` magic (8 bytes) + SHA-256 of the rest (32 bytes) + the length of the archive (8 bytes) + a
+``torch.save`` archive of plain containers that refer to tensors by index + the tensors' bytes in one block (the
+first layout, ``DFCILCK1``, held the tensors in the archive; it still loads). Loading checks the magic and the
+digest (truncation, bit rot, tampering) and then uses ``torch.load(weights_only=True)``, which refuses arbitrary
+pickled objects, so a crafted file cannot run code; the tensor index is checked against the block.
 
 Layout of ``<run>/checkpoints``: ``last.pt`` (newest), ``prev.pt`` (the one before, the fallback), and
 ``task<t>-static.pt`` (per-task state that never changes after the task's setup: frozen teacher and generator),
@@ -11,12 +13,15 @@ written once and referenced by digest so that per-epoch checkpoints stay small.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import io
 import logging
+import math
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +32,8 @@ from dfcil.io import fsync_dir, write_atomic
 
 log = logging.getLogger("dfcil")
 
-MAGIC = b"DFCILCK1"
+MAGIC = b"DFCILCK1"  # the first layout, still read: one torch.save archive, tensors included
+MAGIC2 = b"DFCILCK2"  # written since: an archive of the containers, then every tensor's bytes in one block
 FORMAT = 1
 
 
@@ -87,26 +93,112 @@ def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -
 
 
 def dumps(payload: dict[str, Any]) -> bytes:
+    """Checkpoint bytes for ``payload`` (plain containers and tensors): ``MAGIC2``, the SHA-256 of the rest, the
+    length of the archive, a ``torch.save`` archive of the containers, and the bytes of every tensor in one block.
+
+    ``torch.save`` of the tensors themselves spends ~20 µs on each (a zip record, its CRC and pickling) and, on a
+    GPU, one device-to-host copy each: a ResNet-32 checkpoint with its SGD state holds ~300 tensors.
+    """
+    skeleton, block = _pack(payload)
     buf = io.BytesIO()
-    torch.save(payload, buf)
-    body = buf.getvalue()
-    return MAGIC + hashlib.sha256(body).digest() + body
+    torch.save(skeleton, buf)
+    archive = buf.getvalue()
+    rest = len(archive).to_bytes(8, "little") + archive + block
+    return MAGIC2 + hashlib.sha256(rest).digest() + rest
 
 
 def loads(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
     """Verify and load checkpoint bytes; never unpickles anything but tensors and plain containers."""
-    if len(data) < len(MAGIC) + 32 or not data.startswith(MAGIC):
+    magic = data[: len(MAGIC)]
+    if len(data) < len(MAGIC) + 32 or magic not in (MAGIC, MAGIC2):
         raise CheckpointError(f"{source} is not a dfcil checkpoint (bad header) or is truncated")
-    digest, body = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
-    if hashlib.sha256(body).digest() != digest:
+    digest, rest = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
+    if hashlib.sha256(rest).digest() != digest:
         raise CheckpointError(f"{source} is truncated or corrupt (checksum mismatch)")
+    if magic == MAGIC2:
+        n = int.from_bytes(rest[:8], "little")
+        archive, block = rest[8 : 8 + n], rest[8 + n :]
+    else:  # the first layout: one archive that holds the tensors too
+        archive, block = rest, None
     try:
-        payload = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+        payload = torch.load(io.BytesIO(archive), map_location="cpu", weights_only=True)
     except Exception as err:  # the unpickler raises various types for disallowed globals
         raise CheckpointError(f"{source} holds data that is not allowed in a checkpoint ({err})") from err
+    if block is not None:
+        payload = _unpack(payload, block, source)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{source} has an unknown checkpoint format")
     return payload
+
+
+_TENSOR = "__dfcil_tensor__"  # in an archive of MAGIC2, {_TENSOR: i} stands for the i-th tensor of the block
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+def _map(obj: Any, leaf: Callable[[Any], Any | None]) -> Any:
+    """``obj`` with every dict (and OrderedDict), list and tuple rebuilt and every other value ``v`` replaced by
+    ``leaf(v)`` unless that is None; a dict for which ``leaf`` returns a value is replaced as a whole."""
+    new = leaf(obj)
+    if new is not None:
+        return new
+    if type(obj) in (dict, collections.OrderedDict):
+        return type(obj)((k, _map(v, leaf)) for k, v in obj.items())
+    if type(obj) in (list, tuple):
+        return type(obj)(_map(v, leaf) for v in obj)
+    return obj
+
+
+def _pack(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """``payload`` with each tensor replaced by a reference, and the tensors' bytes in one block (one
+    concatenation and one copy to the host per device)."""
+    tensors: list[torch.Tensor] = []
+
+    def leaf(obj: Any) -> Any | None:
+        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not obj.is_quantized:
+            tensors.append(obj.detach())
+            return {_TENSOR: len(tensors) - 1}
+        if type(obj) is dict and len(obj) == 1 and _TENSOR in obj:
+            raise ValueError(f"{_TENSOR!r} is reserved for checkpoints' tensor references; use another key")
+        return None
+
+    skeleton = _map(payload, leaf)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    offsets, parts, base = [0] * len(tensors), [], 0
+    for members in by_device.values():
+        views = [tensors[i].contiguous().reshape(-1).view(torch.uint8) for i in members]
+        for i, v in zip(members, views, strict=True):
+            offsets[i], base = base, base + v.numel()
+        parts.append(torch.cat(views).cpu().numpy().tobytes())
+    index = [(str(t.dtype).removeprefix("torch."), tuple(t.shape), offsets[i]) for i, t in enumerate(tensors)]
+    return {"tensors": index, "payload": skeleton}, b"".join(parts)
+
+
+def _unpack(archive: Any, block: bytes, source: str) -> Any:
+    if not isinstance(archive, dict) or set(archive) != {"tensors", "payload"}:
+        raise CheckpointError(f"{source} has an unknown checkpoint format")
+    data = torch.frombuffer(bytearray(block), dtype=torch.uint8) if block else torch.empty(0, dtype=torch.uint8)
+    tensors = []
+    try:
+        for name, shape, offset in archive["tensors"]:
+            dtype = _DTYPES[name]
+            n = math.prod(shape) * dtype.itemsize
+            if not 0 <= offset <= offset + n <= data.numel():
+                raise ValueError(f"bytes {offset}..{offset + n} are outside the block of {data.numel()}")
+            tensors.append(data[offset : offset + n].clone().view(dtype).reshape(shape))  # own, aligned storage
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{source} has a malformed tensor index ({err!r})") from err
+
+    def leaf(obj: Any) -> Any | None:
+        if type(obj) is dict and len(obj) == 1 and _TENSOR in obj:
+            i = obj[_TENSOR]
+            if type(i) is not int or not 0 <= i < len(tensors):
+                raise CheckpointError(f"{source} refers to a tensor it does not hold ({i!r})")
+            return tensors[i]
+        return None
+
+    return _map(archive["payload"], leaf)
 
 
 def digest_of(path: Path) -> str:
