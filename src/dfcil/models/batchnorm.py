@@ -57,10 +57,9 @@ class _BatchMoments(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_mean: Tensor, grad_var: Tensor) -> Tensor:  # noqa: ANN001
         x, mean = ctx.saved_tensors
-        n = x.numel() // x.shape[1]
-        scale = grad_var * (2.0 / n)  # (C,)
-        shift = torch.addcmul(grad_mean / n, scale, mean, value=-1.0)  # (C,): the gradient is x * scale + shift
-        return torch.addcmul(shift[:, None, None], x, scale[:, None, None]).to(x.dtype)
+        n = x.numel() // x.shape[1]  # the gradient is x * grad_var * 2/n + shift: three kernels in all
+        shift = torch.addcmul(grad_mean / n, grad_var, mean, value=-2.0 / n)  # (C,)
+        return torch.addcmul(shift[:, None, None], x, grad_var[:, None, None], value=2.0 / n).to(x.dtype)
 
 
 @dataclasses.dataclass
