@@ -21,6 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dfcil.models import batchnorm
 
+PHASES = ("task0", "inversion", "rrl", "chr")
+
 
 class Count(TorchDispatchMode):
     """Operators by name, those inside ``optimizer.step`` apart (the CPU's per-parameter loop; on CUDA the engine
@@ -71,18 +73,18 @@ def main(argv=None) -> int:
     batchnorm._TWO_PASS_DEVICES = frozenset()  # count the CUDA path of batch_moments (one var_mean)
     for label, merge, hooks in (("reference", "none", True), ("fast", args.fast, False)):
         steps = steps_for(build(device, args.batch, 20, 20, merge, "fp32", False), hooks)
-        for phase in ("task0", "inversion", "rrl", "chr"):
+        for phase in PHASES:
             steps[phase]()  # warm-up: lazy optimiser state
             with Count() as c:
                 steps[phase]()
             counts[(label, phase)] = c
-    for phase in ("task0", "inversion", "rrl", "chr"):
+    for phase in PHASES:
         eager_under_graphs = 0 if phase == "inversion" else 2  # copies: indices in, loss terms out to the epoch
         ref, fast = counts[("reference", phase)], counts[("fast", phase)]
         cells = [f"{sum(c.ops.values())} + {c.optimizer_ops}" for c in (ref, fast)]
         print(f"| {phase} | {cells[0]} | {cells[1]} ({fast.kernels} compute) | 1 replay + {eager_under_graphs} |")
     if args.top:
-        for phase in ("task0", "inversion", "rrl", "chr"):
+        for phase in PHASES:
             print(phase, counts[("fast", phase)].ops.most_common(args.top))
     return 0
 

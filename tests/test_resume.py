@@ -1,6 +1,8 @@
 """Crash safety: kill or interrupt runs anywhere, resume them, and get exactly the uninterrupted result."""
 
 import collections
+import hashlib
+import io
 import json
 import os
 import signal
@@ -237,6 +239,18 @@ def test_tampered_checkpoints_are_rejected(tmp_path):
         ck.load_latest()
 
 
+def _saved(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _crafted(layout, archive, block=b""):
+    """Checkpoint bytes around ``archive`` with a valid header and digest: only the loader's own checks stand."""
+    rest = archive if layout == MAGIC else len(archive).to_bytes(8, "little") + archive + block
+    return layout + hashlib.sha256(rest).digest() + rest
+
+
 def _equal(a, b):
     if isinstance(a, torch.Tensor):
         return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
@@ -274,14 +288,8 @@ def test_checkpoint_bytes_round_trip_every_dtype_shape_and_container():
 
 
 def test_checkpoints_of_the_first_layout_still_load():
-    import hashlib
-    import io
-
     payload = _mixed_payload()
-    buf = io.BytesIO()
-    torch.save(payload, buf)  # DFCILCK1: the tensors inside the archive
-    body = buf.getvalue()
-    assert _equal(payload, loads(MAGIC + hashlib.sha256(body).digest() + body))
+    assert _equal(payload, loads(_crafted(MAGIC, _saved(payload))))  # DFCILCK1: the tensors inside the archive
 
 
 @pytest.mark.parametrize(
@@ -294,19 +302,12 @@ def test_checkpoints_of_the_first_layout_still_load():
     ],
 )
 def test_a_crafted_tensor_index_is_an_error_not_a_crash(index, message):
-    import hashlib
-    import io
-
-    buf = io.BytesIO()
-    torch.save({"tensors": index, "payload": {"format": FORMAT, "w": {"__dfcil_tensor__": 0}}}, buf)
-    rest = len(buf.getvalue()).to_bytes(8, "little") + buf.getvalue() + bytes(16)
+    archive = _saved({"tensors": index, "payload": {"format": FORMAT, "w": {"__dfcil_tensor__": 0}}})
     with pytest.raises(CheckpointError, match=message):
-        loads(MAGIC2 + hashlib.sha256(rest).digest() + rest)
-    buf = io.BytesIO()
-    torch.save({"tensors": [], "payload": {"format": FORMAT, "w": {"__dfcil_tensor__": 3}}}, buf)
-    rest = len(buf.getvalue()).to_bytes(8, "little") + buf.getvalue()
+        loads(_crafted(MAGIC2, archive, bytes(16)))
+    archive = _saved({"tensors": [], "payload": {"format": FORMAT, "w": {"__dfcil_tensor__": 3}}})
     with pytest.raises(CheckpointError, match="refers to a tensor it does not hold"):
-        loads(MAGIC2 + hashlib.sha256(rest).digest() + rest)
+        loads(_crafted(MAGIC2, archive))
 
 
 class _Evil:
@@ -318,20 +319,12 @@ class _Evil:
 @pytest.mark.parametrize("layout", [MAGIC, MAGIC2])
 @pytest.mark.parametrize("zip_format", [True, False])
 def test_a_malicious_pickle_in_a_checkpoint_never_runs(tmp_path, monkeypatch, zip_format, layout):
-    import hashlib
-    import io
     import pickle
 
     monkeypatch.chdir(tmp_path)
-    if zip_format:
-        buf = io.BytesIO()
-        torch.save({"format": 1, "net": _Evil()}, buf)
-        body = buf.getvalue()
-    else:
-        body = pickle.dumps({"format": 1, "net": _Evil()})
-    if layout == MAGIC2:  # the evil object in the archive of containers
-        body = len(body).to_bytes(8, "little") + body
-    crafted = layout + hashlib.sha256(body).digest() + body  # a valid header and digest: only weights_only stops it
+    evil = {"format": 1, "net": _Evil()}
+    body = _saved(evil) if zip_format else pickle.dumps(evil)
+    crafted = _crafted(layout, body)  # the evil object in the archive: only weights_only stops it
     with pytest.raises(CheckpointError, match="not allowed"):
         loads(crafted)
     assert not (tmp_path / "pwned").exists()

@@ -364,10 +364,11 @@ def fit_task(
                 }  # fmt: skip
                 for cb in callbacks:
                     cb.on_epoch_end(record)
+                stop = interrupt is not None and interrupt.requested
                 if checkpoint is not None:
-                    done = epoch + 1 == phase.epochs or (interrupt is not None and interrupt.requested)
-                    checkpoint(Position(ctx.task_id, "train", index, epoch + 1), optimizer, None, done)
-                if interrupt is not None and interrupt.requested:
+                    required = stop or epoch + 1 == phase.epochs
+                    checkpoint(Position(ctx.task_id, "train", index, epoch + 1), optimizer, None, required)
+                if stop:
                     raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
         dt = time.perf_counter() - t_phase
         images = (phase.epochs - first_epoch) * len(batches) * batches.batch_size
