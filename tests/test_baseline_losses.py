@@ -97,3 +97,21 @@ def test_cosine_and_lsc_heads():
     linear = IncrementalLinear(2)
     linear.expand(3)
     assert linear(f).shape == (1, 3)
+
+
+def test_dgr_vae_is_abds_cifar_autoencoder():
+    from dfcil.methods.dgr import VAE
+
+    vae = VAE(zdim=16)
+    kinds = [type(m).__name__ for m in vae.decoder]
+    assert kinds == ["ConvTranspose2d", "ReLU", "ConvTranspose2d", "ReLU", "ConvTranspose2d"]  # ReLU except last
+    assert [m.out_channels for m in vae.encoder if isinstance(m, torch.nn.Conv2d)] == [64, 128, 512]
+    # the projection feeds the first transposed conv without an activation: negative values must matter
+    z = torch.zeros(2, 16)
+    with torch.no_grad():
+        vae.decoder_fc.weight.zero_()
+        vae.decoder_fc.bias.fill_(-1.0)
+        negative = vae.decode(z)
+        vae.decoder_fc.bias.zero_()
+        zero = vae.decode(z)
+    assert negative.shape == (2, 3, 32, 32) and not torch.allclose(negative, zero)

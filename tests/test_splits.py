@@ -31,6 +31,27 @@ def test_task_sizes(n, base, expected):
 
 
 @pytest.mark.parametrize(
+    ("c", "n", "expected"),
+    [
+        (200, 3, [66, 67, 67]),  # C % N == N - 1: cl-lite gives the extra classes to the later tasks
+        (20, 3, [6, 7, 7]),
+        (20, 7, [2] + [3] * 6),
+        (10, 4, [4, 2, 2, 2]),  # otherwise the remainder goes to the first task
+        (200, 6, [35] + [33] * 5),
+    ],
+)
+def test_equal_split_follows_cl_lite_split_task(c, n, expected):
+    assert task_sizes(c, n) == expected
+
+
+def test_every_equal_split_partitions_the_classes_with_equal_later_tasks():
+    for c in range(1, 61):
+        for n in range(1, c + 1):
+            sizes = task_sizes(c, n)
+            assert sum(sizes) == c and len(sizes) == n and min(sizes) >= 1 and len(set(sizes[1:])) <= 1, (c, n)
+
+
+@pytest.mark.parametrize(
     ("n", "base", "match"),
     [
         (7, 50, "not divisible by 6"),

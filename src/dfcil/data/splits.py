@@ -27,7 +27,10 @@ def class_order_from_seed(num_classes: int, seed: int) -> list[int]:
 def task_sizes(num_classes: int, num_tasks: int, base_classes: int = 0) -> list[int]:
     """Classes per task, as cl-lite's ``split_task``.
 
-    ``base_classes == 0``: N tasks of ``C // N`` classes, the remainder added to the first task.
+    ``base_classes == 0``: N tasks of ``C // N`` classes, the first one enlarged by what makes the rest divide evenly:
+    ``C // N + (C - C // N) % (N - 1)``, then N - 1 tasks of what is left over N - 1. That gives the remainder
+    ``C % N`` to the first task except when it is N - 1, where the later tasks get one class more (200 classes in 3
+    tasks: 66, 67, 67).
     ``base_classes > 0``: a first task of that many classes, then N - 1 equal tasks (the "half-base" protocol of
     Hou et al.: 50 base classes then 5/10/25 tasks for N = 6/11/26).
     """
@@ -36,8 +39,11 @@ def task_sizes(num_classes: int, num_tasks: int, base_classes: int = 0) -> list[
     if num_tasks > num_classes:
         raise SplitError(f"cannot split {num_classes} classes into {num_tasks} tasks: a task needs at least one class")
     if base_classes == 0:
-        per_task = num_classes // num_tasks
-        return [num_classes - per_task * (num_tasks - 1)] + [per_task] * (num_tasks - 1)
+        if num_tasks == 1:
+            return [num_classes]
+        first = num_classes // num_tasks
+        first += (num_classes - first) % (num_tasks - 1)
+        return [first] + [(num_classes - first) // (num_tasks - 1)] * (num_tasks - 1)
     if base_classes < 0 or base_classes > num_classes:
         raise SplitError(f"base_classes must be in [1, {num_classes}] (or 0 for equal tasks), got {base_classes}")
     rest = num_classes - base_classes

@@ -28,8 +28,9 @@ class DGRConfig(MethodConfig):
 
 class VAE(nn.Module):
     """ABD's CIFAR autoencoder: 4×4 stride-2 convs 3→64→128→512 (ReLU, no BN), linear μ and log σ² heads, and
-    the mirrored decoder. It models the normalised images with a Gaussian likelihood (ABD: [0, 1] pixels and BCE
-    through a sigmoid), so no output activation."""
+    the mirrored decoder: a linear projection (no activation), then 4×4 stride-2 transposed convs 512→256→64→3
+    with a ReLU after all but the last. It models the normalised images with a Gaussian likelihood (ABD: [0, 1]
+    pixels and BCE through a sigmoid), so no output activation."""
 
     def __init__(self, zdim: int = 1024) -> None:
         super().__init__()
@@ -41,8 +42,8 @@ class VAE(nn.Module):
         self.mu, self.logvar = nn.Linear(512 * 16, zdim), nn.Linear(512 * 16, zdim)
         self.decoder_fc = nn.Linear(zdim, 512 * 16)
         self.decoder = nn.Sequential(
-            nn.ReLU(), nn.ConvTranspose2d(512, 256, 4, 2, 1), nn.ReLU(), nn.ConvTranspose2d(256, 64, 4, 2, 1),
-            nn.ReLU(), nn.ConvTranspose2d(64, 3, 4, 2, 1),
+            nn.ConvTranspose2d(512, 256, 4, 2, 1), nn.ReLU(), nn.ConvTranspose2d(256, 64, 4, 2, 1), nn.ReLU(),
+            nn.ConvTranspose2d(64, 3, 4, 2, 1),
         )  # fmt: skip
 
     def decode(self, z: Tensor) -> Tensor:
