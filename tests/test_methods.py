@@ -1,6 +1,7 @@
 """Every registered method, through the engine: a 2-task run finishes with finite, named loss terms."""
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -67,11 +68,11 @@ def test_lr_schedule_follows_phase_milestones():
     assert [r["lr"] for r in rec.epochs if r["task"] == 0] == pytest.approx([0.1, 0.01, 0.01, 0.001])
 
 
-def _task1_setup(extra=()):
-    cfg = tiny_config("rdfcil", extra)
+def _task1_setup(extra=(), name="rdfcil", n=24):
+    cfg = tiny_config(name, extra)
     method = build_method(cfg.method, cfg.train)
     torch.manual_seed(0)
-    net = build_network("resnet8")
+    net = build_network("resnet8", type(method).head)
     net.expand(3)
     net.train()
     with torch.no_grad():
@@ -81,10 +82,11 @@ def _task1_setup(extra=()):
     ctx = TaskContext(
         1, 3, 3, 2, net, torch.device("cpu"), 32, 8, torch.Generator().manual_seed(0), make_progress(False)
     )
-    method.on_task_start(ctx)
-    x = torch.randint(0, 256, (24, 32, 32, 3), dtype=torch.uint8)
-    y = torch.randint(3, 6, (24,))
+    x = torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8)
+    y = torch.randint(3, 6, (n,))
     batches = TrainBatches(x, y, 8, Normalizer((0.5,) * 3, (0.25,) * 3, torch.device("cpu")), torch.Generator())
+    ctx.task_data = batches
+    method.on_task_start(ctx)
     return cfg, method, net, ctx, batches
 
 
@@ -126,6 +128,40 @@ def test_rrl_updates_backbone_old_heads_and_projectors():
     assert not torch.equal(method.projector.teacher.weight, proj["teacher.weight"])  # ψ/φ both train
     teacher = method.replay.teacher.state_dict()
     assert all(torch.equal(teacher[k], before[k]) for k in teacher)  # the teacher is a frozen snapshot
+
+
+def test_podnet_df_finetuning_trains_every_proxy_but_not_eta_with_a_fresh_optimiser():
+    cfg, method, net, ctx, batches = _task1_setup(name="podnet_df", n=48)
+    old_norm = net.head.weight()[: 3 * net.head.rows_per_class].norm(dim=1).mean()
+    new_norms = net.head.blocks[-1].weight.norm(dim=1)  # imprinted: centres of unit vectors × the old mean norm
+    assert (new_norms <= old_norm * (1 + 1e-6)).all() and not torch.allclose(new_norms, old_norm.expand_as(new_norms))
+    main, ft = method.phases(ctx)
+    assert (ft.name, ft.trainable, ft.reset_optimizer, ft.lr) == ("ft", "head", True, 0.05)
+    eta = net.head.eta.detach().clone()
+    fit_task(net, method, ctx, batches, [main], cfg.train)
+    assert net.head.eta.item() != eta.item()  # η learns in the main phase
+    before = copy.deepcopy(net.state_dict())
+    fit_task(net, method, ctx, batches, [ft], cfg.train)
+    after = net.state_dict()
+    assert torch.equal(after["head.eta"], before["head.eta"])
+    for i in range(2):
+        assert not torch.equal(after[f"head.blocks.{i}.weight"], before[f"head.blocks.{i}.weight"])  # old ones too
+    assert all(torch.equal(after[k], before[k]) for k in before if k.startswith("backbone."))
+
+
+def test_a_phase_that_resets_the_optimiser_starts_without_momentum():
+    def fit(*groups):
+        cfg, method, net, ctx, batches = _task1_setup(name="finetune")
+        for phases in groups:  # each fit_task call builds its own optimiser
+            fit_task(net, method, ctx, batches, phases, cfg.train)
+        return net.state_dict()
+
+    a, b = Phase("a", 1, 0.1), Phase("b", 1, 0.05)
+    reset = dataclasses.replace(b, reset_optimizer=True)
+    separate = fit([a], [b])
+    assert all(torch.equal(v, separate[k]) for k, v in fit([a, reset]).items())
+    carried = fit([a, b])
+    assert any(not torch.equal(v, separate[k]) for k, v in carried.items())  # momentum carried over
 
 
 class _NaNAtStep2(Method):

@@ -327,8 +327,8 @@ def fit_task(
                 optimizer.load_state_dict(optimizer_state)
                 optimizer_state = None
         set_trainable(net, extra, phase.trainable)
-        for module in method.frozen_modules(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
-            module.requires_grad_(False)
+        for part in method.frozen(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
+            part.requires_grad_(False)
         mode = graphs if method.graph_safe or graphs == "check" else "off"  # run() has warned about the method
         step = StepGraph(
             TrainStep(net, method, ctx, phase, batches), optimizer, mode, ctx.device,

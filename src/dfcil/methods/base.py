@@ -105,8 +105,9 @@ class Method:
         """Modules trained with the network by the same optimiser (e.g. RKD projectors)."""
         return []
 
-    def frozen_modules(self, ctx: TaskContext, phase: Phase) -> list[nn.Module]:
-        """Parts of the network kept frozen during ``phase`` (e.g. UCIR's old classifier blocks)."""
+    def frozen(self, ctx: TaskContext, phase: Phase) -> list[nn.Module | nn.Parameter]:
+        """Modules or single parameters of the network kept fixed during ``phase`` (e.g. UCIR's old classifier
+        blocks): no gradient, so the optimiser applies neither an update nor weight decay to them."""
         return []
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:

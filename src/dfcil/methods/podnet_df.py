@@ -69,11 +69,13 @@ class PODNetDF(Method):
         main = Phase("train", epochs=t.epochs - c.ft_epochs, lr=t.lr, milestones=t.milestones)
         if ctx.task_id == 0 or not c.ft_epochs:
             return [main]
-        return [main, Phase("ft", epochs=c.ft_epochs, lr=c.ft_lr, trainable="head")]
+        # PODNet's finetuning builds a new optimiser over the classifier's weights (not η, which it keeps apart)
+        return [main, Phase("ft", epochs=c.ft_epochs, lr=c.ft_lr, trainable="head", reset_optimizer=True)]
 
     @torch.no_grad()
     def _imprint(self, ctx: TaskContext) -> None:
-        """New proxies: k-means of each new class's normalised features, scaled to the old proxies' mean norm."""
+        """New proxies: k-means centres of each new class's normalised features times the old proxies' mean norm
+        (as PODNet: the centres are not normalised again, so their norms are at most the old mean norm)."""
         net, head = ctx.net, ctx.net.head
         net.eval()
         feats = [[] for _ in range(ctx.n_new)]
@@ -83,7 +85,7 @@ class PODNetDF(Method):
                 feats[c].append(f[y == ctx.n_old + c])
         old_norm = head.weight()[: ctx.n_old * head.rows_per_class].norm(dim=1).mean()
         k = head.rows_per_class
-        proxies = [F.normalize(kmeans(torch.cat(f), k, ctx.rng), dim=1) for f in feats]
+        proxies = [kmeans(torch.cat(f), k, ctx.rng) for f in feats]
         head.blocks[-1].weight.copy_(torch.cat(proxies) * old_norm)
         net.train()
 
@@ -99,8 +101,12 @@ class PODNetDF(Method):
         self.replay.end()
         self.class_counts = None
 
-    def frozen_modules(self, ctx: TaskContext, phase: Phase) -> list[nn.Module]:
-        return list(ctx.net.head.blocks)[:-1] if ctx.task_id > 0 and phase.name == "train" else []
+    def frozen(self, ctx: TaskContext, phase: Phase) -> list[nn.Module | nn.Parameter]:
+        if ctx.task_id == 0:
+            return []
+        if phase.name == "ft":  # every proxy is finetuned, η is not
+            return [ctx.net.head.eta]
+        return list(ctx.net.head.blocks)[:-1]  # old proxies stay fixed
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         c = self.cfg

@@ -70,7 +70,7 @@ class UCIRDF(Method):
     def on_task_end(self, ctx: TaskContext) -> None:
         self.replay.end()
 
-    def frozen_modules(self, ctx: TaskContext, phase: Phase) -> list[nn.Module]:
+    def frozen(self, ctx: TaskContext, phase: Phase) -> list[nn.Module | nn.Parameter]:
         return list(ctx.net.head.blocks)[:-1] if ctx.task_id > 0 else []  # old class weights stay fixed
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
