@@ -142,3 +142,27 @@ def test_graphs_and_a_compile_mode_that_captures_graphs_itself_are_refused():
         load_config([CONFIGS / "smoke.yaml"], [("engine.cuda_graphs", "on"), ("engine.compile", "reduce-overhead")])
     cfg = load_config([CONFIGS / "smoke.yaml"], [("engine.cuda_graphs", "on"), ("engine.compile", "default")])[0]
     assert (cfg.engine.cuda_graphs, cfg.engine.compile) == ("on", "default")
+
+
+@pytest.mark.parametrize("setting", ["n5", "b50_n11"])
+def test_the_paper_presets_give_every_plain_ce_first_task_the_same_schedule(setting):
+    """The paper trains every approach 160 epochs (R-DFCIL adds 40 of head refinement on later tasks), so the
+    presets whose first task is plain CE train it identically, and one task-0 cache serves them all."""
+    import dataclasses
+
+    import torch
+
+    from dfcil.methods import TaskContext, build_method
+    from dfcil.progress import make_progress
+
+    first = {}
+    for name in ("finetune", "lwf", "deepinversion", "abd", "rdfcil"):
+        cfg, _ = load_config([CONFIGS / "cifar100" / f"{name}_{setting}.yaml"])
+        method = build_method(cfg.method, cfg.train)
+        ctx = TaskContext(0, 0, 50, 5, None, torch.device("cpu"), 32, 128, torch.Generator(), make_progress(False))
+        train = config_to_dict(cfg)["train"]
+        del train["epochs"]  # R-DFCIL's 200 include CHR, which task 0 does not run
+        schedule = [dataclasses.asdict(p) | {"name": None} for p in method.phases(ctx)]
+        first[name] = (method.task0_signature(), schedule, train, cfg.model, cfg.data, cfg.seed)
+    assert first["rdfcil"][1][0]["epochs"] == 160 and len(first["rdfcil"][1]) == 1
+    assert all(value == first["rdfcil"] for value in first.values()), {k: v[1] for k, v in first.items()}
