@@ -235,3 +235,61 @@ def test_an_earlier_versions_partial_epoch_converts_to_the_same_sums_and_first_b
     with pytest.raises(NonFiniteLossError, match="'broken' became non-finite .* step 1"):
         train_epoch(net, Constant(cfg.method, cfg.train), batches, optimizer, ctx, Phase("rrl", 1, 0.1),
                     state=EpochProgress.from_state(old, torch.device("cpu")))  # fmt: skip
+
+
+def test_student_pass_mixes_or_separates_the_bn_statistics_of_real_and_synthetic_images():
+    from dfcil.synthesis.replay import student_pass
+
+    torch.manual_seed(0)
+    net = build_network("resnet8")
+    net.expand(4)
+    net.train()
+    real, syn = torch.randn(6, 3, 32, 32), torch.randn(6, 3, 32, 32) * 2 + 1
+
+    def run_(fn):
+        n = copy.deepcopy(net)
+        out = fn(n)
+        return out, {k: v for k, v in n.state_dict().items() if "running" in k}
+
+    mixed, mixed_stats = run_(lambda n: student_pass(n, real, syn, "mixed"))
+    one, one_stats = run_(lambda n: n(torch.cat([real, syn])))
+    assert torch.equal(mixed.logits, one.logits) and all(torch.equal(v, one_stats[k]) for k, v in mixed_stats.items())
+
+    def two(n):
+        a, b = n(real), n(syn)
+        return torch.cat([a.logits, b.logits]), torch.cat([a.features, b.features])
+
+    (logits, features), two_stats = run_(two)
+    for merge in (False, True):
+        out, stats = run_(lambda n, m=merge: student_pass(n, real, syn, "separate", m, fmaps=True))
+        torch.testing.assert_close(out.logits, logits)
+        torch.testing.assert_close(out.features, features)
+        assert len(out.fmaps) == len(one.fmaps) and out.fmaps[0].shape[0] == 12
+        for k, v in stats.items():
+            torch.testing.assert_close(v, two_stats[k])
+    assert not torch.allclose(mixed.logits, logits)  # the choice matters
+    unequal, _ = run_(lambda n: student_pass(n, real, syn[:2], "separate", True))  # parts of unequal size
+    assert unequal.logits.shape[0] == 8 and unequal.fmaps == ()
+    torch.testing.assert_close(unequal.logits[:6], logits[:6])
+
+
+def test_synthetic_images_per_step():
+    from dfcil.synthesis.replay import synthetic_count
+
+    assert synthetic_count(0, 50, 128, 39) == 128  # 1:1 with the real batch
+    assert synthetic_count(20, 50, 128, 39) == 26  # 20 per old class per epoch: ceil(1000 / 39)
+    assert synthetic_count(20, 90, 128, 39) == 47  # grows with the old classes
+    assert synthetic_count(1, 2, 128, 100) == 1  # at least one
+
+
+@pytest.mark.parametrize("name", ["abd", "deepinversion", "ucir_df", "podnet_df", "dgr"])
+def test_replay_baselines_take_separate_bn_statistics_and_a_synthetic_dose(name):
+    extra = [("method.replay_bn", "separate")]
+    if name in ("ucir_df", "podnet_df"):
+        extra.append(("method.synthetic_per_class", "2"))  # 2 × 3 old classes over 3 steps: 2 per step
+    cfg, method, net, ctx, batches = _task1_setup(extra, name=name)
+    x, y = next(iter(batches))
+    terms = method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])
+    assert terms and all(torch.isfinite(v) for v in terms.values())
+    if name == "podnet_df":
+        assert method.class_counts.sum().item() == len(x) + 2  # real images + 2 pseudo-labelled synthetic ones

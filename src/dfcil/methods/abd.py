@@ -15,13 +15,16 @@ from dfcil.losses.distillation import head_feature_kd
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay
+from dfcil.synthesis.replay import Replay, ReplayBN, student_pass
 
 
 @configclass
 class ABDConfig(MethodConfig):
     name: str = "abd"
     mu: NonNegativeFloat = 0.1  # weight of the importance-weighted feature KD
+    # BN statistics of the student's real + synthetic batch: "mixed" (one batch, shared statistics: ABD's code) or
+    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    replay_bn: ReplayBN = "mixed"
     inversion: InversionConfig = dataclasses.field(default_factory=lambda: InversionConfig(persistent=True))
 
 
@@ -30,7 +33,7 @@ class ABD(Method):
     """ABD (Smith et al., 2021): local CE, task-balanced head CE, feature KD through the old head.
 
     Local CE on the new data over the new-class logits; a task-balanced CE that trains only the head on real +
-    synthetic data; feature KD through the frozen old head; real and synthetic images in one batch.
+    synthetic data; feature KD through the frozen old head; real and synthetic images in one batch (``replay_bn``).
 
     Not replicated: ABD's first-task and head CE run over all C outputs of a pre-allocated head, unseen classes
     included; here they run over the classes seen so far."""
@@ -60,10 +63,10 @@ class ABD(Method):
             t = teacher(x)  # eval mode: features of both halves, pseudo-labels of the synthetic half
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
         w = task_balance_weights(y, n_old, ctx.n_seen)
-        out = net(x)  # one batch of real + synthetic images: shared BN statistics
+        out = student_pass(net, batch.x, x_syn, self.cfg.replay_bn, ctx.merge_student)
         local = F.cross_entropy(out.logits[:b, n_old:].float(), batch.y - n_old, reduction="none") * w[:b]
         with torch.no_grad():  # ABD recomputes the features (a second train-mode pass: BN statistics move twice)
-            features = net(x).features
+            features = student_pass(net, batch.x, x_syn, self.cfg.replay_bn, ctx.merge_student).features
         head_ce = F.cross_entropy(net.head(features.detach()).float(), y, reduction="none") * w
         return {
             "local_ce": local.mean(),

@@ -15,7 +15,7 @@ from dfcil.losses.distillation import kd_soft_ce
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay
+from dfcil.synthesis.replay import Replay, ReplayBN, student_pass
 
 
 @configclass
@@ -23,6 +23,9 @@ class DeepInversionConfig(MethodConfig):
     name: str = "deepinversion"
     lambda_kd: NonNegativeFloat = 1.0  # μ of both KD terms
     temperature: PositiveFloat = 2.0  # T (no T² factor, as ABD)
+    # BN statistics of the student's real + synthetic batch: "mixed" (one batch, shared statistics: ABD's code) or
+    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    replay_bn: ReplayBN = "mixed"
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
 
 
@@ -52,10 +55,10 @@ class DeepInversion(Method):
         if ctx.task_id == 0:
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
         b, c, n_old = len(batch.x), self.cfg, ctx.n_old
-        x = torch.cat([batch.x, self.replay.generate(b)])  # one batch: shared BN statistics, as ABD
+        x_syn = self.replay.generate(b)
         with torch.no_grad():
-            old = self.replay.teacher(x).logits  # (2B, n_old)
-        logits = net(x).logits
+            old = self.replay.teacher(torch.cat([batch.x, x_syn])).logits  # (2B, n_old)
+        logits = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.merge_student).logits
         return {
             "ce": F.cross_entropy(logits[:b], batch.y),
             "kd_real": c.lambda_kd * kd_soft_ce(logits[:b, :n_old], old[:b], c.temperature),

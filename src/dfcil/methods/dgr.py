@@ -16,6 +16,7 @@ from dfcil.losses.classification import task_balance_weights
 from dfcil.losses.distillation import kd_soft_ce
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
+from dfcil.synthesis.replay import ReplayBN, student_pass
 
 
 @configclass
@@ -24,6 +25,9 @@ class DGRConfig(MethodConfig):
     lambda_kd: NonNegativeFloat = 1.0  # μ of the KD on replayed samples
     temperature: PositiveFloat = 2.0
     zdim: PositiveInt = 1024  # VAE latent size (ABD: 1024)
+    # BN statistics of the student's real + replayed batch: "mixed" (one batch, shared statistics: ABD's DGR) or
+    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    replay_bn: ReplayBN = "mixed"
 
 
 class VAE(nn.Module):
@@ -104,7 +108,7 @@ class DGR(Method):
             t_logits = old_net(x_rep).logits
         x, y = torch.cat([batch.x, x_rep]), torch.cat([batch.y, t_logits.argmax(dim=1)])
         w = task_balance_weights(y, n_old, ctx.n_seen)
-        logits = net(x).logits
+        logits = student_pass(net, batch.x, x_rep, self.cfg.replay_bn, ctx.merge_student).logits
         ce = (F.cross_entropy(logits.float(), y, reduction="none") * w).mean()
         kd = self.cfg.lambda_kd * kd_soft_ce(logits[b:, :n_old], t_logits, self.cfg.temperature)
         return {"ce": ce, "kd": kd, "vae": self.vae.loss(x, w, ctx.rng)}

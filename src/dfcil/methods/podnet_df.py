@@ -17,7 +17,7 @@ from dfcil.losses.podnet import nca, pod_flat, pod_spatial
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay
+from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_count
 
 
 @configclass
@@ -28,6 +28,12 @@ class PODNetDFConfig(MethodConfig):
     nca_margin: float = 0.6  # kept for fidelity: the reference's NCA subtracts it from every logit (no effect)
     ft_epochs: NonNegativeInt = 20  # last epochs of train.epochs: balanced head finetuning (0: none)
     ft_lr: PositiveFloat = 0.05  # constant lr of the finetuning
+    # BN statistics of the student's real + synthetic batch: "mixed" (one batch, shared statistics: ABD's code) or
+    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    replay_bn: ReplayBN = "mixed"
+    # synthetic images per step: 0 = one per real image (1:1, as ABD and R-DFCIL); k > 0 = k per old class per
+    # epoch, the exemplar-equivalent dose (UCIR and PODNet keep 20 exemplars per class; spec/baselines.md §8.2)
+    synthetic_per_class: NonNegativeInt = 0
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
 
 
@@ -113,11 +119,11 @@ class PODNetDF(Method):
         if ctx.task_id == 0:
             return {"nca": nca(net(batch.x).logits, batch.y, margin=c.nca_margin)}
         b = len(batch.x)
-        x = torch.cat([batch.x, self.replay.generate(b)])  # real new data + synthetic "exemplars"
+        x_syn = self.replay.generate(self.synthetic_per_step(ctx, b))  # synthetic "exemplars"
         with torch.no_grad():
-            t = self.replay.teacher(x)
+            t = self.replay.teacher(torch.cat([batch.x, x_syn]))
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
-        out = net(x)
+        out = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.merge_student, fmaps=True)
         if phase.name == "ft":  # balanced finetuning: reweight the classes instead of undersampling exemplars
             weights = balanced_class_weights(self.class_counts)
             return {"nca": nca(out.logits, y, margin=c.nca_margin, class_weight=weights)}
@@ -128,6 +134,10 @@ class PODNetDF(Method):
             "pod_spatial": c.lambda_c * factor * pod_spatial(out.fmaps, t.fmaps),
             "pod_flat": c.lambda_f * factor * pod_flat(out.features, t.features),
         }
+
+    def synthetic_per_step(self, ctx: TaskContext, real_batch: int) -> int:
+        k = self.cfg.synthetic_per_class
+        return synthetic_count(k, ctx.n_old, real_batch, len(ctx.task_data) if k else 0)
 
     def components(self) -> dict[str, Any]:
         return {"replay": self.replay}

@@ -19,10 +19,9 @@ from dfcil.config import ConfigError, MethodConfig, NonNegativeFloat, NonNegativ
 from dfcil.losses.classification import balanced_class_weights, class_histogram, local_ce
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
-from dfcil.models.batchnorm import BNMode
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay
+from dfcil.synthesis.replay import Replay, student_pass
 
 
 @configclass
@@ -152,13 +151,7 @@ class RDFCIL(Method):
             if c.chr_hkd and c.old_kd == "hkd":
                 terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])
             return terms
-        if ctx.merge_student:  # per-half BN statistics: equal to separate real and synthetic passes
-            out = net(torch.cat([batch.x, x_syn]), bn=BNMode(splits=2))
-            logits, feat = out.logits, out.features
-        else:
-            real_out, syn_out = net(batch.x), net(x_syn)
-            logits = torch.cat([real_out.logits, syn_out.logits])
-            feat = torch.cat([real_out.features, syn_out.features])
+        logits, feat, _ = student_pass(net, batch.x, x_syn, "separate", ctx.merge_student)  # the reference's BN
         terms = {"lce": w.lce * local_ce(logits[:b], batch.y, n_old)}
         if c.old_kd == "hkd":  # old knowledge on synthetic data
             terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfcil.config import MethodConfig, NonNegativeFloat, PositiveInt, configclass
+from dfcil.config import MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveInt, configclass
 from dfcil.losses.ucir import less_forget, margin_ranking
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay
+from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_count
 
 
 @configclass
@@ -25,6 +25,12 @@ class UCIRDFConfig(MethodConfig):
     lambda_base: NonNegativeFloat = 5.0  # less-forget weight λ_base; λ = λ_base·√(n_old/n_new) (CIFAR: 5)
     margin: NonNegativeFloat = 0.5  # margin ranking m
     hard_negatives: PositiveInt = 2  # K new-class scores per old-class sample
+    # BN statistics of the student's real + synthetic batch: "mixed" (one batch, shared statistics: ABD's code) or
+    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    replay_bn: ReplayBN = "mixed"
+    # synthetic images per step: 0 = one per real image (1:1, as ABD and R-DFCIL); k > 0 = k per old class per
+    # epoch, the exemplar-equivalent dose (UCIR and PODNet keep 20 exemplars per class; spec/baselines.md §8.2)
+    synthetic_per_class: NonNegativeInt = 0
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
 
 
@@ -77,11 +83,11 @@ class UCIRDF(Method):
         if ctx.task_id == 0:
             return {"ce": F.cross_entropy(net(batch.x).logits.float(), batch.y)}
         c, b, n_old = self.cfg, len(batch.x), ctx.n_old
-        x = torch.cat([batch.x, self.replay.generate(b)])  # real new data + synthetic "exemplars"
+        x_syn = self.replay.generate(self.synthetic_per_step(ctx, b))  # synthetic "exemplars"
         with torch.no_grad():
-            t = self.replay.teacher(x)
+            t = self.replay.teacher(torch.cat([batch.x, x_syn]))
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
-        out = net(x)
+        out = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.merge_student)
         lam = c.lambda_base * math.sqrt(n_old / ctx.n_new)
         cosine = net.head.cosine(out.features)
         return {
@@ -89,6 +95,10 @@ class UCIRDF(Method):
             "less_forget": lam * less_forget(out.features, t.features),
             "margin": margin_ranking(cosine, y, n_old, c.hard_negatives, c.margin),
         }
+
+    def synthetic_per_step(self, ctx: TaskContext, real_batch: int) -> int:
+        k = self.cfg.synthetic_per_class
+        return synthetic_count(k, ctx.n_old, real_batch, len(ctx.task_data) if k else 0)
 
     def components(self) -> dict[str, Any]:
         return {"replay": self.replay}

@@ -9,12 +9,14 @@ and are warm-started there, instead of a fresh generator per task (R-DFCIL).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import math
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
-from dfcil.models.network import IncrementalNet
+from dfcil.models.batchnorm import BNMode
+from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 
 if TYPE_CHECKING:
@@ -108,3 +110,33 @@ class Replay:
                 raise ValueError("the trained generator and teacher of this task are missing from the checkpoint")
             self.teacher.load_state_dict(static["teacher"])
             self.synth.load_trained(static["generator"], static.get("optimizer"))
+
+
+ReplayBN = Literal["mixed", "separate"]
+
+
+def student_pass(
+    net: IncrementalNet, real: Tensor, synthetic: Tensor, bn: ReplayBN, merge: bool = False, fmaps: bool = False
+) -> NetOutput:
+    """The student's outputs on ``real`` then ``synthetic`` images (rows in that order).
+
+    ``bn="mixed"``: one batch, so BN normalises both with shared statistics (ABD's, DeepInversion's and DGR's code).
+    ``"separate"``: each part with its own batch statistics, the running statistics updated real part first, as two
+    passes would (R-DFCIL's code); computed as one pass with per-part BN statistics when ``merge`` and the parts
+    are equally large, else as two passes (whose feature maps are joined only if ``fmaps``).
+    """
+    if bn == "mixed":
+        return net(torch.cat([real, synthetic]))
+    if merge and len(real) == len(synthetic):
+        return net(torch.cat([real, synthetic]), bn=BNMode(splits=2))
+    a, b = net(real), net(synthetic)
+    maps = tuple(torch.cat(pair) for pair in zip(a.fmaps, b.fmaps, strict=True)) if fmaps else ()
+    return NetOutput(torch.cat([a.logits, b.logits]), torch.cat([a.features, b.features]), maps)
+
+
+def synthetic_count(per_class: int, n_old: int, real_batch: int, steps_per_epoch: int) -> int:
+    """Synthetic images per step: as many as real ones (``per_class == 0``, ABD's and R-DFCIL's 1:1), or enough that
+    an epoch sees ``per_class`` per old class (UCIR's and PODNet's exemplar budget, e.g. 20): at least one."""
+    if per_class == 0:
+        return real_batch
+    return max(1, math.ceil(per_class * n_old / max(steps_per_epoch, 1)))
