@@ -373,3 +373,49 @@ def test_shared_first_task_model_gives_the_same_run(tmp_path):
     other = ["train", *base, "--train.lr", "0.05", "--task0_cache", str(cache), "--out", str(tmp_path / "o")]
     assert main(other) == 0
     assert len(list(cache.glob("task0-*.pt"))) == 2
+
+
+@pytest.mark.parametrize("kernel", ["fused", "foreach"])
+def test_optimizer_state_resumes_in_its_parameters_layout_and_kernel(kernel):
+    """A channels_last conv's momentum comes back with the conv's strides (a fused kernel needs them and computes
+    nonsense without), and the resumed optimiser keeps its own kernel flags, not the saved run's."""
+    from dfcil.state import FORMAT, dumps, load_optimizer_state, loads
+
+    def conv():
+        torch.manual_seed(0)
+        return torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+
+    def step(model, opt):
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+
+    a, b = conv(), conv()
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9, **{kernel: True})
+    for _ in range(2):
+        step(a, opt_a)
+    saved = loads(dumps({"format": FORMAT, "net": a.state_dict(), "opt": opt_a.state_dict()}))
+    saved["opt"]["param_groups"][0][kernel] = False  # as if written by a run built differently
+    b.load_state_dict(saved["net"])
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9, **{kernel: True})
+    load_optimizer_state(opt_b, saved["opt"])
+    assert opt_b.param_groups[0][kernel] is True
+    assert opt_b.state[b.weight]["momentum_buffer"].stride() == b.weight.stride()
+    step(a, opt_a)
+    step(b, opt_b)
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+
+
+def test_random_streams_from_another_kind_of_device_are_refused_before_any_is_set():
+    from dfcil.state import CheckpointError, capture_rng, restore_rng
+
+    state = capture_rng({"data": torch.Generator().manual_seed(1)})
+    state["generators"]["data"] = torch.zeros(16, dtype=torch.uint8)  # a CUDA generator's state
+    before = torch.get_rng_state()
+    torch.manual_seed(123)
+    mark = torch.get_rng_state()
+    with pytest.raises(CheckpointError, match="another kind of device.*cpu <-> cuda"):
+        restore_rng(state, {"data": torch.Generator()})
+    assert torch.equal(torch.get_rng_state(), mark) and not torch.equal(mark, before)

@@ -22,7 +22,7 @@ from dfcil.methods import Batch, Method, Phase, TaskContext
 from dfcil.models.network import IncrementalNet
 from dfcil.progress import ProgressFactory, make_progress
 from dfcil.session import EpochProgress, Protocol, Session, prepare, resolve_device, seed_everything
-from dfcil.state import Checkpointer, Position
+from dfcil.state import Checkpointer, Position, load_optimizer_state
 
 __all__ = ["Interrupt", "NonFiniteLossError", "Protocol", "RunInterrupted", "evaluate", "fit_task", "prepare"]
 __all__ += ["TrainStep", "resolve_device", "run", "seed_everything", "set_trainable", "train_epoch"]
@@ -324,7 +324,7 @@ def fit_task(
                 **fused_kwargs(params, fused),
             )
             if optimizer_state is not None:
-                optimizer.load_state_dict(optimizer_state)
+                load_optimizer_state(optimizer, optimizer_state)
                 optimizer_state = None
         set_trainable(net, extra, phase.trainable)
         for part in method.frozen(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks

@@ -76,6 +76,14 @@ def capture_rng(generators: dict[str, torch.Generator]) -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+    if set(state["generators"]) != set(generators):
+        raise CheckpointError(f"checkpoint has RNG streams {sorted(state['generators'])}, run has {sorted(generators)}")
+    for name, g in generators.items():  # checked before any stream is set
+        if state["generators"][name].numel() != g.get_state().numel():  # CPU: 5056 bytes of state, CUDA: 16
+            raise CheckpointError(
+                f"the checkpoint's random stream {name!r} comes from another kind of device than {g.device}; a run "
+                f"resumes on the kind of device it was started on (cuda:0 -> cuda:1 works, cpu <-> cuda does not)"
+            )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
@@ -83,10 +91,35 @@ def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -
     torch.set_rng_state(state["torch"])
     for i, s in enumerate(state["cuda"][: torch.cuda.device_count()]):
         torch.cuda.set_rng_state(s, i)
-    if set(state["generators"]) != set(generators):
-        raise CheckpointError(f"checkpoint has RNG streams {sorted(state['generators'])}, run has {sorted(generators)}")
     for name, g in generators.items():
         g.set_state(state["generators"][name])
+
+
+# ------------------------------------------------------------------------------------------------- optimisers
+
+_KERNEL_FLAGS = ("fused", "foreach", "capturable", "differentiable")  # how an optimiser computes, not its state
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)`` that keeps how ``optimizer`` was built to compute.
+
+    ``Optimizer.load_state_dict`` would restore the saved run's kernel flags (``fused``, ``capturable``, ...), so a
+    checkpoint written on a CPU would resume on a GPU unfused and, for Adam, not capturable by a CUDA graph; and it
+    restores every moment contiguous, while a fused kernel needs the layout of its parameter (``channels_last``
+    conv weights). Here the optimiser's own flags win, and a state tensor shaped like its parameter takes the
+    parameter's strides.
+    """
+    groups = [
+        {**saved, **{k: current[k] for k in _KERNEL_FLAGS if k in current}}
+        for saved, current in zip(state["param_groups"], optimizer.param_groups, strict=False)
+    ]
+    optimizer.load_state_dict({**state, "param_groups": groups})
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            moments = optimizer.state.get(p, {})
+            for key, value in moments.items():
+                if isinstance(value, torch.Tensor) and value.shape == p.shape and value.stride() != p.stride():
+                    moments[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
 
 
 # ------------------------------------------------------------------------------------------------- files

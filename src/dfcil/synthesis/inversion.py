@@ -18,6 +18,7 @@ from dfcil.graphs import GraphMode, StepGraph
 from dfcil.models.batchnorm import BNMode, BNStats
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet
+from dfcil.state import load_optimizer_state
 from dfcil.synthesis.regularizers import (
     bn_statistics_loss,
     content_loss,
@@ -142,7 +143,7 @@ class ModelInversion:
     def warm_start(self, state: dict) -> None:
         """Start this inversion from a previous generator and its Adam state (ABD's persistent generator)."""
         self.generator.load_state_dict(state["generator"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
 
     @torch.no_grad()
     def generate(self, n: int) -> Tensor:
@@ -166,7 +167,7 @@ class ModelInversion:
     def load_state_dict(self, state: dict) -> None:
         """Continue a partly trained generator (see :meth:`state_dict`)."""
         self.generator.load_state_dict(state["generator"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.step = int(state["step"])
         if self.done:
             self._freeze()
@@ -175,6 +176,6 @@ class ModelInversion:
         """Load a fully trained generator for sampling (and its Adam state when it persists)."""
         self.generator.load_state_dict(generator_state)
         if optimizer_state and self.optimizer is not None:
-            self.optimizer.load_state_dict(optimizer_state)
+            load_optimizer_state(self.optimizer, optimizer_state)
         self.step = self.cfg.steps
         self._freeze()
