@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from dfcil.engine import run
-from dfcil.graphs import GraphSafetyError, StepGraph
+from dfcil.graphs import GraphCaptureError, GraphSafetyError, StepGraph
 from dfcil.methods import METHODS
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 from test_methods import tiny_config
@@ -67,22 +67,50 @@ def test_a_step_without_inputs_is_recorded_once():
     assert step.captures == 1 and step.calls == 5
 
 
-def test_a_failed_capture_falls_back_to_eager_steps(caplog):
-    """If CUDA refuses a capture the run goes on eagerly, says so, and trains exactly as the eager engine."""
+def test_a_graph_that_cannot_be_set_up_falls_back_to_eager_steps(caplog):
+    """If a graph cannot even be set up (nothing captured yet), the run goes on eagerly, says so, and trains
+    exactly as the eager engine."""
     eager, graphed = Toy(), Toy()
     step = StepGraph(graphed.compute, graphed.opt, "check", warmup=0)
-    step.mode = "on"  # as on a GPU; the capture is made to fail as CUDA would on an illegal operation
+    step.mode = "on"  # as on a GPU, with a PyTorch whose graphs cannot register generators
 
     def refuse():
-        raise RuntimeError("operation not permitted when stream is capturing")
+        raise AttributeError("'CUDAGraph' object has no attribute 'register_generator_state'")
 
-    step._capture = refuse
+    step._new_graph = refuse
     with caplog.at_level("WARNING", logger="dfcil"):
         got = [step("k", x, y).clone() for x, y in batches(4)]
-    assert step.mode == "off" and "not permitted" in step.failure and "runs eagerly" in caplog.text
+    assert step.mode == "off" and "register_generator_state" in step.failure and "runs eagerly" in caplog.text
     want = train(eager, "off", batches(4))
     for u, v in zip(want, got, strict=True):
         torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+
+def test_a_capture_that_fails_once_begun_stops_with_the_way_to_go_on(monkeypatch):
+    """A failed capture can leave generators and streams in capture state: no eager fallback, a clear error."""
+    toy = Toy()
+    step = StepGraph(toy.compute, toy.opt, "check", warmup=0)
+    step.mode = "on"
+    step._new_graph = object
+
+    class FailingCapture:  # torch.cuda.graph, failing as CUDA does on an operation a capture forbids
+        def __init__(self, graph):
+            pass
+
+        def __enter__(self):
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+        def __exit__(self, *exc):
+            return False
+
+    current = []
+    monkeypatch.setattr(torch.cuda, "graph", FailingCapture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the stream before the capture")
+    monkeypatch.setattr(torch.cuda, "set_stream", current.append)
+    with pytest.raises(GraphCaptureError, match=r"not permitted.*dfcil resume <run dir> --engine.cuda_graphs off"):
+        step("k", *batches(1)[0])
+    assert current == ["the stream before the capture"]  # the capture stream is not left current
 
 
 def test_on_mode_is_eager_off_cuda():

@@ -206,7 +206,15 @@ def test_changed_protocol_is_refused_runtime_keys_are_not(reference, tmp_path, c
     assert main([*args, "--data.num_tasks", "5", "--seed", "3"]) == 2
     err = capsys.readouterr().err
     assert "different config (data.num_tasks, seed)" in err and f"dfcil resume {out}" in err
-    assert main([*args, "--device", "cpu", "--checkpoint_interval_s", "5"]) == 0  # runtime keys may change
+    runtime = ["--device", "cpu", "--checkpoint_interval_s", "5", "--engine.cuda_graphs", "check"]
+    assert main([*args, *runtime]) == 0  # runtime keys may change
+    assert_same_run(reference, out)
+
+
+def test_resume_may_switch_cuda_graphs(reference, tmp_path):
+    """After a failed capture stopped a run, `dfcil resume DIR --engine.cuda_graphs off` continues it."""
+    _, out = _unfinished(tmp_path)
+    assert main(["resume", str(out), "--no-progress", "--engine.cuda_graphs", "check"]) == 0
     assert_same_run(reference, out)
 
 

@@ -67,6 +67,10 @@ def _build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue an unfinished run from its newest checkpoint")
     resume.add_argument("run_dir", metavar="DIR")
     resume.add_argument("--device", help="run on another device than the one the run started on")
+    resume.add_argument(
+        "--engine.cuda_graphs", dest="cuda_graphs", choices=("on", "off", "check"),
+        help="switch CUDA graphs on or off (e.g. off after a failed capture); the results do not change",
+    )  # fmt: skip
     bars = resume.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -123,6 +127,8 @@ def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from dfcil.runner import resume
 
     overrides = {"device": args.device} if args.device else {}
+    if args.cuda_graphs:
+        overrides["engine.cuda_graphs"] = args.cuda_graphs
     return _interruptible(
         args.run_dir, lambda interrupt: resume(args.run_dir, overrides, args.progress, argv, interrupt=interrupt)
     )

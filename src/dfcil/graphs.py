@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["GraphMode", "GraphSafetyError", "StepGraph"]
+__all__ = ["GraphCaptureError", "GraphMode", "GraphSafetyError", "StepGraph"]
 
 log = logging.getLogger("dfcil")
 
@@ -43,6 +43,10 @@ class GraphSafetyError(RuntimeError):
     """A step does something a CUDA graph cannot replay faithfully."""
 
 
+class GraphCaptureError(RuntimeError):
+    """A CUDA graph capture failed after it began; the process's CUDA state is not to be trusted any more."""
+
+
 class StepGraph:
     """``optimizer.zero_grad(); values = compute(*inputs); values.sum().backward(); clip(); optimizer.step()``.
 
@@ -50,7 +54,10 @@ class StepGraph:
         compute: the step's loss terms as a 1-D tensor, from per-step tensor inputs.
         optimizer: updated by the step. Under ``on`` an Adam must be ``capturable``; an SGD needs nothing.
         mode: ``off``: eager. ``on``: eager for ``warmup`` steps of each key, then captured once and replayed (CUDA
-            only; eager on other devices, and from a failed capture on, with a warning and :attr:`failure` set).
+            only; eager on other devices). If the graph cannot be set up (e.g. a PyTorch without
+            ``register_generator_state``) the steps run eagerly, with a warning and :attr:`failure` set; a capture
+            that fails once begun raises :class:`GraphCaptureError` (it can leave random generators and the
+            current stream in capture state, so eager steps would not be safe either).
             ``check``: eager, verifying that ``on`` would replay the same work.
         device: where the step runs.
         generators: random streams the step draws from besides the default one (registered with the graph).
@@ -123,12 +130,13 @@ class StepGraph:
             if self.mode == "check":
                 return self._checked_step()
             try:
-                return self._capture()
-            except Exception as err:  # noqa: BLE001 - a capture that CUDA refuses must not end a run
-                log.warning("CUDA graph capture of %r failed; the step runs eagerly from here on: %s", key, err)
+                graph = self._new_graph()
+            except Exception as err:  # noqa: BLE001 - nothing was captured yet: eager steps are safe
+                log.warning("cannot set up a CUDA graph for %r; the step runs eagerly from here on: %s", key, err)
                 self.mode, self.failure = "off", f"{type(err).__name__}: {err}"
                 self._reset()
                 return self._step(*inputs)
+            return self._capture(graph)
         for buffer, x in zip(self.static_in, inputs, strict=True):
             if buffer.shape != x.shape or buffer.dtype != x.dtype:
                 raise GraphSafetyError(
@@ -151,15 +159,28 @@ class StepGraph:
         torch.cuda.current_stream().wait_stream(side)
         return out
 
-    def _capture(self) -> Tensor:
+    def _new_graph(self) -> Any:
         graph = torch.cuda.CUDAGraph()
         for generator in self.generators:
             graph.register_generator_state(generator)
+        return graph
+
+    def _capture(self, graph: Any) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)  # gradients are allocated inside the graph's memory pool
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
-        with torch.cuda.graph(graph):
-            self.static_out = self._step(*self.static_in)
+        stream = torch.cuda.current_stream(self.device)
+        try:
+            with torch.cuda.graph(graph):
+                self.static_out = self._step(*self.static_in)
+        except Exception as err:
+            torch.cuda.set_stream(stream)  # torch.cuda.graph leaves its capture stream current when capturing fails
+            raise GraphCaptureError(
+                f"capturing the step {self.key!r} as a CUDA graph failed ({type(err).__name__}: {err}). A failed "
+                f"capture can leave this process's random generators and CUDA streams unusable, so the run stops "
+                f"here, after its last checkpoint; continue it without graphs: "
+                f"dfcil resume <run dir> --engine.cuda_graphs off"
+            ) from err
         self.capture_s += time.perf_counter() - t0  # the capture synchronises when it ends
         self.graph = graph
         graph.replay()  # the capture ran nothing: this is the step

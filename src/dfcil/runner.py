@@ -15,6 +15,7 @@ Everything a report needs is in these files; reading them never imports the engi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -123,7 +124,7 @@ def train(
                 f"{out} holds a run with a different config ({', '.join(changed)}); resume it with "
                 f"`dfcil resume {out}` or choose another --out"
             )
-        runtime = {key: getattr(cfg, key) for key in RUNTIME_KEYS}
+        runtime = {key: functools.reduce(getattr, key.split("."), cfg) for key in RUNTIME_KEYS}
         return resume(out, runtime, progress, argv, callbacks, interrupt)
     check_new_run_dir(out)
     protocol = protocol or prepare(cfg)
@@ -144,8 +145,8 @@ def resume(
 ) -> dict[str, Any]:
     """Continue the unfinished run in ``run_dir`` from its newest usable checkpoint.
 
-    Only runtime keys (``device``) may be overridden; a change to anything that shapes the protocol or the
-    model is refused.
+    Only runtime keys (``device``, ``engine.cuda_graphs``, ...: ``config.RUNTIME_KEYS``) may be overridden; a
+    change to anything that shapes the protocol or the model is refused.
     """
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
