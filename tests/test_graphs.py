@@ -2,6 +2,7 @@
 
 The CUDA capture itself runs in tests/test_cuda.py (GPU only)."""
 
+import contextlib
 import copy
 
 import pytest
@@ -105,6 +106,7 @@ def test_a_capture_that_fails_once_begun_stops_with_the_way_to_go_on(monkeypatch
 
     current = []
     monkeypatch.setattr(torch.cuda, "graph", FailingCapture)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "the stream before the capture")
     monkeypatch.setattr(torch.cuda, "set_stream", current.append)

@@ -152,11 +152,12 @@ class StepGraph:
     def _warm(self, inputs: Sequence[Tensor]) -> Tensor:
         if self.mode != "on":
             return self._step(*inputs)
-        side = torch.cuda.Stream()  # the documented warm-up: a side stream, as the capture will use
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            out = self._step(*inputs)
-        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.device(self.device):  # streams and graphs belong to the step's device, not the current one
+            side = torch.cuda.Stream()  # the documented warm-up: a side stream, as the capture will use
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self._step(*inputs)
+            torch.cuda.current_stream().wait_stream(side)
         return out
 
     def _new_graph(self) -> Any:
@@ -171,7 +172,7 @@ class StepGraph:
         t0 = time.perf_counter()
         stream = torch.cuda.current_stream(self.device)
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.device(self.device), torch.cuda.graph(graph):
                 self.static_out = self._step(*self.static_in)
         except Exception as err:
             torch.cuda.set_stream(stream)  # torch.cuda.graph leaves its capture stream current when capturing fails
