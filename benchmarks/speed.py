@@ -108,9 +108,13 @@ def hooked_inversion_terms(inv, x):
     ]
 
 
-def steps_for(setup, hooks: bool, graphs: str = "off", compile: bool = False) -> dict[str, Callable[[], None]]:
+def steps_for(
+    setup, hooks: bool, graphs: str = "off", compile: bool = False, made: list[StepGraph] | None = None
+) -> dict[str, Callable[[], None]]:
     """Each phase's step; ``compile``: the step's forward and loss terms through ``torch.compile`` (the backward
-    through AOTAutograd), inside the CUDA graph when ``graphs`` is on."""
+    through AOTAutograd), inside the CUDA graph when ``graphs`` is on. Every :class:`StepGraph` is appended to
+    ``made``, so the caller can say which steps really ran as graphs."""
+    made = made if made is not None else []
     method, net, ctx, optimizer, batch = setup
     maybe_compiled = torch.compile if compile else (lambda f: f)
     inv = method.replay.synth
@@ -125,6 +129,7 @@ def steps_for(setup, hooks: bool, graphs: str = "off", compile: bool = False) ->
         return torch.stack([t.float() for t in terms])
 
     inv_step = StepGraph(maybe_compiled(inversion_terms), inv_opt, graphs, ctx.device, generators=(inv.rng,))
+    made.append(inv_step)
 
     def inversion():
         inv.generator.train()
@@ -137,6 +142,7 @@ def steps_for(setup, hooks: bool, graphs: str = "off", compile: bool = False) ->
             return torch.stack([t.float() for t in terms.values()])
 
         graph = StepGraph(maybe_compiled(terms), optimizer, graphs, ctx.device, generators=(ctx.rng,))
+        made.append(graph)
 
         def step():
             if phase.trainable == "head":
@@ -191,10 +197,11 @@ def main(argv=None) -> int:
         "precision": {"fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16"}},
     }[args.ab]
     steps = {}
+    made: dict[str, list[StepGraph]] = {}
     for name, change in variants.items():
         v = base | change
         setup = build(device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], args.channels_last)
-        steps[name] = steps_for(setup, v["hooks"], v["graphs"], v["compile"])
+        steps[name] = steps_for(setup, v["hooks"], v["graphs"], v["compile"], made.setdefault(name, []))
     times: dict[tuple[str, str], list[float]] = {(v, ph): [] for v in variants for ph in phases}
     names = list(variants)
     for r in range(args.rounds):
@@ -221,6 +228,10 @@ def main(argv=None) -> int:
     for phase in phases:
         ta, tb = statistics.median(times[(a, phase)]), statistics.median(times[(b, phase)])
         print(f"| {phase} | {ta:.1f} | {tb:.1f} | {ta / tb:.2f} |")
+    for name, graphs in made.items():  # a step whose graph could not be set up ran eagerly: say so
+        ran = [f"{g.key}: {g.mode}" + (f" ({g.failure})" if g.failure else "") for g in graphs if g.key is not None]
+        if any(g.mode != "off" or g.failure for g in graphs):
+            print(f"{name} steps ran as: {', '.join(ran)}")
     return 0
 
 
