@@ -293,3 +293,28 @@ def test_replay_baselines_take_separate_bn_statistics_and_a_synthetic_dose(name)
     assert terms and all(torch.isfinite(v) for v in terms.values())
     if name == "podnet_df":
         assert method.class_counts.sum().item() == len(x) + 2  # real images + 2 pseudo-labelled synthetic ones
+
+
+def test_a_parameter_unfrozen_under_a_kept_optimiser_gets_a_zero_momentum_buffer():
+    """The fused SGD kernel refuses a mix of momentum buffers and missing ones; a zero buffer gives exactly the
+    first step eager SGD would take."""
+    from dfcil.engine import fill_momentum
+
+    def train(fused):
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD([*a.parameters(), *b.parameters()], lr=0.1, momentum=0.9, weight_decay=5e-4, **fused)
+        b.requires_grad_(False)  # phase 1: b frozen
+        x = torch.randn(4, 3)
+        for frozen_b in (True, False):
+            b.requires_grad_(not frozen_b)
+            if fused:
+                fill_momentum(opt)
+            for _ in range(2):
+                opt.zero_grad()
+                b(a(x)).square().sum().backward()
+                opt.step()
+        return [p.detach() for p in (*a.parameters(), *b.parameters())]
+
+    for got, want in zip(train({"fused": True}), train({}), strict=True):
+        torch.testing.assert_close(got, want)

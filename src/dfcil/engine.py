@@ -329,6 +329,7 @@ def fit_task(
         set_trainable(net, extra, phase.trainable)
         for part in method.frozen(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             part.requires_grad_(False)
+        fill_momentum(optimizer)
         mode = graphs if method.graph_safe or graphs == "check" else "off"  # run() has warned about the method
         step = StepGraph(
             TrainStep(net, method, ctx, phase, batches), optimizer, mode, ctx.device,
@@ -378,6 +379,22 @@ def fit_task(
             out[phase.name] |= {"capture_s": round(step.capture_s, 3)} if step.mode == "on" else {}
             out[phase.name] |= {"graph_failure": step.failure} if step.failure else {}
     return out
+
+
+def fill_momentum(optimizer: torch.optim.SGD) -> None:
+    """Give every trainable parameter without a momentum buffer a zero one, once some parameter has one.
+
+    A parameter trained in a later phase of the same optimiser (frozen before) has none, and the fused SGD kernel
+    refuses a mix of buffers and missing ones. With no dampening a zero buffer gives exactly eager SGD's first
+    step for that parameter (the buffer becomes the gradient).
+    """
+    group = optimizer.param_groups[0]
+    if not group["momentum"] or not any("momentum_buffer" in s for s in optimizer.state.values()):
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and optimizer.state[p].get("momentum_buffer") is None:
+                optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
 
 def fused_kwargs(params: Sequence[torch.Tensor], fused: bool) -> dict[str, bool]:
