@@ -95,6 +95,10 @@ def test_print_config(capsys):
         (["--method.chr_epochs", "3"], "chr_epochs (3) must be smaller than train.epochs (3)"),
         (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "tpu"], "device"),
         (["--bogus"], "unrecognised argument '--bogus'"),
+        (["--model.backbone", "resnet99"], "unknown backbone 'resnet99'"),
+        (["--method.name", "[1]"], "method.name must be a method's name"),
+        (["--task0_cache", "{tmp}/afile"], "task0_cache {tmp}/afile exists and is not a directory"),
+        (["--out", "{tmp}/afile/run"], "run directory {tmp}/afile/run cannot be created"),
     ],
 )
 def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, extra, message):
@@ -102,12 +106,30 @@ def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, e
     corrupt.mkdir(parents=True)
     (corrupt / "train.npz").write_bytes(b"not a zip")
     (corrupt / "test.npz").write_bytes(b"not a zip")
+    (tmp_path / "afile").write_text("a file, not a directory")
     out = tmp_path / "run"
     args = ["train", "--config", SMOKE, "--out", str(out)] + [a.replace("{tmp}", str(tmp_path)) for a in extra]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert message in err and err.startswith("dfcil: error:")
-    assert not out.exists()
+    assert message.replace("{tmp}", str(tmp_path)) in err and err.startswith("dfcil: error:")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "corrupt"]
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path):
+    from dfcil.callbacks import Callback
+    from dfcil.config import load_config
+    from dfcil.runner import train
+
+    class Fails(Callback):
+        def on_task_start(self, info):
+            raise RuntimeError("boom")
+
+    cfg, _ = load_config([SMOKE])
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        with pytest.raises(RuntimeError, match="boom"):
+            train(cfg, out, progress=False, callbacks=[Fails()])
+        assert not out.exists() if out.name == "new" else not any(out.iterdir())
 
 
 def test_existing_run_directory_is_not_overwritten(smoke_run, capsys):

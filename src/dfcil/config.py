@@ -265,7 +265,11 @@ def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
     """Set ``method.name``; if that switches to another method, drop the method keys it does not have."""
     from dfcil.methods import METHODS
 
+    if not isinstance(name, str):
+        raise ConfigError(f"method.name must be a method's name (a string), got {name!r}; see `dfcil methods`")
     section = raw.setdefault("method", {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"method must be a section (a mapping with a name and the method's keys), got {section!r}")
     old = section.get("name", MethodConfig.name)
     section["name"] = name
     if name == old or name not in METHODS:
@@ -296,7 +300,12 @@ def load_config(
     dropped: list[str] = []
     for path in paths:
         data = read_yaml(path)
-        name = (data.get("method") or {}).get("name")
+        method = data.get("method") or {}
+        if not isinstance(method, dict):
+            raise ConfigError(
+                f"{path}: method must be a section (e.g. method: {{name: {method}}}), got {type(method).__name__}"
+            )
+        name = method.get("name")
         if name is not None:
             dropped += _switch_method(raw, name)
         deep_merge(raw, data)

@@ -302,7 +302,7 @@ def fit_task(
 
     Returns:
         Per phase: wall time and real images per second; with ``graphs`` on (or check), the mode its steps ran in
-        (``off`` after a failed capture, with the reason in ``graph_failure``), the graphs captured (or steps
+        (``off`` if a graph could not be set up, with the reason in ``graph_failure``), the graphs captured (or steps
         recorded under ``check``: one per phase and learning rate) and, under ``on``, the seconds spent capturing.
     """
     progress = progress or make_progress(False)

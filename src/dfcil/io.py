@@ -29,6 +29,21 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     fsync_dir(path.parent)
 
 
+def check_creatable_dir(path: str | os.PathLike, what: str, fix: str) -> None:
+    """Raise ``ValueError`` (naming ``what`` and ``fix``) unless ``path`` is a directory or can be created as one:
+    its nearest existing ancestor must be a writable directory."""
+    path = Path(path).expanduser().absolute()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{what} {path} exists and is not a directory; {fix}")
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path} cannot be created ({parent} is not a writable directory); {fix}")
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -32,7 +33,7 @@ from filelock import FileLock, Timeout
 from dfcil.callbacks import Callback, ConsoleLogger, JsonlLogger
 from dfcil.config import RUNTIME_KEYS, ConfigError, RunConfig, config_diff, config_to_dict, dump_config, load_config
 from dfcil.engine import Interrupt, Protocol, RunInterrupted, prepare, resolve_device, run
-from dfcil.io import write_atomic, write_json
+from dfcil.io import check_creatable_dir, write_atomic, write_json
 from dfcil.methods import METHODS
 from dfcil.models.network import IncrementalNet, build_network
 from dfcil.state import FORMAT, Checkpointer, dumps, loads
@@ -78,6 +79,10 @@ def check_new_run_dir(out: Path) -> None:
             if not (out / "config.yaml").exists()
             else f"run directory {out} already exists"
         )
+    try:
+        check_creatable_dir(out, "run directory", "choose another --out")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 @contextlib.contextmanager
@@ -128,11 +133,32 @@ def train(
         return resume(out, runtime, progress, argv, callbacks, interrupt)
     check_new_run_dir(out)
     protocol = protocol or prepare(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    with locked(out):
-        write_atomic(out / "config.yaml", dump_config(cfg))
-        write_json(out / "meta.json", provenance(cfg, argv))
-        return _execute(cfg, out, protocol, False, progress, callbacks, interrupt)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create run directory {out} ({err.strerror}); choose another --out") from None
+    try:
+        with locked(out):
+            write_atomic(out / "config.yaml", dump_config(cfg))
+            write_json(out / "meta.json", provenance(cfg, argv))
+            return _execute(cfg, out, protocol, False, progress, callbacks, interrupt)
+    except BaseException:
+        if not Checkpointer(out).exists():  # failed before its first checkpoint: nothing to resume, leave nothing
+            _remove_new_run_dir(out, created)
+        raise
+
+
+def _remove_new_run_dir(out: Path, created: bool) -> None:
+    """Remove what a new run wrote into ``out`` (and ``out`` itself if the run created it)."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for child in out.iterdir():  # an empty directory given as --out: empty it again
+        if child.is_dir():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def resume(

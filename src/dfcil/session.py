@@ -21,10 +21,12 @@ from dfcil.config import ConfigError, RunConfig, config_to_dict
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import select_classes
 from dfcil.data.splits import ClassIncrementalSplit, SplitError
-from dfcil.io import write_atomic
+from dfcil.io import check_creatable_dir, write_atomic
 from dfcil.methods import TaskContext, build_method
 from dfcil.metrics import AccuracyMatrix
+from dfcil.models.heads import HEADS
 from dfcil.models.network import build_network
+from dfcil.models.resnet_cifar import BACKBONES
 from dfcil.progress import ProgressFactory, make_progress
 from dfcil.state import FORMAT, Checkpointer, Position, capture_rng, dumps, loads, restore_rng
 
@@ -80,8 +82,15 @@ def resolve_device(name: str) -> torch.device:
 
 def prepare(cfg: RunConfig) -> Protocol:
     """Load the data and build the protocol, raising a clear error for anything that cannot run."""
-    build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
+    method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
+    BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
+    HEADS.get(type(method).head)
     resolve_device(cfg.device)
+    if cfg.task0_cache:
+        try:
+            check_creatable_dir(cfg.task0_cache, "task0_cache", "set it to a directory or leave it unset")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     d = cfg.data
     dataset = build_dataset(d.name, d.root, download=d.download, num_classes=d.num_classes)
     split = ClassIncrementalSplit.build(
