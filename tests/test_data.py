@@ -133,7 +133,15 @@ def test_corrupt_npz_is_reported_with_the_file(tmp_path, corrupt, match):
     corrupt(path)
     with pytest.raises(DatasetError, match=match) as err:
         build_dataset("cifar100", tmp_path)
-    assert "train.npz" in str(err.value)
+    assert "train.npz" in str(err.value) and "prepare it again" in str(err.value)  # the problem and the fix
+    assert "allow_pickle" not in str(err.value)
+
+
+def test_a_missing_half_of_the_prepared_arrays_is_called_missing(tmp_path):
+    _write_npz(tmp_path / "cifar100")
+    (tmp_path / "cifar100" / "test.npz").unlink()
+    with pytest.raises(DatasetError, match=r"test.npz is missing \(found train.npz beside it\): prepare it too"):
+        build_dataset("cifar100", tmp_path)
 
 
 def _official_folder(root, n=3):

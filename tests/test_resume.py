@@ -211,10 +211,12 @@ def test_changed_protocol_is_refused_runtime_keys_are_not(reference, tmp_path, c
     assert_same_run(reference, out)
 
 
-def test_resume_may_switch_cuda_graphs(reference, tmp_path):
-    """After a failed capture stopped a run, `dfcil resume DIR --engine.cuda_graphs off` continues it."""
+def test_resume_may_switch_cuda_graphs_and_the_data_root(reference, tmp_path):
+    """After a failed capture stopped a run, `dfcil resume DIR --engine.cuda_graphs off` continues it; data moved
+    elsewhere is found with --data.root."""
     _, out = _unfinished(tmp_path)
-    assert main(["resume", str(out), "--no-progress", "--engine.cuda_graphs", "check"]) == 0
+    args = ["resume", str(out), "--no-progress", "--engine.cuda_graphs", "check", "--data.root", str(tmp_path)]
+    assert main(args) == 0
     assert_same_run(reference, out)
 
 

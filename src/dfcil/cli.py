@@ -67,6 +67,7 @@ def _build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue an unfinished run from its newest checkpoint")
     resume.add_argument("run_dir", metavar="DIR")
     resume.add_argument("--device", help="run on another device than the one the run started on")
+    resume.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
     resume.add_argument(
         "--engine.cuda_graphs", dest="cuda_graphs", choices=("on", "off", "check"),
         help="switch CUDA graphs on or off (e.g. off after a failed capture); the results do not change",
@@ -129,6 +130,8 @@ def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
     overrides = {"device": args.device} if args.device else {}
     if args.cuda_graphs:
         overrides["engine.cuda_graphs"] = args.cuda_graphs
+    if args.data_root:
+        overrides["data.root"] = args.data_root
     return _interruptible(
         args.run_dir, lambda interrupt: resume(args.run_dir, overrides, args.progress, argv, interrupt=interrupt)
     )

@@ -133,11 +133,15 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
     "epoch_checkpoint_interval_s": NonNegativeFloat,
     "task0_cache": str | None,
 }
-# Keys that a resume may change: they never change the results (engine.cuda_graphs changes how a step's kernels are
-# launched, not which; a run whose capture failed continues with it off). Everything else shapes the protocol or model.
+# Keys that a resume may change: they never change the results (data.root says where the same data lies;
+# engine.cuda_graphs changes how a step's kernels are launched, not which: a run whose capture failed continues with
+# it off). Everything else shapes the protocol or the model.
 RUNTIME_KEYS = frozenset(
-    {"device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache", "engine.cuda_graphs"}
-)
+    {
+        "device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache", "engine.cuda_graphs",
+        "data.root", "data.download",
+    }
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------- decoding

@@ -84,9 +84,19 @@ def read_npz(path: Path, num_classes: int, image_size: int) -> ImageArrays:
             x, y = data["x"], data["y"]
     except DatasetError:
         raise
+    except FileNotFoundError:
+        others = sorted(p.name for p in path.parent.glob("*.npz"))
+        raise DatasetError(
+            f"{path} is missing (found {', '.join(others) or 'no .npz'} beside it): prepare it too "
+            f"(uint8 x [N,{image_size},{image_size},3], int64 y [N]), or remove {path.parent} to use another source"
+        ) from None
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as err:
-        raise DatasetError(f"{path} is corrupt or not an .npz archive ({err}). {fix}") from err
-    return check_arrays(x, y, num_classes, image_size, str(path))
+        reason = str(err).split(". ")[0]  # NumPy's own advice (load with allow_pickle) is not ours to give
+        raise DatasetError(f"{path} is corrupt or not an .npz archive ({reason}). {fix}") from err
+    try:
+        return check_arrays(x, y, num_classes, image_size, str(path))
+    except DatasetError as err:
+        raise DatasetError(f"{err}. {fix}") from None
 
 
 # ------------------------------------------------------------------------------------------------- CIFAR-100
@@ -121,7 +131,7 @@ class _ArrayUnpickler(pickle.Unpickler):
 def read_cifar100_python(folder: Path, split: str) -> ImageArrays:
     """Read ``cifar-100-python/{train,test}`` (the official pickled format)."""
     path = folder / split
-    fix = f"Delete {folder} and extract the official archive again (or use --data.download true)."
+    fix = f"Delete {folder} and extract the official archive again, or delete it and use --data.download true."
     try:
         with open(path, "rb") as f:
             entry = _ArrayUnpickler(f, encoding="latin1").load()
