@@ -429,3 +429,28 @@ def test_random_streams_from_another_kind_of_device_are_refused_before_any_is_se
     with pytest.raises(CheckpointError, match="another kind of device.*cpu <-> cuda"):
         restore_rng(state, {"data": torch.Generator()})
     assert torch.equal(torch.get_rng_state(), mark) and not torch.equal(mark, before)
+
+
+@pytest.mark.parametrize(
+    ("override", "shares"),
+    [
+        (("engine.precision", "bf16"), False),  # a bf16 first task is another model
+        (("engine.channels_last", "true"), False),  # same maths, other rounding
+        (("train.lr", "0.05"), False),
+        (("data.train_per_class", "30"), False),
+        (("seed", "2"), False),
+        (("engine.cuda_graphs", "check"), True),  # the same kernels
+        (("train.eval_batch_size", "7"), True),
+        (("checkpoint_interval_s", "5"), True),
+        (("method.name", "finetune"), False),  # smoke: rdfcil's task 0 is epochs - chr_epochs long, finetune's not
+        (("method.lambda_hkd", "0.3"), True),  # a later-task weight
+    ],
+)
+def test_shared_first_task_key_follows_what_shapes_task_0(override, shares):
+    from dfcil.session import Session, prepare
+
+    def key(*overrides):
+        cfg = load_config([SMOKE], [(k, v) for k, v in overrides])[0]
+        return Session(cfg, prepare(cfg), None, None).task0_key()
+
+    assert (key(override) == key()) is shares

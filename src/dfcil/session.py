@@ -245,6 +245,10 @@ class Session:
                 if k in ("batch_size", "momentum", "weight_decay", "gamma")
             },  # fmt: skip
             "seed": self.cfg.seed,
+            # how the engine computes changes the numbers (bf16; within rounding the rest), and so does the kind of
+            # device; graphs replay the same kernels
+            "engine": {k: v for k, v in config_to_dict(self.cfg)["engine"].items() if k != "cuda_graphs"},
+            "device": self.device.type,
             "signature": signature,
             "phases": phases,
         }
