@@ -194,8 +194,13 @@ def test_every_method_resumes_exactly_inside_an_incremental_task(name, tmp_path)
     cfg = tiny_config(name, [("method.inversion.zdim", "32")] if "inversion" in _fields(name) else [])
     train(cfg, tmp_path / "a", progress=False)
     interrupt = Interrupt()
-    with pytest.raises(RunInterrupted):  # stop after the first epoch of task 1
-        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
+    # stop after the first epoch of task 1: task 0 has 2 epochs, or 1 where the last epoch of a task belongs to a
+    # head-only phase (CHR, PODNet's finetuning), which task 0 does not run; resuming then starts that phase
+    stop = StopAfterEpochs(interrupt, 2 if name in ("rdfcil", "podnet_df") else 3)
+    with pytest.raises(RunInterrupted):
+        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[stop])
+    position = loads((tmp_path / "b" / "checkpoints" / "last.pt").read_bytes())["position"]
+    assert position["task"] == 1 and position["stage"] == "train" and position["epoch"] + position["phase"] == 1
     resume(tmp_path / "b", progress=False)
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a["correct_matrix"] == b["correct_matrix"]
@@ -318,3 +323,29 @@ def test_a_parameter_unfrozen_under_a_kept_optimiser_gets_a_zero_momentum_buffer
 
     for got, want in zip(train({"fused": True}), train({}), strict=True):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("stop", [4, 5])  # at the end of task 1; after task 2's first epoch
+def test_abds_persistent_generator_carries_over_tasks_and_resumes_exactly(stop, tmp_path):
+    """ABD keeps one generator and its Adam state for the run: task 2 warm-starts from task 1's; a resume at the
+    task boundary (the carried state) or inside task 2 (its static state) continues exactly."""
+    from dfcil.engine import Interrupt, RunInterrupted
+    from dfcil.runner import resume, train
+    from dfcil.state import Checkpointer, loads
+
+    extra = [("data.num_tasks", "3"), ("method.inversion.zdim", "32"), ("method.inversion.persistent", "true")]
+    cfg = tiny_config("abd", extra)
+    assert cfg.method.inversion.persistent
+    train(cfg, tmp_path / "a", progress=False)
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted):
+        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, stop)])
+    payload = Checkpointer(tmp_path / "b").load_latest()
+    assert payload["position"]["task"] == stop - 3
+    if stop == 4:  # the end of task 1: its trained generator and Adam state travel for task 2's warm start
+        assert {"generator", "optimizer"} <= set(payload["static_state"]["replay"])
+    resume(tmp_path / "b", progress=False)
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert len(a["acc_per_task"]) == 3 and a["correct_matrix"] == b["correct_matrix"]
+    wa, wb = (loads((tmp_path / d / "model.pt").read_bytes())["net"] for d in "ab")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
