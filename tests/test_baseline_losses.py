@@ -58,10 +58,15 @@ def test_nca_reproduces_the_reference_code():
     expected = math.log(math.exp(-1) + 1 + math.exp(-2))
     assert nca(s, y, margin=0.6).item() == pytest.approx(expected)
     assert nca(s, y, margin=0.0).item() == pytest.approx(expected)  # the margin has no effect, as in the code
+    # a positive that is not the largest logit: shifted [0, -1, -2], positive -1, and the positive's place in the
+    # denominator taken by exp(0): 1 + ln(1 + 1 + e⁻²) (plain CE would give 1.407606, NCA without it 1.126928)
+    assert nca(torch.tensor([[2.0, 1.0, 0.0]]), y).item() == pytest.approx(1 + math.log(2 + math.exp(-2)))
+    assert nca(torch.tensor([[2.0, 1.0, 0.0]]), y).item() == pytest.approx(1.758624, abs=1e-6)
     w = torch.tensor([1.0, 3.0, 1.0])
     two = torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 5.0]])
     per = torch.stack([nca(two[:1], torch.tensor([1])), nca(two[1:], torch.tensor([0]))])
     weighted = nca(two, torch.tensor([1, 0]), class_weight=w)
+    # PODNet-DF's own choice (docs/baselines.md): normalised by the summed weights, Σ w·ℓ / Σ w
     assert weighted.item() == pytest.approx(((3 * per[0] + 1 * per[1]) / 4).item())
 
 
@@ -91,6 +96,11 @@ def test_cosine_and_lsc_heads():
         lsc.blocks[0].weight.copy_(torch.tensor([[1.0, 0.0]] * 10 + [[0.0, 1.0]] * 10))
         lsc.eta.fill_(3.0)
     assert lsc(f)[0].tolist() == pytest.approx([0.0, -6.0])  # η · (2cos − 2) with identical proxies
+    with torch.no_grad():  # class 0: five proxies at cos 1 (similarity 0), five at cos 0 (similarity −2)
+        lsc.blocks[0].weight[:10].copy_(torch.tensor([[1.0, 0.0]] * 5 + [[0.0, 1.0]] * 5))
+    # softmax-weighted over the proxies: η · (−2e⁻²) / (1 + e⁻²); a plain mean would give −3
+    assert lsc(f)[0, 0].item() == pytest.approx(3 * -2 * math.exp(-2) / (1 + math.exp(-2)))
+    assert lsc(f)[0, 0].item() == pytest.approx(-0.715218, abs=1e-6)
     lsc.expand(1)
     lsc.truncate(2)
     assert lsc.sizes == [2]

@@ -40,8 +40,9 @@ def nca(
 
     s = scale · (similarities − margin) — the margin is subtracted from *every* logit, so it cancels after the
     max-shift and has no effect; then L = −mean_b [s_b,y − log Σ_c exp(s_b,c − [c = y]·s_b,y)], i.e. the positive
-    term in the denominator becomes exp(0) = 1 instead of being removed. With ``class_weight`` the mean is
-    weighted by the weight of each sample's class (normalised by the summed weights, as a weighted CE).
+    term in the denominator becomes exp(0) = 1 instead of being removed. ``class_weight`` is PODNet-DF's own
+    addition (PODNet's balanced finetuning undersamples instead): the mean is weighted by the weight of each
+    sample's class and normalised by the summed weights, as a weighted CE.
     """
     s = scale * (similarities.float() - margin)
     s = s - s.max(dim=1, keepdim=True).values
