@@ -349,3 +349,48 @@ def test_abds_persistent_generator_carries_over_tasks_and_resumes_exactly(stop, 
     assert len(a["acc_per_task"]) == 3 and a["correct_matrix"] == b["correct_matrix"]
     wa, wb = (loads((tmp_path / d / "model.pt").read_bytes())["net"] for d in "ab")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_rdfcil_rrl_and_chr_terms_are_the_papers_weighted_losses():
+    """Each term against its definition on separately computed outputs (reference: separate real and synthetic
+    passes), with the adaptive weights written out for 3 old and 3 new classes: α = log2(3/2 + 1), β = 1."""
+    import torch.nn.functional as F
+
+    from dfcil.losses.distillation import rkd_angle
+
+    cfg, method, net, ctx, batches = _task1_setup()
+    x, y = next(iter(batches))
+    x_syn = torch.randn(len(x), 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    method.replay.generate = lambda n: x_syn[:n]
+    teacher, b = method.replay.teacher, len(x)
+    with torch.no_grad():
+        t_real, t_syn = teacher(x), teacher(x_syn)
+    w_lce, w_hkd, w_rkd = method.weights.lce, method.weights.hkd, method.weights.rkd
+    assert (w_lce, w_hkd, w_rkd) == pytest.approx((0.878235, 0.198289, 0.660964), abs=1e-6)
+
+    student = copy.deepcopy(net)
+    real, syn = student(x), student(x_syn)
+    rrl = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+    want = {
+        "lce": w_lce * F.cross_entropy(real.logits[:, 3:], y - 3),  # new classes' logits of real data
+        "hkd": w_hkd * (syn.logits[:, :3] - t_syn.logits).abs().mean(),  # old logits of synthetic data
+        "rkd": w_rkd * rkd_angle(*method.projector(real.features, t_real.features)),  # real data, projected
+    }
+    assert set(rrl) == set(want)
+    for k in want:
+        torch.testing.assert_close(rrl[k], want[k], msg=k)
+
+    net.backbone.eval()  # CHR: backbone frozen in eval mode, as the engine sets it
+    method.class_weights.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))
+    chr_ = method.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
+    logits = net(torch.cat([x, x_syn])).logits.detach()
+    labels = torch.cat([y, t_syn.logits.argmax(dim=1)])
+    w = method.class_weights[labels]
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    want = {
+        "gce": 0.5 * (w * ce).sum() / w.sum(),  # λ_ce · CE weighted per class, normalised by the targets' weights
+        "hkd": w_hkd * (logits[b:, :3] - t_syn.logits).abs().mean(),  # HKD stays on in CHR (the code)
+    }
+    assert set(chr_) == set(want)
+    for k in want:
+        torch.testing.assert_close(chr_[k].detach(), want[k], msg=k)
