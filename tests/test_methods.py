@@ -68,22 +68,22 @@ def test_lr_schedule_follows_phase_milestones():
     assert [r["lr"] for r in rec.epochs if r["task"] == 0] == pytest.approx([0.1, 0.01, 0.01, 0.001])
 
 
-def _task1_setup(extra=(), name="rdfcil", n=24):
+def _task1_setup(extra=(), name="rdfcil", n=24, old=3, new=3):
     cfg = tiny_config(name, extra)
     method = build_method(cfg.method, cfg.train)
     torch.manual_seed(0)
     net = build_network("resnet8", type(method).head)
-    net.expand(3)
+    net.expand(old)
     net.train()
     with torch.no_grad():
         for _ in range(3):
             net(torch.randn(16, 3, 32, 32))
-    net.expand(3)
+    net.expand(new)
     ctx = TaskContext(
-        1, 3, 3, 2, net, torch.device("cpu"), 32, 8, torch.Generator().manual_seed(0), make_progress(False)
+        1, old, new, 2, net, torch.device("cpu"), 32, 8, torch.Generator().manual_seed(0), make_progress(False)
     )
     x = torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8)
-    y = torch.randint(3, 6, (n,))
+    y = torch.randint(old, old + new, (n,))
     batches = TrainBatches(x, y, 8, Normalizer((0.5,) * 3, (0.25,) * 3, torch.device("cpu")), torch.Generator())
     ctx.task_data = batches
     method.on_task_start(ctx)
@@ -294,8 +294,22 @@ def test_replay_baselines_take_separate_bn_statistics_and_a_synthetic_dose(name)
         extra.append(("method.synthetic_per_class", "2"))  # 2 × 3 old classes over 3 steps: 2 per step
     cfg, method, net, ctx, batches = _task1_setup(extra, name=name)
     x, y = next(iter(batches))
+    drawn = []
+    if name != "dgr":  # DGR replays from its VAE, not from a generator
+        x_syn = torch.randn(len(x), 3, 32, 32, generator=torch.Generator().manual_seed(3))
+        method.replay.generate = lambda n: drawn.append(n) or x_syn[:n]
+    apart = copy.deepcopy(net)
     terms = method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])
     assert terms and all(torch.isfinite(v) for v in terms.values())
+    if name in ("ucir_df", "podnet_df"):
+        assert drawn == [2]
+    elif name != "dgr":
+        assert drawn == [len(x)]
+    if name == "deepinversion":  # one student pass: its BN statistics are those of two separate passes
+        apart(x), apart(x_syn)
+        for (k, v), w in zip(net.state_dict().items(), apart.state_dict().values(), strict=True):
+            if "running" in k:
+                torch.testing.assert_close(v, w, msg=k)
     if name == "podnet_df":
         assert method.class_counts.sum().item() == len(x) + 2  # real images + 2 pseudo-labelled synthetic ones
 
@@ -394,3 +408,64 @@ def test_rdfcil_rrl_and_chr_terms_are_the_papers_weighted_losses():
     assert set(chr_) == set(want)
     for k in want:
         torch.testing.assert_close(chr_[k].detach(), want[k], msg=k)
+
+
+# one step of each replay baseline with 2 old and 4 new classes: r = n_old / n_seen = 1/3
+def _abd_terms(out, t, y, labels, teacher, net):
+    import torch.nn.functional as F
+
+    w = torch.where(labels < 2, 1 / 3, 2 / 3)  # old-label samples weigh r, new-label ones 1 − r
+    b = len(y)
+    head_ce = F.cross_entropy(net.head(out.features.detach()), labels, reduction="none") * w
+    kd = ((out.features - t.features) @ teacher.head.weight().T).pow(2).sum(1).mean() / 2  # through the old head
+    return {
+        "local_ce": (F.cross_entropy(out.logits[:b, 2:], y - 2, reduction="none") * w[:b]).mean(),
+        "head_ce": head_ce.mean(),
+        "kd": 0.1 * kd,
+    }
+
+
+def _ucir_terms(out, t, y, labels, teacher, net):
+    import torch.nn.functional as F
+
+    from dfcil.losses.ucir import margin_ranking
+
+    cosine = net.head.cosine(out.features)
+    return {
+        "ce": F.cross_entropy(out.logits, labels),
+        "less_forget": 5.0 * math.sqrt(2 / 4) * (1 - F.cosine_similarity(out.features, t.features)).mean(),
+        "margin": margin_ranking(cosine, labels, 2, 2, 0.5),
+    }
+
+
+def _podnet_terms(out, t, y, labels, teacher, net):
+    from dfcil.losses.podnet import nca, pod_flat, pod_spatial
+
+    factor = math.sqrt(6 / 4)  # √(n_seen / n_new)
+    return {
+        "nca": nca(out.logits, labels),
+        "pod_spatial": 3.0 * factor * pod_spatial(out.fmaps, t.fmaps),
+        "pod_flat": 1.0 * factor * pod_flat(out.features, t.features),
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "terms"), [("abd", _abd_terms), ("ucir_df", _ucir_terms), ("podnet_df", _podnet_terms)]
+)
+def test_replay_baselines_terms_are_their_weighted_losses(name, terms):
+    """One step's terms against the spec's weights on outputs computed apart (one mixed real + synthetic batch)."""
+    cfg, method, net, ctx, batches = _task1_setup(name=name, n=48 if name == "podnet_df" else 24, old=2, new=4)
+    x, y = next(iter(batches))
+    x_syn = torch.randn(len(x), 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    method.replay.generate = lambda n: x_syn[:n]
+    teacher = method.replay.teacher
+    with torch.no_grad():
+        t = teacher(torch.cat([x, x_syn]))
+    labels = torch.cat([y, t.logits[len(x) :].argmax(dim=1)])
+    student = copy.deepcopy(net)
+    assert {int(v) for v in labels[: len(x)]} <= {2, 3, 4, 5} and (labels[len(x) :] < 2).all()
+    want = terms(student(torch.cat([x, x_syn])), t, y, labels, teacher, student)
+    got = method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], msg=k)
