@@ -4,6 +4,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from conftest import CONFIGS
@@ -146,3 +147,29 @@ def test_tiny_run_on_real_cifar(cifar_root, tmp_path):
     assert main(args) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["tasks"] == [[23, 8], [11, 7]] and s["count_matrix"][1] == [40, 40]
+
+
+def test_the_saved_model_reproduces_the_last_accuracy_row(smoke_run):
+    """model.pt rebuilds the final network (load_model); evaluating it apart from the engine (all test images of
+    the seen classes, normalised by hand) gives the summary's last row of correct counts."""
+    from dfcil.config import load_config
+    from dfcil.runner import load_model
+    from dfcil.session import prepare
+
+    cfg = load_config([smoke_run / "config.yaml"])[0]
+    protocol = prepare(cfg)
+    net = load_model(smoke_run / "model.pt")
+    split, test = protocol.split, protocol.dataset.test
+    lut = torch.as_tensor(split.label_map(protocol.dataset.num_classes))
+    x = torch.as_tensor(test.x).permute(0, 3, 1, 2).float() / 255
+    mean, std = (torch.tensor(v)[:, None, None] for v in (protocol.dataset.mean, protocol.dataset.std))
+    labels = lut[torch.as_tensor(test.y)]
+    seen = labels >= 0
+    with torch.no_grad():
+        pred = net((x[seen] - mean) / std).logits.argmax(dim=1)
+    correct = [
+        int(((pred == labels[seen]) & (torch.as_tensor(split.task_of_label())[labels[seen]] == t)).sum())
+        for t in range(split.num_tasks)
+    ]
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    assert correct == summary["correct_matrix"][-1]
