@@ -491,3 +491,40 @@ def test_rdfcil_ablation_switches_change_the_terms(switch, rrl_terms, projected)
         with torch.no_grad():
             t = method.replay.teacher(x).logits
         assert terms["hkd_new"].item() > 0 and t.shape[1] == 3
+
+
+def test_ucir_df_imprints_new_weights_and_keeps_old_ones():
+    """New class weights = normalised mean of the class's normalised features × the old weights' mean norm
+    (UCIR); during training the old weights stay fixed."""
+    import torch.nn.functional as F
+
+    cfg, method, net, ctx, batches = _task1_setup(name="ucir_df")
+    head = net.head
+    old_norm = head.blocks[0].weight.norm(dim=1).mean()
+    net.eval()
+    with torch.no_grad():
+        feats = torch.cat([net(x).features for x, _ in batches.plain()])
+        labels = torch.cat([y for _, y in batches.plain()])
+    net.train()
+    for c in range(3):
+        mean = F.normalize(feats[labels == 3 + c], dim=1).mean(dim=0)
+        torch.testing.assert_close(head.blocks[1].weight[c], F.normalize(mean, dim=0) * old_norm)
+    before = copy.deepcopy(net.state_dict())
+    fit_task(net, method, ctx, batches, method.phases(ctx), cfg.train)
+    after = net.state_dict()
+    assert torch.equal(after["head.blocks.0.weight"], before["head.blocks.0.weight"])
+    assert not torch.equal(after["head.blocks.1.weight"], before["head.blocks.1.weight"])
+    assert not torch.equal(after["head.sigma"], before["head.sigma"])  # σ is shared and learned
+
+
+def test_a_methods_gradient_clamp_bounds_every_update():
+    """PODNet clamps every gradient to ±5 (grad_clip_value): with momentum and weight decay off, no parameter
+    moves by more than lr × the clamp."""
+    cfg, method, net, ctx, batches = _task1_setup(
+        [("train.momentum", "0"), ("train.weight_decay", "0")], name="finetune"
+    )
+    method.grad_clip_value = 1e-4
+    before = [p.detach().clone() for p in net.parameters()]
+    fit_task(net, method, ctx, batches, [Phase("a", 1, 0.5)], cfg.train)  # 3 steps
+    moved = max((p.detach() - q).abs().max().item() for p, q in zip(net.parameters(), before, strict=True))
+    assert 0 < moved <= 3 * 0.5 * 1e-4 + 1e-6  # (float32 rounding of the weights themselves)
