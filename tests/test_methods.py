@@ -528,3 +528,28 @@ def test_a_methods_gradient_clamp_bounds_every_update():
     fit_task(net, method, ctx, batches, [Phase("a", 1, 0.5)], cfg.train)  # 3 steps
     moved = max((p.detach() - q).abs().max().item() for p, q in zip(net.parameters(), before, strict=True))
     assert 0 < moved <= 3 * 0.5 * 1e-4 + 1e-6  # (float32 rounding of the weights themselves)
+
+
+@pytest.mark.parametrize("last_only", [False, True])
+def test_joint_trains_on_every_task_so_far(last_only):
+    """The upper bound's task 1 trains on the real data of tasks 0 and 1 (twice fine-tuning's), from a
+    re-initialised network (ABD's Oracle); with last_only only the last task trains."""
+
+    class Starts(Callback):
+        def __init__(self):
+            self.tasks, self.epochs = [], []
+
+        def on_task_start(self, info):
+            self.tasks.append(info)
+
+        def on_epoch_end(self, record):
+            self.epochs.append(record["task"])
+
+    seen = {}
+    for name, extra in {"finetune": [], "joint": [("method.last_only", str(last_only).lower())]}.items():
+        rec = Starts()
+        run(tiny_config(name, extra), callbacks=[rec])
+        seen[name] = rec
+    ft, joint = seen["finetune"], seen["joint"]
+    assert joint.tasks[1]["train_images"] == 2 * ft.tasks[1]["train_images"] == 2 * joint.tasks[0]["train_images"]
+    assert joint.epochs == ([1, 1] if last_only else [0, 0, 1, 1])
