@@ -454,3 +454,35 @@ def test_shared_first_task_key_follows_what_shapes_task_0(override, shares):
         return Session(cfg, prepare(cfg), None, None).task0_key()
 
     assert (key(override) == key()) is shares
+
+
+def test_a_missing_or_foreign_static_file_is_reported_and_the_previous_checkpoint_tried(tmp_path):
+    _, out = _unfinished(tmp_path)  # stopped inside task 1: last.pt refers to task1-static.pt by digest
+    ck = Checkpointer(out)
+    static = out / "checkpoints" / "task1-static.pt"
+    data = static.read_bytes()
+    static.write_bytes(data + b"x")
+    with pytest.raises(CheckpointError, match="does not match the checkpoint that refers to it"):
+        ck.load_latest()  # prev.pt refers to the same file: no usable checkpoint
+    static.unlink()
+    with pytest.raises(CheckpointError, match="task1-static.pt is missing"):
+        ck.load_latest()
+    static.write_bytes(data)
+    assert ck.load_latest()["position"]["task"] == 1
+
+
+def test_random_streams_of_another_run_are_refused():
+    from dfcil.state import capture_rng, restore_rng
+
+    state = capture_rng({"data": torch.Generator()})
+    with pytest.raises(CheckpointError, match=r"checkpoint has RNG streams \['data'\], run has \['data', 'method'\]"):
+        restore_rng(state, {"data": torch.Generator(), "method": torch.Generator()})
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_over_in_place(reference, tmp_path):
+    """A hard kill (no cleanup) before the first checkpoint leaves config and log; resume starts it afresh."""
+    cfg, out = _unfinished(tmp_path)
+    for name in ("last.pt", "prev.pt"):
+        (out / "checkpoints" / name).unlink()
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    assert_same_run(reference, out)
