@@ -5,8 +5,8 @@ Notation: after learning task i (row), ``correct[i, j]`` of ``count[i, j]`` test
 percent. Definitions (docs/metrics.md has them with examples):
 
 * ``a[i, j] = 100 · correct[i, j] / count[i, j]``: the accuracy matrix, lower-triangular.
-* ``A_i`` (sample-weighted, the paper's eq. 9 and cl-lite's): accuracy over all seen test images,
-  ``100 · Σ_j≤i correct[i, j] / Σ_j≤i count[i, j]``.
+* ``A_i`` (sample-weighted: the paper's definition under "Evaluation Protocol" in §4, and cl-lite's): accuracy
+  over all seen test images, ``100 · Σ_j≤i correct[i, j] / Σ_j≤i count[i, j]``.
 * ``A_i`` (task-averaged, ABD's): ``mean_j≤i a[i, j]``. Equal to the sample-weighted one when every task has the
   same number of test images; they differ under the half-base protocol.
 * last accuracy ``A_N`` = A of the last row; average incremental accuracy ``mean_i A_i``, first task included.
