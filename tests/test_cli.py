@@ -47,6 +47,11 @@ def test_smoke_run_records_and_config(smoke_run):
     assert set(epochs[2]["loss"]) == {"lce", "hkd", "rkd"} and set(epochs[4]["loss"]) == {"gce", "hkd"}
     assert [r["lr"] for r in epochs] == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.005])
     assert [r["task"] for r in tasks] == [0, 1]
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    assert summary["format"] == 1 and summary["dfcil"] == __import__("dfcil").__version__
+    for r in tasks:  # a report can rebuild the matrices from the task records alone (an unfinished run's too)
+        assert r["correct_row"] == summary["correct_matrix"][r["task"]][: r["task"] + 1]
+        assert r["count_row"] == summary["count_matrix"][r["task"]][: r["task"] + 1]
     saved = build_config(yaml.safe_load((smoke_run / "config.yaml").read_text()))
     assert saved == load_config([SMOKE])[0]
     meta = json.loads((smoke_run / "meta.json").read_text())

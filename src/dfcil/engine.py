@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dfcil import __version__
 from dfcil.callbacks import Callback
 from dfcil.config import RunConfig, TrainConfig
 from dfcil.data.device import Normalizer, TrainBatches, select_classes
@@ -29,6 +30,9 @@ __all__ += ["TrainStep", "resolve_device", "run", "seed_everything", "set_traina
 
 
 log = logging.getLogger("dfcil")
+
+# summary.json's layout, for readers that do without the engine (a report); raise it when a key changes meaning
+SUMMARY_FORMAT = 1
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -124,6 +128,8 @@ def run(
 
     split = protocol.split
     summary = {
+        "format": SUMMARY_FORMAT,
+        "dfcil": __version__,
         "method": cfg.method.name,
         "dataset": protocol.dataset.name,
         "class_order": list(split.class_order),
@@ -248,7 +254,8 @@ def _task_record(s: Session, task: int) -> dict[str, Any]:
         "task": task, "n_seen": s.protocol.split.offsets[task + 1], "classes": s.protocol.split.tasks[task],
         "acc": row["acc_per_task"][task], "acc_task_avg": row["acc_per_task_task_avg"][task],
         "acc_row": row["accuracy_matrix"][task][: task + 1], "new_acc": row["new_acc"][task],
-        "old_acc": row["old_acc"][task], "timing": s.timings[task],
+        "old_acc": row["old_acc"][task], "correct_row": row["correct_matrix"][task][: task + 1],
+        "count_row": row["count_matrix"][task][: task + 1], "timing": s.timings[task],
     }  # fmt: skip
 
 
