@@ -322,6 +322,7 @@ def fit_task(
         if index < start.phase:
             continue
         first_epoch = start.epoch if index == start.phase else 0
+        resumed_steps = epoch_state.step if epoch_state is not None and index == start.phase else 0  # done before
         if optimizer is None or (phase.reset_optimizer and first_epoch == 0):
             optimizer = torch.optim.SGD(
                 params,
@@ -359,6 +360,7 @@ def fit_task(
                         checkpoint(dataclasses.replace(pos, step=ep.step), opt, ep, True)
 
                 t0 = time.perf_counter()
+                done_before = epoch_state.step if epoch_state is not None else 0  # steps a resumed epoch had done
                 losses = train_epoch(
                     net, method, batches, optimizer, ctx, phase, epoch, bar, epoch_state, interrupt, on_interrupt, step
                 )
@@ -368,7 +370,8 @@ def fit_task(
                 bar.set_postfix({k: f"{v:.3f}" for k, v in losses.items()})
                 record = {
                     "task": ctx.task_id, "phase": phase.name, "epoch": epoch, "epochs": phase.epochs, "lr": lr,
-                    "loss": losses, "time_s": round(dt, 3), "images_per_s": len(batches) * batches.batch_size / dt,
+                    "loss": losses, "time_s": round(dt, 3),
+                    "images_per_s": (len(batches) - done_before) * batches.batch_size / dt,
                 }  # fmt: skip
                 for cb in callbacks:
                     cb.on_epoch_end(record)
@@ -379,7 +382,7 @@ def fit_task(
                 if stop:
                     raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
         dt = time.perf_counter() - t_phase
-        images = (phase.epochs - first_epoch) * len(batches) * batches.batch_size
+        images = ((phase.epochs - first_epoch) * len(batches) - resumed_steps) * batches.batch_size
         out[phase.name] = {"time_s": round(dt, 3), "images_per_s": round(images / dt, 1) if dt > 0 else 0.0}
         if graphs != "off":  # whether the phase's steps really were replayed
             out[phase.name] |= {"cuda_graphs": step.mode, "captures": step.captures}
