@@ -230,6 +230,7 @@ def test_download_with_a_bad_checksum_fails_and_leaves_nothing(tmp_path):
         ("cifar-100-python/link", tarfile.SYMTYPE, "../../outside"),
         ("cifar-100-python/hard", tarfile.LNKTYPE, "../x"),
         ("cifar-100-python/dev", tarfile.CHRTYPE, ""),
+        ("cifar-100-python/up", tarfile.SYMTYPE, ".."),  # the first link of a chain that walks out step by step
     ],
 )
 def test_safe_extract_rejects_escaping_members(tmp_path, member):
@@ -244,6 +245,19 @@ def test_safe_extract_rejects_escaping_members(tmp_path, member):
     with pytest.raises(DatasetError, match="unsafe archive member"):
         safe_extract(archive, dest)
     assert not (tmp_path / "escape.txt").exists() and list(dest.iterdir()) == []  # nothing half-extracted
+
+
+def test_safe_extract_refuses_writing_through_a_link_of_the_archive(tmp_path):
+    src = tmp_path / "src"
+    _official_folder(src)
+    link = tarfile.TarInfo("cifar-100-python/sub")
+    link.type, link.linkname = tarfile.SYMTYPE, "meta"
+    below = tarfile.TarInfo("cifar-100-python/sub/x")
+    below.size = 1
+    archive = _tar_of(src, "evil.tar.gz", [(link, None), (below, b"x")])
+    with pytest.raises(DatasetError, match="below a symbolic link"):
+        safe_extract(archive, tmp_path / "dest")
+    assert list((tmp_path / "dest").iterdir()) == []
 
 
 def test_fake_dataset_is_deterministic_and_learnable_shaped():
