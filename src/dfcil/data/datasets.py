@@ -142,7 +142,10 @@ def read_cifar100_python(folder: Path, split: str) -> ImageArrays:
         raise DatasetError(f"{path} is missing. {fix}") from None
     except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError, AttributeError) as err:
         raise DatasetError(f"{path} is corrupt ({err}). {fix}") from err
-    return check_arrays(x, y, 100, 32, str(path))
+    try:
+        return check_arrays(x, y, 100, 32, str(path))
+    except DatasetError as err:
+        raise DatasetError(f"{err}. {fix}") from None
 
 
 @DATASETS.register("cifar100")
