@@ -125,3 +125,25 @@ def test_dgr_vae_is_abds_cifar_autoencoder():
         vae.decoder_fc.bias.zero_()
         zero = vae.decode(z)
     assert negative.shape == (2, 3, 32, 32) and not torch.allclose(negative, zero)
+
+
+def test_dgr_vae_loss_against_hand_values():
+    """With zero weights μ and log σ² are the heads' biases and the reconstruction is the last layer's bias, so
+    the weighted reconstruction error and the KL (batch mean, ÷ 3072 pixel values, as ABD) follow by hand."""
+    from dfcil.methods.dgr import VAE
+
+    vae = VAE(zdim=4)
+    mu, logvar = torch.tensor([0.5, -1.0, 0.0, 2.0]), torch.tensor([0.0, 0.2, -0.3, 1.0])
+    out_bias = torch.tensor([0.1, 0.2, 0.3])
+    with torch.no_grad():
+        for p in vae.parameters():
+            p.zero_()
+        vae.mu.bias.copy_(mu)
+        vae.logvar.bias.copy_(logvar)
+        vae.decoder[-1].bias.copy_(out_bias)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    weight = torch.tensor([1.0, 3.0])
+    recon = ((out_bias[None, :, None, None] - x) ** 2).flatten(1).mean(dim=1)
+    kl = -0.5 * (1 + logvar - mu**2 - logvar.exp()).sum() / 3072
+    got = vae.loss(x, weight, torch.Generator().manual_seed(1))
+    assert got.item() == pytest.approx(((recon * weight).mean() + kl).item(), rel=1e-6)

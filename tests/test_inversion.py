@@ -162,3 +162,25 @@ def test_stacked_bn_loss_equals_the_layer_by_layer_loss_and_its_gradients():
     torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
     for u, v in zip(ga, gb, strict=True):
         torch.testing.assert_close(u, v, rtol=1e-6, atol=1e-9)
+
+
+def test_inversion_terms_carry_their_weights_and_tau_reaches_the_content_term_only():
+    """Each term is its weight × its function of the teacher's logits (τ in the content CE only, temperature 1 in
+    the diversity term), the BN statistics of every teacher layer, and the images' smoothness."""
+    teacher = _teacher()
+    cfg = InversionConfig(tau=7.0, w_content=2.0, w_diversity=3.0, w_bn=5.0, w_prior=11.0)
+    inv = ModelInversion(teacher, cfg, image_size=32, batch_size=8, rng=torch.Generator().manual_seed(0))
+    x = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    got = inv.loss_terms(x)
+    record: list[BNStats] = []
+    logits = teacher(x, bn=BNMode(record=record)).logits
+    p = torch.softmax(logits, dim=1).mean(dim=0)
+    want = {
+        "content": 2.0 * nn.functional.cross_entropy(logits / 7.0, logits.argmax(dim=1)),
+        "diversity": 3.0 * (1 + (p * p.log()).sum() / math.log(logits.shape[1])),
+        "bn": 5.0 * bn_statistics_loss(record),
+        "prior": 11.0 * smoothness_prior(x, gaussian_kernel()),
+    }
+    assert set(got) == set(want) and len(record) == sum(isinstance(m, nn.BatchNorm2d) for m in teacher.modules())
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], msg=k)

@@ -449,8 +449,31 @@ def _podnet_terms(out, t, y, labels, teacher, net):
     }
 
 
+def _soft_ce(student, target_probs, temperature=2.0):
+    """−Σ p · log softmax(s / T), batch mean, no T² (ABD's KD), written out."""
+    return -(target_probs * torch.log_softmax(student / temperature, dim=1)).sum(dim=1).mean()
+
+
+def _deepinversion_terms(out, t, y, labels, teacher, net):
+    import torch.nn.functional as F
+
+    b, old = len(y), torch.softmax(t.logits / 2.0, dim=1)
+    padded = torch.cat([old[b:], torch.zeros(len(old) - b, 4)], dim=1)  # zero targets for the 4 new classes
+    return {
+        "ce": F.cross_entropy(out.logits[:b], y),  # real data only
+        "kd_real": _soft_ce(out.logits[:b, :2], old[:b]),  # old classes on real data
+        "kd_syn": _soft_ce(out.logits[b:], padded),  # every seen class on synthetic data
+    }
+
+
 @pytest.mark.parametrize(
-    ("name", "terms"), [("abd", _abd_terms), ("ucir_df", _ucir_terms), ("podnet_df", _podnet_terms)]
+    ("name", "terms"),
+    [
+        ("abd", _abd_terms),
+        ("deepinversion", _deepinversion_terms),
+        ("ucir_df", _ucir_terms),
+        ("podnet_df", _podnet_terms),
+    ],
 )
 def test_replay_baselines_terms_are_their_weighted_losses(name, terms):
     """One step's terms against the spec's weights on outputs computed apart (one mixed real + synthetic batch)."""
@@ -553,3 +576,34 @@ def test_joint_trains_on_every_task_so_far(last_only):
     ft, joint = seen["finetune"], seen["joint"]
     assert joint.tasks[1]["train_images"] == 2 * ft.tasks[1]["train_images"] == 2 * joint.tasks[0]["train_images"]
     assert joint.epochs == ([1, 1] if last_only else [0, 0, 1, 1])
+
+
+def test_lwf_terms_are_ce_and_kd_on_the_new_data():
+    import torch.nn.functional as F
+
+    cfg, method, net, ctx, batches = _task1_setup(name="lwf", old=2, new=4)
+    x, y = next(iter(batches))
+    with torch.no_grad():
+        old = torch.softmax(method.teacher(x).logits / 2.0, dim=1)
+    logits = copy.deepcopy(net)(x).logits
+    got = method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])
+    want = {"ce": F.cross_entropy(logits, y), "kd": 1.0 * _soft_ce(logits[:, :2], old)}  # seen classes; old ones
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], msg=k)
+
+
+@pytest.mark.parametrize("from_scratch", [True, False])
+def test_joint_from_scratch_reinitialises_the_network_at_each_task(from_scratch):
+    cfg, _, net, ctx, _ = _task1_setup(name="finetune")
+    joint = build_method(tiny_config("joint", [("method.from_scratch", str(from_scratch).lower())]).method, cfg.train)
+    before = copy.deepcopy(net.state_dict())
+    joint.on_task_start(ctx)
+    after = net.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    if not from_scratch:
+        assert not changed
+        return
+    assert "backbone.conv_1.weight" in changed and "head.blocks.0.weight" in changed
+    bn_means = [v for k, v in after.items() if k.endswith("running_mean")]
+    assert bn_means and all(torch.equal(v, torch.zeros_like(v)) for v in bn_means)  # running statistics reset too
