@@ -607,3 +607,22 @@ def test_joint_from_scratch_reinitialises_the_network_at_each_task(from_scratch)
     assert "backbone.conv_1.weight" in changed and "head.blocks.0.weight" in changed
     bn_means = [v for k, v in after.items() if k.endswith("running_mean")]
     assert bn_means and all(torch.equal(v, torch.zeros_like(v)) for v in bn_means)  # running statistics reset too
+
+
+def test_dgr_terms_are_task_balanced_ce_and_kd_on_replayed_images():
+    import torch.nn.functional as F
+
+    cfg, method, net, ctx, batches = _task1_setup([("method.zdim", "32")], name="dgr", old=2, new=4)
+    x, y = next(iter(batches))
+    old_vae, old_net = method.scholar
+    x_rep = torch.randn(len(x), 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    old_vae.sample = lambda n, generator: x_rep[:n]
+    with torch.no_grad():
+        t = old_net(x_rep).logits
+    labels = torch.cat([y, t.argmax(dim=1)])
+    w = torch.where(labels < 2, 1 / 3, 2 / 3)  # r = n_old / n_seen
+    logits = copy.deepcopy(net)(torch.cat([x, x_rep])).logits
+    got = method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])
+    assert set(got) == {"ce", "kd", "vae"} and torch.isfinite(got["vae"])
+    torch.testing.assert_close(got["ce"], (F.cross_entropy(logits, labels, reduction="none") * w).mean())
+    torch.testing.assert_close(got["kd"], 1.0 * _soft_ce(logits[len(x) :, :2], torch.softmax(t / 2.0, dim=1)))
