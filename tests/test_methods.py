@@ -22,7 +22,10 @@ TINY = [("train.epochs", "2"), ("train.milestones", "[1]"), ("data.num_classes",
 
 class Records(Callback):
     def __init__(self):
-        self.epochs, self.tasks = [], []
+        self.epochs, self.tasks, self.starts = [], [], []
+
+    def on_task_start(self, info):
+        self.starts.append(info)
 
     def on_epoch_end(self, record):
         self.epochs.append(record)
@@ -557,25 +560,13 @@ def test_a_methods_gradient_clamp_bounds_every_update():
 def test_joint_trains_on_every_task_so_far(last_only):
     """The upper bound's task 1 trains on the real data of tasks 0 and 1 (twice fine-tuning's), from a
     re-initialised network (ABD's Oracle); with last_only only the last task trains."""
-
-    class Starts(Callback):
-        def __init__(self):
-            self.tasks, self.epochs = [], []
-
-        def on_task_start(self, info):
-            self.tasks.append(info)
-
-        def on_epoch_end(self, record):
-            self.epochs.append(record["task"])
-
     seen = {}
     for name, extra in {"finetune": [], "joint": [("method.last_only", str(last_only).lower())]}.items():
-        rec = Starts()
-        run(tiny_config(name, extra), callbacks=[rec])
-        seen[name] = rec
+        seen[name] = Records()
+        run(tiny_config(name, extra), callbacks=[seen[name]])
     ft, joint = seen["finetune"], seen["joint"]
-    assert joint.tasks[1]["train_images"] == 2 * ft.tasks[1]["train_images"] == 2 * joint.tasks[0]["train_images"]
-    assert joint.epochs == ([1, 1] if last_only else [0, 0, 1, 1])
+    assert joint.starts[1]["train_images"] == 2 * ft.starts[1]["train_images"] == 2 * joint.starts[0]["train_images"]
+    assert [r["task"] for r in joint.epochs] == ([1, 1] if last_only else [0, 0, 1, 1])
 
 
 def test_lwf_terms_are_ce_and_kd_on_the_new_data():

@@ -322,7 +322,6 @@ def fit_task(
         if index < start.phase:
             continue
         first_epoch = start.epoch if index == start.phase else 0
-        resumed_steps = epoch_state.step if epoch_state is not None and index == start.phase else 0  # done before
         if optimizer is None or (phase.reset_optimizer and first_epoch == 0):
             optimizer = torch.optim.SGD(
                 params,
@@ -343,7 +342,7 @@ def fit_task(
             TrainStep(net, method, ctx, phase, batches), optimizer, mode, ctx.device,
             generators=(ctx.rng, batches.generator), clip=_clip(net, method),
         )  # fmt: skip
-        t_phase = time.perf_counter()
+        t_phase, images = time.perf_counter(), 0  # images this process trains in the phase
         total = phase.epochs * len(batches)
         initial = first_epoch * len(batches) + (epoch_state.step if epoch_state else 0)
         with progress(total=total, desc=f"task {ctx.task_id} {phase.name}", unit="step", initial=initial) as bar:
@@ -361,6 +360,7 @@ def fit_task(
 
                 t0 = time.perf_counter()
                 done_before = epoch_state.step if epoch_state is not None else 0  # steps a resumed epoch had done
+                trained = (len(batches) - done_before) * batches.batch_size  # images this epoch trains here
                 losses = train_epoch(
                     net, method, batches, optimizer, ctx, phase, epoch, bar, epoch_state, interrupt, on_interrupt, step
                 )
@@ -370,9 +370,9 @@ def fit_task(
                 bar.set_postfix({k: f"{v:.3f}" for k, v in losses.items()})
                 record = {
                     "task": ctx.task_id, "phase": phase.name, "epoch": epoch, "epochs": phase.epochs, "lr": lr,
-                    "loss": losses, "time_s": round(dt, 3),
-                    "images_per_s": (len(batches) - done_before) * batches.batch_size / dt,
+                    "loss": losses, "time_s": round(dt, 3), "images_per_s": trained / dt,
                 }  # fmt: skip
+                images += trained
                 for cb in callbacks:
                     cb.on_epoch_end(record)
                 stop = interrupt is not None and interrupt.requested
@@ -382,7 +382,6 @@ def fit_task(
                 if stop:
                     raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
         dt = time.perf_counter() - t_phase
-        images = ((phase.epochs - first_epoch) * len(batches) - resumed_steps) * batches.batch_size
         out[phase.name] = {"time_s": round(dt, 3), "images_per_s": round(images / dt, 1) if dt > 0 else 0.0}
         if graphs != "off":  # whether the phase's steps really were replayed
             out[phase.name] |= {"cuda_graphs": step.mode, "captures": step.captures}
@@ -398,11 +397,10 @@ def fill_momentum(optimizer: torch.optim.SGD) -> None:
     refuses a mix of buffers and missing ones. With no dampening a zero buffer gives exactly eager SGD's first
     step for that parameter (the buffer becomes the gradient).
     """
-    group = optimizer.param_groups[0]
-    if not group["momentum"] or not any("momentum_buffer" in s for s in optimizer.state.values()):
+    if not any("momentum_buffer" in s for s in optimizer.state.values()):
         return
     for group in optimizer.param_groups:
-        for p in group["params"]:
+        for p in group["params"] if group["momentum"] else ():
             if p.requires_grad and optimizer.state[p].get("momentum_buffer") is None:
                 optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
 

@@ -228,7 +228,7 @@ class Session:
         signature = self.method.task0_signature()
         if signature is None:
             return None
-        split, data = self.protocol.split, self.cfg.data
+        split, data, cfg = self.protocol.split, self.cfg.data, config_to_dict(self.cfg)
         phases = [dataclasses.asdict(p) | {"name": None} for p in self.method.phases(self.context(0))]
         fields = {
             "dfcil": __import__("dfcil").__version__,
@@ -236,18 +236,16 @@ class Session:
             "task0_classes": split.tasks[0],
             "train_per_class": data.train_per_class,
             "test_per_class": data.test_per_class,
-            "model": config_to_dict(self.cfg)["model"],
+            "model": cfg["model"],
             "head": type(self.method).head,
             # the phases carry epochs, lr and milestones of task 0; eval batch size never changes results
             "train": {
-                k: v
-                for k, v in config_to_dict(self.cfg)["train"].items()
-                if k in ("batch_size", "momentum", "weight_decay", "gamma")
+                k: v for k, v in cfg["train"].items() if k in ("batch_size", "momentum", "weight_decay", "gamma")
             },  # fmt: skip
             "seed": self.cfg.seed,
             # how the engine computes changes the numbers (bf16; within rounding the rest), and so does the kind of
             # device; graphs replay the same kernels
-            "engine": {k: v for k, v in config_to_dict(self.cfg)["engine"].items() if k != "cuda_graphs"},
+            "engine": {k: v for k, v in cfg["engine"].items() if k != "cuda_graphs"},
             "device": self.device.type,
             "signature": signature,
             "phases": phases,

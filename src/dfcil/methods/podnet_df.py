@@ -17,7 +17,7 @@ from dfcil.losses.podnet import nca, pod_flat, pod_spatial
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_count
+from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_per_step
 
 
 @configclass
@@ -119,7 +119,7 @@ class PODNetDF(Method):
         if ctx.task_id == 0:
             return {"nca": nca(net(batch.x).logits, batch.y, margin=c.nca_margin)}
         b = len(batch.x)
-        x_syn = self.replay.generate(self.synthetic_per_step(ctx, b))  # synthetic "exemplars"
+        x_syn = self.replay.generate(synthetic_per_step(c.synthetic_per_class, ctx, b))  # synthetic "exemplars"
         with torch.no_grad():
             t = self.replay.teacher(torch.cat([batch.x, x_syn]))
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
@@ -134,10 +134,6 @@ class PODNetDF(Method):
             "pod_spatial": c.lambda_c * factor * pod_spatial(out.fmaps, t.fmaps),
             "pod_flat": c.lambda_f * factor * pod_flat(out.features, t.features),
         }
-
-    def synthetic_per_step(self, ctx: TaskContext, real_batch: int) -> int:
-        k = self.cfg.synthetic_per_class
-        return synthetic_count(k, ctx.n_old, real_batch, len(ctx.task_data) if k else 0)
 
     def components(self) -> dict[str, Any]:
         return {"replay": self.replay}

@@ -16,7 +16,7 @@ from dfcil.losses.ucir import less_forget, margin_ranking
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_count
+from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_per_step
 
 
 @configclass
@@ -83,7 +83,7 @@ class UCIRDF(Method):
         if ctx.task_id == 0:
             return {"ce": F.cross_entropy(net(batch.x).logits.float(), batch.y)}
         c, b, n_old = self.cfg, len(batch.x), ctx.n_old
-        x_syn = self.replay.generate(self.synthetic_per_step(ctx, b))  # synthetic "exemplars"
+        x_syn = self.replay.generate(synthetic_per_step(c.synthetic_per_class, ctx, b))  # synthetic "exemplars"
         with torch.no_grad():
             t = self.replay.teacher(torch.cat([batch.x, x_syn]))
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
@@ -95,10 +95,6 @@ class UCIRDF(Method):
             "less_forget": lam * less_forget(out.features, t.features),
             "margin": margin_ranking(cosine, y, n_old, c.hard_negatives, c.margin),
         }
-
-    def synthetic_per_step(self, ctx: TaskContext, real_batch: int) -> int:
-        k = self.cfg.synthetic_per_class
-        return synthetic_count(k, ctx.n_old, real_batch, len(ctx.task_data) if k else 0)
 
     def components(self) -> dict[str, Any]:
         return {"replay": self.replay}

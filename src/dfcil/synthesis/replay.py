@@ -140,3 +140,8 @@ def synthetic_count(per_class: int, n_old: int, real_batch: int, steps_per_epoch
     if per_class == 0:
         return real_batch
     return max(1, math.ceil(per_class * n_old / max(steps_per_epoch, 1)))
+
+
+def synthetic_per_step(per_class: int, ctx: TaskContext, real_batch: int) -> int:
+    """:func:`synthetic_count` for the task at hand (its old classes and steps per epoch)."""
+    return synthetic_count(per_class, ctx.n_old, real_batch, len(ctx.task_data) if per_class else 0)
