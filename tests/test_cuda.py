@@ -132,7 +132,7 @@ def test_batch_moments_on_cuda_match_the_cpu():
     x = torch.randn(16, 8, 6, 6, dtype=torch.float64) * 2 + 1
     out = {}
     for device in ("cpu", "cuda"):
-        xd = x.to(device).requires_grad_()
+        xd = x.to(device).detach().requires_grad_()  # a leaf on both devices (x.to('cpu') is x itself)
         mean, var = batch_moments(xd)  # var_mean on CUDA, two passes on the CPU
         (mean.sum() + (var * torch.arange(8, device=device)).sum()).backward()
         out[device] = (mean.cpu(), var.cpu(), xd.grad.cpu())
