@@ -20,6 +20,11 @@ per step over rounds and the ratio A/B.
 * chr: one CHR step (backbone frozen in eval mode). Reference: separate passes; fast: one pass each.
 * eval: a no-grad forward of 1000 test images (identical in both modes: a control for noise).
 
+``--ab memory`` compares NCHW with channels_last (fast path, eager unless ``--graphs``). ``--profile N`` then
+profiles N eager steps of each phase with B's settings and prints where the device's time goes: the kernels (on
+a GPU; the CPU's operators on a CPU) by share of the step, grouped into convolutions, batch norm, elementwise,
+reductions, optimiser, copies and the rest. The engine's ``cudnn_benchmark`` default (on) applies on CUDA.
+
 With ``--ab graphs`` both sides take the fast path; B replays each step as one CUDA graph (``dfcil.graphs``).
 With ``--ab compile`` both sides replay graphs (eager steps on a CPU); B compiles each step's forward and loss
 terms with ``torch.compile`` first (fused kernels; the compile time is in the untimed warm-up).
@@ -28,8 +33,10 @@ terms with ``torch.compile`` first (fused kernels; the compile time is in the un
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
+import re
 import statistics
 import sys
 import time
@@ -170,15 +177,78 @@ def steps_for(
     }
 
 
+KERNEL_GROUPS = (  # first match wins; names of cuDNN/cuBLAS/ATen kernels and of the CPU's aten operators
+    ("batch norm", r"batch_norm|batchnorm|\bbn_|::bn_|bn_fw|bn_bw|welford|var_mean"),
+    ("convolution / matmul", r"conv|cudnn|xmma|implicit|wgrad|dgrad|fprop|winograd|gemm|cutlass|sm\d\d_|mm\b|matmul"),
+    ("optimiser", r"multi_tensor|foreach|fused_sgd|fused_adam|sgd|adam"),
+    ("copy / cat / fill", r"copy|memcpy|memset|cat|fill|zero|index|gather|scatter|pad"),
+    ("reduction", r"reduce|sum|mean|max|min|norm|softmax"),
+    ("elementwise", r"elementwise|vectorized|unrolled|relu|add|mul|sub|div|where|clamp|sqrt|exp|log|pow"),
+)
+
+
+def profile(steps: dict[str, Callable[[], None]], phases: list[str], n: int, device: torch.device) -> None:
+    """Print, per phase, where ``n`` steps spend the device's time: kernels on a GPU, aten operators' own time on
+    a CPU (µs per step, share, calls per step), top 12 and by group."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for phase in phases:
+        fn = steps[phase]
+        for _ in range(3):
+            fn()
+        _sync(device)
+        with torch_profile(activities=activities) as prof:
+            for _ in range(n):
+                fn()
+            _sync(device)
+        per_name: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+        for e in prof.events():
+            if cuda and e.device_type == DeviceType.CUDA:
+                us = e.time_range.elapsed_us()
+            elif not cuda and e.device_type == DeviceType.CPU and e.name.startswith("aten::"):
+                us = e.self_cpu_time_total
+            else:
+                continue
+            per_name[e.name][0] += us / n
+            per_name[e.name][1] += 1 / n
+        total = sum(us for us, _ in per_name.values())
+        kind = "kernels" if cuda else "aten operators (self time)"
+        calls = sum(c for _, c in per_name.values())
+        print(f"\n{phase}: {total / 1000:.2f} ms of {kind} per step, {calls:.0f} per step ({n} eager steps)")
+        if not per_name:
+            print("(no events recorded)")
+            continue
+        groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+        for name, (us, c) in per_name.items():
+            group = next((g for g, rx in KERNEL_GROUPS if re.search(rx, name, re.IGNORECASE)), "other")
+            groups[group][0] += us
+            groups[group][1] += c
+        print("| group | µs/step | share | calls/step |\n|---|---:|---:|---:|")
+        for group, (us, c) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
+            print(f"| {group} | {us:.0f} | {us / total:.0%} | {c:.0f} |")
+        print("| top kernel | µs/step | share | calls/step |\n|---|---:|---:|---:|")
+        for name, (us, c) in sorted(per_name.items(), key=lambda kv: -kv[1][0])[:12]:
+            short = name if len(name) <= 90 else name[:87] + "..."
+            print(f"| `{short}` | {us:.0f} | {us / total:.0%} | {c:.0f} |")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument(
-        "--ab", choices=["merge", "precision", "graphs", "compile"], default="merge", help="what A and B differ in"
-    )
+        "--ab", choices=["merge", "precision", "graphs", "compile", "memory"], default="merge",
+        help="what A and B differ in",
+    )  # fmt: skip
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="for --ab merge")
     p.add_argument("--fast", choices=["auto", "all", "teacher"], default="auto", help="the fast path's merge_passes")
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--graphs", action="store_true", help="for --ab memory and precision: both sides graphed")
+    p.add_argument("--no-cudnn-benchmark", action="store_true", help="cuDNN's heuristics instead of autotuning")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="then profile N eager steps of B")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--n-old", type=int, default=20)
     p.add_argument("--n-new", type=int, default=20)
@@ -189,18 +259,25 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     phases = args.phases.split(",")
     fast = args.fast if args.fast != "auto" else ("all" if device.type == "cuda" else "teacher")
-    base = {"merge": fast, "precision": args.precision, "hooks": False, "graphs": "off", "compile": False}
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark  # the engine's default: autotuned
+    both = "on" if args.graphs else "off"
+    base = {
+        "merge": fast, "precision": args.precision, "hooks": False, "graphs": both, "compile": False,
+        "channels_last": args.channels_last,
+    }  # fmt: skip
     variants = {  # what A and B change of the fast path
         "merge": {"reference": {"merge": "none", "hooks": True}, f"fast-{fast}": {}},
         "graphs": {"eager": {}, "graphs": {"graphs": "on"}},
         "compile": {"graphs": {"graphs": "on"}, "graphs+compile": {"graphs": "on", "compile": True}},
         "precision": {"fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16"}},
+        "memory": {"nchw": {"channels_last": False}, "channels_last": {"channels_last": True}},
     }[args.ab]
     steps = {}
     made: dict[str, list[StepGraph]] = {}
     for name, change in variants.items():
         v = base | change
-        setup = build(device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], args.channels_last)
+        setup = build(device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], v["channels_last"])
         steps[name] = steps_for(setup, v["hooks"], v["graphs"], v["compile"], made.setdefault(name, []))
     times: dict[tuple[str, str], list[float]] = {(v, ph): [] for v in variants for ph in phases}
     names = list(variants)
@@ -222,6 +299,12 @@ def main(argv=None) -> int:
     info += f"{torch.get_num_threads()}, torch {torch.__version__}, rounds {args.rounds} x {args.steps} steps"
     if args.ab != "precision":
         info += f", {args.precision}"
+    if args.ab != "memory":
+        info += ", channels_last" if args.channels_last else ", NCHW"
+    if args.graphs and args.ab in ("memory", "precision", "merge"):
+        info += ", both graphed"
+    if device.type == "cuda":
+        info += f", cudnn.benchmark {torch.backends.cudnn.benchmark}"
     print(info)
     print(f"| phase | {a} ms/step | {b} ms/step | ratio {a}/{b} |")
     print("|---|---:|---:|---:|")
@@ -232,6 +315,11 @@ def main(argv=None) -> int:
         ran = [f"{g.key}: {g.mode}" + (f" ({g.failure})" if g.failure else "") for g in graphs if g.key is not None]
         if any(g.mode != "off" or g.failure for g in graphs):
             print(f"{name} steps ran as: {', '.join(ran)}")
+    if args.profile:
+        v = base | variants[b] | {"graphs": "off", "compile": False}  # kernels' own times: eager steps
+        setup = build(device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], v["channels_last"])
+        print(f"\nprofile of {b}'s settings, eager")
+        profile(steps_for(setup, v["hooks"]), phases, args.profile, device)
     return 0
 
 

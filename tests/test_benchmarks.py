@@ -1,0 +1,53 @@
+"""The benchmark scripts a GPU lease runs (benchmarks/gpu_check.sh): they must work before the lease starts."""
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("ab", ["merge", "memory"])
+def test_speed_prints_its_ab_table_and_a_profile(ab, capsys):
+    speed = _load("speed")
+    argv = ["--ab", ab, "--phases", "chr", "--rounds", "1", "--steps", "1", "--batch", "8", "--profile", "1"]
+    assert speed.main(argv) == 0
+    out = capsys.readouterr().out
+    a, b = {"merge": ("reference", "fast-teacher"), "memory": ("nchw", "channels_last")}[ab]
+    assert f"| phase | {a} ms/step | {b} ms/step | ratio {a}/{b} |" in out
+    assert f"profile of {b}'s settings, eager" in out
+    groups = out.split("| group | µs/step | share | calls/step |")[1].split("| top kernel")[0]
+    assert "| convolution / matmul |" in groups  # a CHR step is mostly convolutions on any device
+
+
+def test_profile_groups_kernel_names():
+    speed = _load("speed")
+
+    def group(name):
+        return next((g for g, rx in speed.KERNEL_GROUPS if speed.re.search(rx, name, speed.re.IGNORECASE)), "other")
+
+    assert group("sm90_xmma_fprop_implicit_gemm_tf32f32") == "convolution / matmul"
+    assert group("void cudnn::bn_fw_tr_1C11_kernel_NCHW<float>") == "batch norm"  # before cuDNN's convolutions
+    assert group("void at::native::batch_norm_collect_statistics_kernel") == "batch norm"
+    assert group("aten::native_batch_norm_backward") == "batch norm"
+    assert group("aten::convolution_backward") == "convolution / matmul"
+    assert group("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm>") == "convolution / matmul"
+    assert group("void at::native::(anonymous)::multi_tensor_apply_kernel<FusedSgdMathFunctor>") == "optimiser"
+    assert group("void at::native::vectorized_elementwise_kernel<4, relu>") == "elementwise"
+    assert group("aten::upsample_nearest2d") == "other"
+
+
+def test_gpu_check_script_parses_and_refuses_an_unknown_stage():
+    script = BENCH / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    done = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True)
+    assert done.returncode == 2 and "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests" in done.stderr
