@@ -486,3 +486,34 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_in_place(reference
         (out / "checkpoints" / name).unlink()
     assert main(["resume", str(out), "--no-progress"]) == 0
     assert_same_run(reference, out)
+
+
+def test_a_relative_data_root_is_saved_absolute_and_resumes_from_another_directory(tmp_path, monkeypatch):
+    """`--data.root data` means the directory the command ran in; the saved config says which, so `dfcil resume`
+    from elsewhere still finds the data (and the task-0 cache)."""
+    import numpy as np
+
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    (start / "data" / "cifar100").mkdir(parents=True)
+    elsewhere.mkdir()
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        y = np.repeat(np.arange(100), 4)
+        x = rng.integers(0, 256, (len(y), 32, 32, 3)).astype(np.uint8)
+        np.savez(start / "data" / "cifar100" / f"{split}.npz", x=x, y=y)
+    monkeypatch.chdir(start)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the task-0 cache "~/c" goes there
+    overrides = [(ARGS[i][2:], ARGS[i + 1]) for i in range(0, len(ARGS), 2)]
+    overrides += [("data.name", "cifar100"), ("data.root", "data"), ("data.num_classes", "10"), ("task0_cache", "~/c")]
+    cfg = load_config([SMOKE], overrides)[0]
+    out = tmp_path / "run"
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted):
+        train(cfg, out, progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 2)])
+    saved = load_config([out / "config.yaml"])[0]
+    assert saved.data.root == str(start / "data")
+    assert saved.task0_cache == str(tmp_path / "home" / "c")
+    monkeypatch.chdir(elsewhere)
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    assert len(json.loads((out / "summary.json").read_text())["accuracy_matrix"]) == 2
+    assert any((tmp_path / "home" / "c").iterdir())  # the finished task 0 went to the saved cache

@@ -125,6 +125,17 @@ class RunConfig:
     task0_cache: str | None = None  # directory of shared first-task models (see docs/resume.md); runtime only
 
 
+def with_absolute_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``data.root`` and ``task0_cache`` absolute (``~`` expanded, links kept), as a run saves them:
+    a relative path means the directory the command ran in, which a later ``dfcil resume`` need not share."""
+
+    def absolute(path: str | None) -> str | None:
+        return None if path is None else str(Path(path).expanduser().absolute())
+
+    data = dataclasses.replace(cfg.data, root=absolute(cfg.data.root))
+    return dataclasses.replace(cfg, data=data, task0_cache=absolute(cfg.task0_cache))
+
+
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "engine": EngineConfig}
 TOP_LEVEL_SCALARS: dict[str, Any] = {
     "seed": int,

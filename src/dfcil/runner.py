@@ -31,7 +31,16 @@ import torch
 from filelock import FileLock, Timeout
 
 from dfcil.callbacks import Callback, ConsoleLogger, JsonlLogger
-from dfcil.config import RUNTIME_KEYS, ConfigError, RunConfig, config_diff, config_to_dict, dump_config, load_config
+from dfcil.config import (
+    RUNTIME_KEYS,
+    ConfigError,
+    RunConfig,
+    config_diff,
+    config_to_dict,
+    dump_config,
+    load_config,
+    with_absolute_paths,
+)
 from dfcil.engine import Interrupt, Protocol, RunInterrupted, prepare, resolve_device, run
 from dfcil.io import check_creatable_dir, write_atomic, write_json
 from dfcil.methods import METHODS
@@ -121,6 +130,7 @@ def train(
     differ), it is resumed.
     """
     out = Path(out)
+    cfg = with_absolute_paths(cfg)
     if (out / "config.yaml").exists():
         saved = load_config([out / "config.yaml"])[0]
         changed = _changed_keys(saved, cfg)
@@ -181,6 +191,7 @@ def resume(
         raise ConfigError(f"the run in {run_dir} is complete (summary.json exists); nothing to resume")
     saved = load_config([run_dir / "config.yaml"])[0]
     cfg = load_config([run_dir / "config.yaml"], [(k, json.dumps(v)) for k, v in (overrides or {}).items()])[0]
+    cfg = with_absolute_paths(cfg)
     changed = _changed_keys(saved, cfg)
     if changed:
         raise ConfigError(
