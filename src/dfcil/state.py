@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import random
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -145,11 +146,12 @@ def loads(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
     magic = data[: len(MAGIC)]
     if len(data) < len(MAGIC) + 32 or magic not in (MAGIC, MAGIC2):
         raise CheckpointError(f"{source} is not a dfcil checkpoint (bad header) or is truncated")
-    digest, rest = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
+    view = memoryview(data)  # slices below are views: the tensors' bytes are copied once, into their own storage
+    digest, rest = view[len(MAGIC) : len(MAGIC) + 32], view[len(MAGIC) + 32 :]
     if hashlib.sha256(rest).digest() != digest:
         raise CheckpointError(f"{source} is truncated or corrupt (checksum mismatch)")
     if magic == MAGIC2:
-        n = int.from_bytes(rest[:8], "little")
+        n = int.from_bytes(rest[:8], "little")  # an archive beyond the end is a short one: torch.load refuses it
         archive, block = rest[8 : 8 + n], rest[8 + n :]
     else:  # the first layout: one archive that holds the tensors too
         archive, block = rest, None
@@ -208,10 +210,15 @@ def _pack(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     return {"tensors": index, "payload": skeleton}, b"".join(parts)
 
 
-def _unpack(archive: Any, block: bytes, source: str) -> Any:
+def _unpack(archive: Any, block: bytes | memoryview, source: str) -> Any:
     if not isinstance(archive, dict) or set(archive) != {"tensors", "payload"}:
         raise CheckpointError(f"{source} has an unknown checkpoint format")
-    data = torch.frombuffer(bytearray(block), dtype=torch.uint8) if block else torch.empty(0, dtype=torch.uint8)
+    if len(block):
+        with warnings.catch_warnings():  # a read-only buffer: nothing writes to it, every tensor is cloned
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(block, dtype=torch.uint8)
+    else:
+        data = torch.empty(0, dtype=torch.uint8)
     tensors = []
     try:
         for name, shape, offset in archive["tensors"]:
