@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_check.sh full    # carries .devdata/part1: the full 5-task CIFAR-100 R-DFCIL protocol
 #                                        #   (paper schedule) for FULL_TIMEOUT seconds at most in /tmp/runs/full-on,
 #                                        #   copied to $OUT/full-on with its newest checkpoint; PRECISION (fp32) and
-#                                        #   GRAPHS (on) choose the engine switches
+#                                        #   GRAPHS (on) choose the engine switches (GRAPHS=off: full-off throughout)
 #   bash benchmarks/gpu_check.sh resume  # carries nothing new: continues /tmp/runs/full-on for RESUME_TIMEOUT seconds
 #                                        #   (on a fresh machine after prep: carries .devdata/part1 and the run
 #                                        #   directory brought back earlier, copied to .devdata/full-on)
@@ -33,9 +33,10 @@ fi
 export PYTHONPATH=/tmp/site:$PWD/src
 
 bring_back() {  # the run's records and newest checkpoint (a later lease can resume it), not the weights
-  mkdir -p "$OUT/full-on/checkpoints"
-  cp "$RUN"/{config.yaml,meta.json,metrics.jsonl,run.log,summary.json} "$OUT/full-on/" 2>/dev/null
-  cp "$RUN/checkpoints/last.pt" "$OUT/full-on/checkpoints/" 2>/dev/null
+  local to=$OUT/${RUN##*/}
+  mkdir -p "$to/checkpoints"
+  cp "$RUN"/{config.yaml,meta.json,metrics.jsonl,run.log,summary.json} "$to/" 2>/dev/null
+  cp "$RUN/checkpoints/last.pt" "$to/checkpoints/" 2>/dev/null
   grep -v " epoch " "$RUN/run.log" | tail -25
 }
 
@@ -72,8 +73,8 @@ full)
   bring_back
   ;;
 resume)
-  if [ ! -d "$RUN" ] && [ -d .devdata/full-on ]; then  # a fresh machine: the run directory brought back earlier
-    cp -r .devdata/full-on "$RUN"
+  if [ ! -d "$RUN" ] && [ -d ".devdata/${RUN##*/}" ]; then  # a fresh machine: the run directory brought back
+    cp -r ".devdata/${RUN##*/}" "$RUN"
   fi
   if [ ! -d /tmp/data/cifar100 ]; then  # a fresh machine: prep brought part0, this call part1
     python3 benchmarks/pack_cifar.py unpack /tmp/dev /tmp/data \
