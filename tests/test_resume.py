@@ -64,6 +64,18 @@ def assert_same_run(a, b):
     assert _records(a) == _records(b)
 
 
+def _work(run):
+    """Each task's timed parts and each phase's trained images: what a report reads, however the run was split."""
+    timings = json.loads((run / "summary.json").read_text())["timings"]
+    return [(sorted(t), {name: p["images"] for name, p in t["phases"].items()}) for t in timings]
+
+
+def test_reference_run_reports_every_phase_and_its_images(reference):
+    # 15 steps of 16 images per epoch: 5 epochs less 3 CHR ones: task 0 trains 2; task 1 2 RRL and 3 CHR epochs
+    keys = ["eval_s", "peak_memory_mb", "phases", "setup_s", "task"]
+    assert _work(reference) == [(keys, {"base": 480}), (keys, {"rrl": 480, "chr": 720})]
+
+
 def _position(run):
     try:
         return loads(Checkpointer(run).last.read_bytes())["position"]
@@ -111,6 +123,7 @@ def test_sigkill_anywhere_then_resume_is_exact(reference, tmp_path, where):
     assert main(["resume", str(out), "--no-progress"]) == 0
     assert json.loads((out / "summary.json").read_text())["resumed"] is True
     assert_same_run(reference, out)
+    assert _work(out) == _work(reference)  # the killed process's setup and phases are still reported
 
 
 def test_sigterm_checkpoints_mid_epoch_and_says_how_to_resume(reference, tmp_path):
@@ -123,12 +136,18 @@ def test_sigterm_checkpoints_mid_epoch_and_says_how_to_resume(reference, tmp_pat
     assert f"Continue with: dfcil resume {out}" in err
     pos = _position(out)
     assert pos["task"] == 1 and pos["stage"] == "train"
-    kept = loads(Checkpointer(out).last.read_bytes())["elapsed_s"]
+    payload = loads(Checkpointer(out).last.read_bytes())
+    kept, kept_task = payload["elapsed_s"], payload["task_timing"]
     assert kept > 0
+    assert kept_task["task"] == 1 and kept_task["setup_s"] > 0 and 0 < kept_task["phases"]["rrl"]["images"] < 480
     assert main(["resume", str(out), "--no-progress"]) == 0
     assert_same_run(reference, out)
     summary = json.loads((out / "summary.json").read_text())  # the first process's kept time is counted
     assert summary["total_time_s"] == pytest.approx(kept + summary["wall_time_s"], abs=1.0)
+    assert _work(out) == _work(reference)  # the task's setup and its RRL images before the stop are counted
+    task1 = summary["timings"][1]
+    assert task1["setup_s"] == kept_task["setup_s"]  # the setup ran in the first process only
+    assert task1["phases"]["rrl"]["time_s"] > kept_task["phases"]["rrl"]["time_s"]
 
 
 def _unfinished(tmp_path, epochs=3):

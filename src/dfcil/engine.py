@@ -158,6 +158,7 @@ class _TaskLoop:
     progress: ProgressFactory
     interrupt: Interrupt
     save_every_s: float | None
+    setup_clock: tuple[float, float] | None = None  # while a setup runs: (its start here, seconds kept before)
 
     def due(self, every: float) -> bool:
         """Whether ``every`` seconds have passed since the last checkpoint."""
@@ -167,10 +168,23 @@ class _TaskLoop:
         """Inside a task's setup: checkpoint now and then, and on interrupt."""
         s = self.s
         if self.interrupt.requested:
+            self.note_setup()
             s.save()
             raise RunInterrupted(f"interrupted in task {s.pos.task}, setup")
         if self.due(s.cfg.checkpoint_interval_s if self.save_every_s is None else self.save_every_s):
+            self.note_setup()
             s.save()
+
+    def note_setup(self) -> None:
+        """The running task's setup time so far (earlier processes' and this one's) and peak memory, to checkpoint."""
+        if self.setup_clock is not None:
+            started, kept = self.setup_clock
+            self.s.task_timing["setup_s"] = round(kept + time.perf_counter() - started, 3)
+        self.note_memory()
+
+    def note_memory(self) -> None:
+        timing = self.s.task_timing
+        timing["peak_memory_mb"] = max(timing.get("peak_memory_mb", 0.0), peak_memory_mb(self.s.device))
 
     def run_task(self, task: int, resumed: dict[str, Any], resuming: bool) -> None:
         s, cfg, device, interrupt = self.s, self.s.cfg, self.s.device, self.interrupt
@@ -193,15 +207,18 @@ class _TaskLoop:
         for cb in self.callbacks:
             cb.on_task_start(info)
 
-        timing: dict[str, Any] = {"task": task}
+        # the task's times so far: a resumed task's checkpoint kept what earlier processes spent on it
+        timing = s.task_timing if s.task_timing.get("task") == task else {"task": task}
+        s.task_timing = timing
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         if s.pos.stage == "setup":
-            t0 = time.perf_counter()
+            self.setup_clock = (time.perf_counter(), timing.get("setup_s", 0.0))
             s.method.on_task_start(ctx)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            timing["setup_s"] = round(time.perf_counter() - t0, 3)
+            self.note_setup()
+            self.setup_clock = None
             s.pos = Position(task, "train")
             s.save()
             if interrupt.requested:
@@ -212,12 +229,15 @@ class _TaskLoop:
         ) -> None:
             s.pos = pos
             if required or self.due(cfg.epoch_checkpoint_interval_s):  # default: every epoch
+                self.note_memory()
                 s.save(optimizer, epoch)
 
-        timing["phases"] = fit_task(
+        timing["phases"] = timing.get("phases", {})  # fit_task keeps it up to date for the checkpoints
+        fit_task(
             s.net, s.method, ctx, batches, phases, cfg.train, self.callbacks, self.progress, start=s.pos,
             optimizer_state=resumed["optimizer"], epoch_state=resumed["epoch"], checkpoint=checkpoint,
             interrupt=interrupt, fused=cfg.engine.fused_optimizer, graphs=cfg.engine.cuda_graphs,
+            times=timing["phases"],
         )  # fmt: skip
         s.method.on_task_end(ctx)
 
@@ -226,9 +246,11 @@ class _TaskLoop:
         with self.progress(total=-(-int(self.test.seen[task]) // batch), desc=f"task {task} eval") as bar, s.autocast():
             correct, count = self.test.evaluate(s.net, task, batch, bar)
         timing["eval_s"] = round(time.perf_counter() - t0, 3)
-        timing["peak_memory_mb"] = peak_memory_mb(device)
+        self.note_memory()
         s.acc.record(task, correct, count)
-        s.timings.append(timing)
+        keys = ("task", "setup_s", "phases", "eval_s", "peak_memory_mb")
+        s.timings.append({k: timing[k] for k in keys if k in timing})
+        s.task_timing = {}
         for cb in self.callbacks:
             cb.on_task_end(_task_record(s, task))
         s.pos = Position(task + 1, "start")
@@ -295,7 +317,8 @@ def fit_task(
     interrupt: Interrupt | None = None,
     fused: bool = False,
     graphs: GraphMode = "off",
-) -> dict[str, dict[str, float]]:
+    times: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Run the phases of one task with one SGD optimiser (momentum carries over unless a phase resets it).
 
     Args:
@@ -306,18 +329,21 @@ def fit_task(
             the callee may skip it (the engine writes one at most every ``epoch_checkpoint_interval_s``).
         fused: use the fused SGD kernel where the parameters live on CUDA.
         graphs: each phase's step as one CUDA graph (``on``), or checked for it (``check``); see :mod:`dfcil.graphs`.
+        times: the phases' records that earlier processes of a resumed run kept; updated in place before every
+            checkpoint and returned.
 
     Returns:
-        Per phase: wall time and real images per second; with ``graphs`` on (or check), the mode its steps ran in
-        (``off`` if a graph could not be set up, with the reason in ``graph_failure``), the graphs captured (or steps
-        recorded under ``check``: one per phase and learning rate) and, under ``on``, the seconds spent capturing.
+        Per phase, over all the processes of the run: wall time, real images trained and images per second; with
+        ``graphs`` on (or check), the mode its steps ran in last (``off`` if a graph could not be set up, with the
+        reason in ``graph_failure``), the graphs captured (or steps recorded under ``check``: one per phase and
+        learning rate) and, under ``on``, the seconds spent capturing.
     """
     progress = progress or make_progress(False)
     start = start if start is not None and start.stage == "train" else Position(ctx.task_id, "train")
     extra = method.extra_modules(ctx)
     params = [p for m in (net, *extra) for p in m.parameters()]
     optimizer: torch.optim.Optimizer | None = None
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {} if times is None else times
     for index, phase in enumerate(phases):
         if index < start.phase:
             continue
@@ -342,7 +368,7 @@ def fit_task(
             TrainStep(net, method, ctx, phase, batches), optimizer, mode, ctx.device,
             generators=(ctx.rng, batches.generator), clip=_clip(net, method),
         )  # fmt: skip
-        t_phase, images = time.perf_counter(), 0  # images this process trains in the phase
+        clock = _PhaseClock(out.setdefault(phase.name, {}), step, graphs)
         total = phase.epochs * len(batches)
         initial = first_epoch * len(batches) + (epoch_state.step if epoch_state else 0)
         with progress(total=total, desc=f"task {ctx.task_id} {phase.name}", unit="step", initial=initial) as bar:
@@ -351,15 +377,17 @@ def fit_task(
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 pos = Position(ctx.task_id, "train", index, epoch)
+                done_before = epoch_state.step if epoch_state is not None else 0  # steps a resumed epoch had done
 
                 def on_interrupt(
-                    ep: EpochProgress, pos: Position = pos, opt: torch.optim.Optimizer = optimizer
-                ) -> None:
+                    ep: EpochProgress, pos: Position = pos, opt: torch.optim.Optimizer = optimizer,
+                    clock: _PhaseClock = clock, done_before: int = done_before,
+                ) -> None:  # fmt: skip
+                    clock.update((ep.step - done_before) * batches.batch_size)
                     if checkpoint is not None:
                         checkpoint(dataclasses.replace(pos, step=ep.step), opt, ep, True)
 
                 t0 = time.perf_counter()
-                done_before = epoch_state.step if epoch_state is not None else 0  # steps a resumed epoch had done
                 trained = (len(batches) - done_before) * batches.batch_size  # images this epoch trains here
                 losses = train_epoch(
                     net, method, batches, optimizer, ctx, phase, epoch, bar, epoch_state, interrupt, on_interrupt, step
@@ -372,7 +400,8 @@ def fit_task(
                     "task": ctx.task_id, "phase": phase.name, "epoch": epoch, "epochs": phase.epochs, "lr": lr,
                     "loss": losses, "time_s": round(dt, 3), "images_per_s": trained / dt,
                 }  # fmt: skip
-                images += trained
+                clock.images += trained
+                clock.update()
                 for cb in callbacks:
                     cb.on_epoch_end(record)
                 stop = interrupt is not None and interrupt.requested
@@ -381,13 +410,31 @@ def fit_task(
                     checkpoint(Position(ctx.task_id, "train", index, epoch + 1), optimizer, None, required)
                 if stop:
                     raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
-        dt = time.perf_counter() - t_phase
-        out[phase.name] = {"time_s": round(dt, 3), "images_per_s": round(images / dt, 1) if dt > 0 else 0.0}
-        if graphs != "off":  # whether the phase's steps really were replayed
-            out[phase.name] |= {"cuda_graphs": step.mode, "captures": step.captures}
-            out[phase.name] |= {"capture_s": round(step.capture_s, 3)} if step.mode == "on" else {}
-            out[phase.name] |= {"graph_failure": step.failure} if step.failure else {}
+        clock.update()
     return out
+
+
+class _PhaseClock:
+    """A phase's record over all the processes of a run: what earlier ones kept (in ``record``) plus this one's."""
+
+    def __init__(self, record: dict[str, Any], step: StepGraph, graphs: GraphMode) -> None:
+        self.record, self.step, self.graphs = record, step, graphs
+        self.kept = {k: record.get(k, 0) for k in ("time_s", "images", "captures", "capture_s")}
+        self.started = time.perf_counter()
+        self.images = 0  # real images this process trained in the phase's finished epochs
+
+    def update(self, partial: int = 0) -> None:
+        """Write the record so far; ``partial``: images of an unfinished epoch (an interrupt)."""
+        dt = self.kept["time_s"] + time.perf_counter() - self.started
+        n = self.kept["images"] + self.images + partial
+        self.record.update(time_s=round(dt, 3), images=n, images_per_s=round(n / dt, 1) if dt > 0 else 0.0)
+        if self.graphs != "off":  # whether the phase's steps really were replayed (by this process, the last)
+            step = self.step
+            self.record.update(cuda_graphs=step.mode, captures=self.kept["captures"] + step.captures)
+            if step.mode == "on":
+                self.record["capture_s"] = round(self.kept["capture_s"] + step.capture_s, 3)
+            if step.failure:
+                self.record["graph_failure"] = step.failure
 
 
 def fill_momentum(optimizer: torch.optim.SGD) -> None:

@@ -142,7 +142,8 @@ class Session:
         }
         self.acc = AccuracyMatrix(protocol.split.num_tasks)
         self.pos = Position()
-        self.timings: list[dict[str, Any]] = []
+        self.timings: list[dict[str, Any]] = []  # finished tasks'
+        self.task_timing: dict[str, Any] = {}  # the running task's, so far (kept across processes by checkpoints)
         self.static_ref: dict[str, Any] | None = None
         self.last_save = time.monotonic()
         self.started = time.monotonic()
@@ -179,6 +180,7 @@ class Session:
             "epoch_progress": epoch.state_dict() if epoch is not None else None,
             "acc": self.acc.state_dict(),
             "timings": self.timings,
+            "task_timing": self.task_timing,
             "elapsed_s": self.elapsed_s(),
             "rng": capture_rng(self.rngs),
             "metrics_bytes": self.metrics.stat().st_size if self.metrics and self.metrics.exists() else 0,
@@ -202,6 +204,7 @@ class Session:
         self.static_ref = payload["static"]
         self.acc.load_state_dict(payload["acc"])
         self.timings = list(payload["timings"])
+        self.task_timing = dict(payload.get("task_timing") or {})  # absent from checkpoints before it existed
         self.elapsed_before = float(payload.get("elapsed_s", 0.0))
         restore_rng(payload["rng"], self.rngs)  # last: building the state above consumed random numbers
         epoch = payload["epoch_progress"]
