@@ -2,7 +2,7 @@
 # GPU checks for the lent GPU machine (repo root; torch from the machine's image; runbook: docs/gpu.md). Calls back
 # to back while the machine is warm (files under /tmp stay between them); CIFAR-100 (122 MB packed,
 # benchmarks/pack_cifar.py) arrives in two uploads of under 64 MiB, and one call runs 10 minutes at most, so the
-# full protocol (about 12 minutes on an H100, docs/results.md §3.1) takes a `full` and a `resume` call:
+# full protocol (11.5 minutes on an H200, docs/results.md §3.1) takes a `full` and a `resume` call:
 #   bash benchmarks/gpu_check.sh prep    # carries .whl, .devdata/part0, .devdata/index.json: wheels, GPU name;
 #                                        #   PROFILE=1 adds the channels_last A/B of graphed steps and a kernel profile
 #   bash benchmarks/gpu_check.sh full    # carries .devdata/part1: the full 5-task CIFAR-100 R-DFCIL protocol
