@@ -248,8 +248,7 @@ class _TaskLoop:
         timing["eval_s"] = round(time.perf_counter() - t0, 3)
         self.note_memory()
         s.acc.record(task, correct, count)
-        keys = ("task", "setup_s", "phases", "eval_s", "peak_memory_mb")
-        s.timings.append({k: timing[k] for k in keys if k in timing})
+        s.timings.append(timing)
         s.task_timing = {}
         for cb in self.callbacks:
             cb.on_task_end(_task_record(s, task))
