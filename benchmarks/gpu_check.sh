@@ -8,13 +8,15 @@
 #   bash benchmarks/gpu_check.sh full    # carries .devdata/part1: the full 5-task CIFAR-100 R-DFCIL protocol
 #                                        #   (paper schedule) for FULL_TIMEOUT seconds at most in /tmp/runs/full-on,
 #                                        #   copied to $OUT/full-on with its newest checkpoint; PRECISION (fp32) and
-#                                        #   GRAPHS (on) choose the engine switches (GRAPHS=off: full-off throughout)
+#                                        #   GRAPHS (on) choose the engine switches (GRAPHS=off: full-off throughout),
+#                                        #   COMPILE=default adds engine.compile (full-on-compile)
 #   bash benchmarks/gpu_check.sh resume  # carries nothing new: continues /tmp/runs/full-on for RESUME_TIMEOUT seconds
 #                                        #   (on a fresh machine after prep: carries .devdata/part1 and the run
 #                                        #   directory brought back earlier, copied to .devdata/full-on)
 #   bash benchmarks/gpu_check.sh speed   # eager vs graphed steps (fp32; bf16 + channels_last)
 #   bash benchmarks/gpu_check.sh tests   # the CUDA tests; SPEED=all adds the older merge and precision A/Bs,
-#                                        #   SPEED=compile graphs with and without torch.compile
+#                                        #   SPEED=compile graphs with and without engine.compile,
+#                                        #   SPEED=compile-step with and without whole steps compiled
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 case "${1:-}" in prep | speed | full | resume | tests) ;; *)
@@ -23,7 +25,7 @@ case "${1:-}" in prep | speed | full | resume | tests) ;; *)
   ;;
 esac
 OUT=${OUT:-/tmp/out}
-RUN=/tmp/runs/full-${GRAPHS:-on}
+RUN=/tmp/runs/full-${GRAPHS:-on}${COMPILE:+-compile}
 mkdir -p "$OUT" /tmp/dev /tmp/runs
 cp .devdata/part* .devdata/index.json /tmp/dev/ 2>/dev/null
 if [ ! -d /tmp/site/pydantic ]; then
@@ -67,7 +69,7 @@ full)
   # --epoch_checkpoint_interval_s 60: a runtime key (results unchanged); epoch-end checkpoints cost ~22 ms each
   timeout "${FULL_TIMEOUT:-540}" python3 -m dfcil train --config configs/cifar100/rdfcil_n5.yaml --data.root /tmp/data \
     --device cuda --engine.precision "${PRECISION:-fp32}" --engine.channels_last true \
-    --engine.cuda_graphs "${GRAPHS:-on}" --epoch_checkpoint_interval_s 60 --out "$RUN" --no-progress \
+    --engine.cuda_graphs "${GRAPHS:-on}" --engine.compile "${COMPILE:-none}" --epoch_checkpoint_interval_s 60 --out "$RUN" --no-progress \
     > "$OUT/full.log" 2>&1
   echo "full: exit $? (124: stopped by the timeout, checkpoint written; continue with resume)"
   bring_back
@@ -94,7 +96,10 @@ tests)
     speed 60 precision --ab precision
   fi
   if [ "${SPEED:-}" = compile ]; then  # compile time (minutes) is untimed but costs device time
-    speed 300 compile-bf16-cl --ab compile --precision bf16 --channels-last
+    speed 300 compile --ab compile --channels-last  # engine.compile: the backbones, fp32 as the full run
+  fi
+  if [ "${SPEED:-}" = compile-step ]; then
+    speed 300 compile-step --ab compile-step --channels-last  # whole steps compiled: what fusion could give
   fi
   # the CUDA tests only (the rest of the suite runs on the CPU in CI); -rA names every test even if cut off
   timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py 2>&1 \

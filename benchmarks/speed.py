@@ -4,7 +4,8 @@
     python benchmarks/speed.py --ab precision            # fast path, fp32 vs bf16 autocast
     python benchmarks/speed.py --device cuda --rounds 20 # on a GPU
     python benchmarks/speed.py --device cuda --ab graphs # fast path, eager vs one CUDA graph per step
-    python benchmarks/speed.py --device cuda --ab compile # graphs, with and without torch.compile of each step
+    python benchmarks/speed.py --device cuda --ab compile # graphs, with and without engine.compile (backbones)
+    python benchmarks/speed.py --device cuda --ab compile-step # graphs, with and without compiling whole steps
 
 Each round times ``--steps`` steps of every phase for A and then B (the order alternates between rounds) after
 untimed warm-up steps (in the first round enough to capture the graphs); the table gives the median milliseconds
@@ -26,8 +27,10 @@ a GPU; the CPU's operators on a CPU) by share of the step, grouped into convolut
 reductions, optimiser, copies and the rest. The engine's ``cudnn_benchmark`` default (on) applies on CUDA.
 
 With ``--ab graphs`` both sides take the fast path; B replays each step as one CUDA graph (``dfcil.graphs``).
-With ``--ab compile`` both sides replay graphs (eager steps on a CPU); B compiles each step's forward and loss
-terms with ``torch.compile`` first (fused kernels; the compile time is in the untimed warm-up).
+With ``--ab compile`` both sides replay graphs (eager steps on a CPU); B compiles the student's and the teacher's
+backbones with ``torch.compile``, as ``engine.compile: default`` does (fused kernels; the compile time is in the
+untimed warm-up). ``--ab compile-step`` compiles each step's whole forward and loss terms instead (generator,
+heads and losses too; not an engine switch: it would compile again for every task as the head grows).
 """
 
 from __future__ import annotations
@@ -59,7 +62,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build(device: torch.device, batch: int, n_old: int, n_new: int, merge: str, precision: str, channels_last: bool):
+def build(
+    device: torch.device, batch: int, n_old: int, n_new: int, merge: str, precision: str, channels_last: bool,
+    compile_backbone: bool = False,
+):  # fmt: skip
     cfg = load_config([], [("method.inversion.steps", "0"), ("train.batch_size", str(batch))])[0]
     method = build_method(cfg.method, cfg.train)
     torch.manual_seed(0)
@@ -68,6 +74,8 @@ def build(device: torch.device, batch: int, n_old: int, n_new: int, merge: str, 
         net.to(memory_format=torch.channels_last)
     net.expand(n_old)
     net.expand(n_new)
+    if compile_backbone:  # as engine.compile: the student's backbone here, the teacher's in its frozen copy
+        net.compile_backbone(mode=None)
 
     def autocast():
         return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
@@ -118,7 +126,7 @@ def hooked_inversion_terms(inv, x):
 def steps_for(
     setup, hooks: bool, graphs: str = "off", compile: bool = False, made: list[StepGraph] | None = None
 ) -> dict[str, Callable[[], None]]:
-    """Each phase's step; ``compile``: the step's forward and loss terms through ``torch.compile`` (the backward
+    """Each phase's step; ``compile``: the whole step's forward and loss terms through ``torch.compile`` (the backward
     through AOTAutograd), inside the CUDA graph when ``graphs`` is on. Every :class:`StepGraph` is appended to
     ``made``, so the caller can say which steps really ran as graphs."""
     made = made if made is not None else []
@@ -240,7 +248,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument(
-        "--ab", choices=["merge", "precision", "graphs", "compile", "memory"], default="merge",
+        "--ab", choices=["merge", "precision", "graphs", "compile", "compile-step", "memory"], default="merge",
         help="what A and B differ in",
     )  # fmt: skip
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="for --ab merge")
@@ -263,13 +271,14 @@ def main(argv=None) -> int:
         torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark  # the engine's default: autotuned
     both = "on" if args.graphs else "off"
     base = {
-        "merge": fast, "precision": args.precision, "hooks": False, "graphs": both, "compile": False,
+        "merge": fast, "precision": args.precision, "hooks": False, "graphs": both, "compile": "none",
         "channels_last": args.channels_last,
     }  # fmt: skip
     variants = {  # what A and B change of the fast path
         "merge": {"reference": {"merge": "none", "hooks": True}, f"fast-{fast}": {}},
         "graphs": {"eager": {}, "graphs": {"graphs": "on"}},
-        "compile": {"graphs": {"graphs": "on"}, "graphs+compile": {"graphs": "on", "compile": True}},
+        "compile": {"graphs": {"graphs": "on"}, "graphs+compile": {"graphs": "on", "compile": "backbone"}},
+        "compile-step": {"graphs": {"graphs": "on"}, "graphs+compiled-step": {"graphs": "on", "compile": "step"}},
         "precision": {"fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16"}},
         "memory": {"nchw": {"channels_last": False}, "channels_last": {"channels_last": True}},
     }[args.ab]
@@ -277,8 +286,11 @@ def main(argv=None) -> int:
     made: dict[str, list[StepGraph]] = {}
     for name, change in variants.items():
         v = base | change
-        setup = build(device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], v["channels_last"])
-        steps[name] = steps_for(setup, v["hooks"], v["graphs"], v["compile"], made.setdefault(name, []))
+        setup = build(
+            device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], v["channels_last"],
+            v["compile"] == "backbone",
+        )  # fmt: skip
+        steps[name] = steps_for(setup, v["hooks"], v["graphs"], v["compile"] == "step", made.setdefault(name, []))
     times: dict[tuple[str, str], list[float]] = {(v, ph): [] for v in variants for ph in phases}
     names = list(variants)
     for r in range(args.rounds):
@@ -316,7 +328,7 @@ def main(argv=None) -> int:
         if any(g.mode != "off" or g.failure for g in graphs):
             print(f"{name} steps ran as: {', '.join(ran)}")
     if args.profile:
-        v = base | variants[b] | {"graphs": "off", "compile": False}  # kernels' own times: eager steps
+        v = base | variants[b] | {"graphs": "off", "compile": "none"}  # kernels' own times: eager steps
         setup = build(device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], v["channels_last"])
         print(f"\nprofile of {b}'s settings, eager")
         profile(steps_for(setup, v["hooks"]), phases, args.profile, device)

@@ -119,3 +119,43 @@ def test_bf16_step_keeps_fp32_weights_and_losses():
     assert all(
         p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in net.parameters() if p.grad is not None
     )
+
+
+def test_compile_traces_each_backbone_variant_once_for_the_whole_run(monkeypatch):
+    """``engine.compile`` compiles the backbones (the student's and every frozen teacher's), whose graphs stay the
+    same as the head grows: the variants are traced in the first two tasks and never again, with no graph break,
+    well below dynamo's recompile limit (compiling the whole network traced every variant again for every task
+    and hit the limit in task 3, then ran eagerly). Dynamo's ``eager`` backend runs the traced graphs without
+    inductor's code generation, so the run must train exactly as without compile."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from dfcil.callbacks import Callback
+    from dfcil.engine import run
+
+    compiled, original = [], torch.nn.Module.compile
+
+    def compile_eagerly(module, **options):
+        compiled.append((type(module).__name__, options))
+        original(module, backend="eager")
+
+    class GraphsPerTask(Callback):
+        def __init__(self):
+            self.after = {}
+
+        def on_epoch_end(self, record):
+            self.after[record["task"]] = counters["stats"]["unique_graphs"]
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_eagerly)
+    five = [("data.num_tasks", "5"), ("engine.merge_passes", "all")]  # all: the BN groups of the merged student
+    torch._dynamo.reset()
+    counters.clear()
+    per_task = GraphsPerTask()
+    compiled_run, _ = run(load_config([SMOKE], [*five, ("engine.compile", "default")])[0], [per_task], False)
+    eager_run, _ = run(load_config([SMOKE], five)[0], progress=False)
+    assert compiled == [("CifarResNet", {"mode": None})] * 5  # the student's backbone, then each task's teacher's
+    assert 4 <= per_task.after[1] <= 8
+    assert per_task.after == {0: per_task.after[0], **dict.fromkeys(range(1, 5), per_task.after[1])}
+    assert not counters["graph_break"] and not counters["unimplemented"]  # no break, no recompile limit hit
+    assert compiled_run["accuracy_matrix"] == eager_run["accuracy_matrix"]
+    torch._dynamo.reset()

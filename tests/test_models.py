@@ -64,6 +64,26 @@ def test_frozen_copy_truncates_and_freezes():
         net.frozen_copy(n_classes=4)
 
 
+def test_a_frozen_copy_of_a_compiled_network_compiles_its_own_backbone():
+    torch.manual_seed(0)
+    net = build_network("resnet8")
+    net.expand(3)
+    keys = list(net.state_dict())
+    net.compile_backbone(backend="eager")  # dynamo's tracing without inductor: fast, and exact
+    assert list(net.state_dict()) == keys  # checkpoints of compiled and eager runs are interchangeable
+    twin = net.frozen_copy()
+    assert twin.backbone._compiled_call_impl is not None and twin._compiled_call_impl is None
+    net.eval()
+    x = torch.randn(4, 3, 32, 32)
+    before = twin(x).logits
+    torch.testing.assert_close(before, net(x).logits)
+    with torch.no_grad():
+        for p in net.backbone.parameters():
+            p.mul_(0.5)  # the copy must run its own weights, not the compiled original's
+    torch.testing.assert_close(twin(x).logits, before, rtol=0, atol=0)
+    assert not torch.allclose(net(x).logits, before)
+
+
 def test_split_batchnorm_equals_two_separate_passes():
     torch.manual_seed(0)
     a = build_network("resnet8")

@@ -88,7 +88,7 @@ class EngineConfig:
     merge_passes: Literal["auto", "all", "teacher", "none"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast with fp32 master weights and fp32 loss maths
     channels_last: bool = False  # NHWC activations (helps tensor cores on CUDA; slower on this CPU)
-    compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"  # torch.compile mode
+    compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"  # of the backbones, this mode
     cudnn_benchmark: bool = True  # CUDA only
     fused_optimizer: bool = True  # fused SGD/Adam kernels; CUDA only
     # Training and inversion steps as CUDA graphs (dfcil.graphs). on: captured per phase and lr, replayed (CUDA

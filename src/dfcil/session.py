@@ -135,7 +135,7 @@ class Session:
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = engine.cudnn_benchmark
         if engine.compile != "none":
-            self.net.compile(mode=None if engine.compile == "default" else engine.compile)
+            self.net.compile_backbone(mode=None if engine.compile == "default" else engine.compile)
         self.rngs = {  # shuffling and augmentation; the method's latent codes
             "data": torch.Generator(device=self.device).manual_seed(cfg.seed),
             "method": torch.Generator(device=self.device).manual_seed(cfg.seed + 1),

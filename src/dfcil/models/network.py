@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
@@ -25,6 +25,7 @@ class IncrementalNet(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = head
+        self.compile_options: dict[str, Any] | None = None  # set by compile_backbone; frozen copies compile alike
 
     @property
     def feature_dim(self) -> int:
@@ -45,13 +46,27 @@ class IncrementalNet(nn.Module):
         for block in self.head.blocks:
             self.head.init_block(block)
 
+    def compile_backbone(self, **options: Any) -> None:
+        """``torch.compile`` the backbone (``options`` as for :meth:`nn.Module.compile`), and the backbone of every
+        later :meth:`frozen_copy`.
+
+        The backbone, not the whole network: its graphs do not change as the head grows, so a run compiles each
+        way of calling it (train or eval mode, gradients or not, BN groups or recorded statistics, batch size)
+        once, whatever its number of tasks. Compiling the network compiled every variant again for every task
+        and hit dynamo's recompile limit (8) in task 3 of a 5-task smoke run, after which it silently ran eagerly.
+        A frozen copy's parameters are the graph's inputs, so teachers share the student's graphs.
+        """
+        self.compile_options = options
+        self.backbone.compile(**options)
+
     def expand(self, n_new: int) -> None:
         self.head.expand(n_new, device=next(self.backbone.parameters()).device)
 
     def frozen_copy(self, n_classes: int | None = None) -> IncrementalNet:
         """A deep copy in eval mode with no trainable parameters; its head keeps the first ``n_classes`` classes."""
-        twin = copy.deepcopy(self)
-        twin._compiled_call_impl = None  # a frozen copy runs eagerly even when the original was torch.compile'd
+        twin = copy.deepcopy(self)  # a deep copy of a torch.compile'd module runs eagerly: compile it again
+        if self.compile_options is not None:
+            twin.backbone.compile(**self.compile_options)
         if n_classes is not None:
             twin.head.truncate(n_classes)
         twin.eval()
