@@ -278,3 +278,23 @@ def test_a_method_not_marked_graph_safe_runs_eagerly_with_one_warning(caplog):
         METHODS._items["finetune"] = original
     assert caplog.text.count("not marked graph_safe") == 1
     assert all(p["cuda_graphs"] == "off" for t in summary["timings"] for p in t["phases"].values())
+
+
+def test_a_phase_record_explains_the_mode_of_the_last_process():
+    """A resumed phase's record gives the graph mode its last process ran in; a ``graph_failure`` that an earlier
+    process recorded goes once this one runs its steps as graphs, and comes back if this one fails too."""
+    from dfcil.engine import _PhaseClock
+
+    toy = Toy()
+    earlier = {"time_s": 2.0, "images": 64, "cuda_graphs": "off", "captures": 0, "graph_failure": "no graphs"}
+    step = StepGraph(toy.compute, toy.opt, "check", warmup=0)
+    clock = _PhaseClock(earlier, step, "check")
+    for x, y in batches(2):
+        step("k", x, y)
+    clock.images += 16
+    clock.update()
+    assert earlier["cuda_graphs"] == "check" and earlier["captures"] == 1 and "graph_failure" not in earlier
+    assert earlier["images"] == 80 and earlier["time_s"] >= 2.0
+    step.failure = "refused"
+    clock.update()
+    assert earlier["graph_failure"] == "refused"

@@ -434,6 +434,8 @@ class _PhaseClock:
                 self.record["capture_s"] = round(self.kept["capture_s"] + step.capture_s, 3)
             if step.failure:
                 self.record["graph_failure"] = step.failure
+            else:  # the failure of an earlier process, which this one's mode replaces
+                self.record.pop("graph_failure", None)
 
 
 def fill_momentum(optimizer: torch.optim.SGD) -> None:
