@@ -121,6 +121,21 @@ def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, e
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "corrupt"]
 
 
+def test_compile_without_a_compiler_for_the_device_is_refused_before_the_run_starts(tmp_path, capsys, monkeypatch):
+    import torch._inductor.cpp_builder as cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    def no_compiler():
+        raise InvalidCxxCompiler  # what inductor raises at the first compiled step without g++ or $CXX
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    out = tmp_path / "run"
+    assert main(["train", "--config", SMOKE, "--out", str(out), "--device", "cpu", "--engine.compile", "default"]) == 2
+    err = capsys.readouterr().err
+    assert "engine.compile needs a C++ compiler on the CPU" in err and "engine.compile: none" in err
+    assert not out.exists()
+
+
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path):
     from dfcil.callbacks import Callback
     from dfcil.config import load_config

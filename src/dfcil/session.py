@@ -80,12 +80,36 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def check_compiler(device: torch.device) -> None:
+    """Refuse ``engine.compile`` where inductor cannot generate code for ``device`` (Triton on CUDA, a C++
+    compiler on the CPU), before a run directory exists: the failure would otherwise come at the first step."""
+    fix = "or set engine.compile: none"
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise ConfigError(f"engine.compile needs Triton for CUDA, which this PyTorch lacks; install triton {fix}")
+    elif device.type == "cpu":
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.exc import InvalidCxxCompiler
+
+        try:
+            get_cpp_compiler()
+        except InvalidCxxCompiler:
+            raise ConfigError(
+                f"engine.compile needs a C++ compiler on the CPU and found none (g++ on PATH, or $CXX); install one "
+                f"{fix}"
+            ) from None
+
+
 def prepare(cfg: RunConfig) -> Protocol:
     """Load the data and build the protocol, raising a clear error for anything that cannot run."""
     method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
     BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
     HEADS.get(type(method).head)
-    resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
+    if cfg.engine.compile != "none":
+        check_compiler(device)
     if cfg.task0_cache:
         try:
             check_creatable_dir(cfg.task0_cache, "task0_cache", "set it to a directory or leave it unset")
