@@ -9,7 +9,8 @@
 #                                        #   (paper schedule) for FULL_TIMEOUT seconds at most in /tmp/runs/full-on,
 #                                        #   copied to $OUT/full-on with its newest checkpoint; PRECISION (fp32) and
 #                                        #   GRAPHS (on) choose the engine switches (GRAPHS=off: full-off throughout),
-#                                        #   COMPILE=default adds engine.compile (full-on-compile)
+#                                        #   COMPILE=default adds engine.compile (full-on-compile), ORDER=1 or 2
+#                                        #   runs another class order (full-on-order1); give resume the same
 #   bash benchmarks/gpu_check.sh resume  # carries nothing new: continues /tmp/runs/full-on for RESUME_TIMEOUT seconds
 #                                        #   (on a fresh machine after prep: carries .devdata/part1 and the run
 #                                        #   directory brought back earlier, copied to .devdata/full-on)
@@ -25,7 +26,8 @@ case "${1:-}" in prep | speed | full | resume | tests) ;; *)
   ;;
 esac
 OUT=${OUT:-/tmp/out}
-RUN=/tmp/runs/full-${GRAPHS:-on}${COMPILE:+-compile}
+ORDER=${ORDER:-0}  # the class order (data.class_order_seed); the paper averages orders 0, 1 and 2
+RUN=/tmp/runs/full-${GRAPHS:-on}${COMPILE:+-compile}$([ "$ORDER" = 0 ] || echo "-order$ORDER")
 mkdir -p "$OUT" /tmp/dev /tmp/runs
 cp .devdata/part* .devdata/index.json /tmp/dev/ 2>/dev/null
 if [ ! -d /tmp/site/pydantic ]; then
@@ -68,7 +70,7 @@ full)
   rm -rf "$RUN"
   # --epoch_checkpoint_interval_s 60: a runtime key (results unchanged); epoch-end checkpoints cost ~22 ms each
   timeout "${FULL_TIMEOUT:-540}" python3 -m dfcil train --config configs/cifar100/rdfcil_n5.yaml --data.root /tmp/data \
-    --device cuda --engine.precision "${PRECISION:-fp32}" --engine.channels_last true \
+    --data.class_order_seed "$ORDER" --device cuda --engine.precision "${PRECISION:-fp32}" --engine.channels_last true \
     --engine.cuda_graphs "${GRAPHS:-on}" --engine.compile "${COMPILE:-none}" --epoch_checkpoint_interval_s 60 --out "$RUN" --no-progress \
     > "$OUT/full.log" 2>&1
   echo "full: exit $? (124: stopped by the timeout, checkpoint written; continue with resume)"
