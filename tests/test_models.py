@@ -52,6 +52,24 @@ def test_head_grows_without_touching_old_classes():
     assert torch.allclose(out.logits[:, :50], F.linear(out.features, old))
 
 
+@pytest.mark.parametrize("head", ["linear", "cosine", "lsc"])
+def test_weight_decay_reaches_old_blocks_that_no_loss_touches(head):
+    """The reference (torch 1.x) zero-fills gradients, so SGD's weight decay and momentum keep acting on every
+    classifier, even one no loss term reaches (R-DFCIL w/o HKD: the local CE sees only the new logits). Every block
+    takes part in every forward here, so an old block gets a zero gradient, not None, and SGD decays it as there."""
+    net = build_network("resnet8", head=head)
+    net.expand(3)
+    net.expand(2)
+    old = net.head.blocks[0].weight.detach().clone()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    logits = net(torch.randn(4, 3, 32, 32)).logits
+    F.cross_entropy(logits[:, 3:], torch.tensor([0, 1, 0, 1])).backward()  # new classes only
+    grad = net.head.blocks[0].weight.grad
+    assert grad is not None and torch.count_nonzero(grad) == 0
+    opt.step()
+    torch.testing.assert_close(net.head.blocks[0].weight, old * (1 - 0.1 * 5e-4))
+
+
 def test_frozen_copy_truncates_and_freezes():
     net = build_network("resnet8")
     net.expand(3)
