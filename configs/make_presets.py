@@ -95,6 +95,13 @@ METHODS = {
         {"n5": ("17.00 ± 0.10", None), "n10": ("9.20 ± 0.00", None), "n20": ("4.70 ± 0.10", None)},
         "",
     ),
+    "lwf_mc": (
+        {"name": "lwf_mc"},
+        {},
+        "LwF.MC (ABD paper / README table; not in the R-DFCIL paper)",
+        {"n5": ("32.50 ± 1.00", None), "n10": ("17.10 ± 0.10", None), "n20": ("7.70 ± 0.50", None)},
+        "Sigmoid outputs, binary CE; the old classes' targets are the old model's sigmoids (spec/baselines.md §5).",
+    ),
     "deepinversion": (
         {"name": "deepinversion", "lambda_kd": 1.0, "temperature": 2.0, "inversion": INVERSION},
         {},
@@ -281,6 +288,7 @@ def main() -> None:
         "finetune": {"name": "finetune"},
         "joint": {"name": "joint", "from_scratch": True, "last_only": False},
         "lwf": {"name": "lwf"},
+        "lwf_mc": {"name": "lwf_mc"},
         "deepinversion": {"name": "deepinversion"} | mini_budget,
         "dgr": {"name": "dgr"},
         "abd": {"name": "abd", "inversion": {"steps": 80, "persistent": False}},

@@ -4,9 +4,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from dfcil.losses.classification import task_balance_weights
-from dfcil.losses.distillation import head_feature_kd, kd_soft_ce
+from dfcil.losses.distillation import head_feature_kd, kd_soft_ce, sigmoid_bce_kd
 from dfcil.losses.podnet import nca, pod_flat, pod_spatial
 from dfcil.losses.ucir import less_forget, margin_ranking
 from dfcil.methods.podnet_df import kmeans
@@ -20,6 +21,32 @@ def test_kd_soft_ce():
     assert kd_soft_ce(torch.zeros(1, 2), s, temperature=2.0).item() == pytest.approx(math.log(2))  # no T² factor
     # DeepInversion's synthetic-data KD: the target is padded with zeros for the student's new classes
     assert kd_soft_ce(torch.zeros(1, 3), torch.zeros(1, 2), temperature=2.0).item() == pytest.approx(math.log(3))
+
+
+def test_sigmoid_bce_kd():
+    """LwF.MC: BCE summed over classes, averaged over samples; old-class targets are the teacher's sigmoids."""
+    ln2, h = math.log(2), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))  # h: binary entropy of 3/4
+    zeros, y = torch.zeros(1, 3), torch.tensor([2])
+    assert sigmoid_bce_kd(zeros, y).item() == pytest.approx(3 * ln2)  # sigma = 1/2 against 0, 0, 1
+    s = torch.tensor([[math.log(3.0), 0.0, 0.0]])
+    # class 0: sigma(ln 3) = 3/4 against 0 -> -ln(1/4); classes 1, 2 -> ln 2 each
+    assert sigmoid_bce_kd(s, y).item() == pytest.approx(math.log(4) + 2 * ln2)
+    # teacher logit ln 3 for the one old class: target 3/4 = the student's sigma, so class 0 costs h
+    assert sigmoid_bce_kd(s, y, torch.tensor([[math.log(3.0)]])).item() == pytest.approx(h + 2 * ln2)
+    # the label's entry is 1 even among old columns' neighbours; two samples: the sum over both, halved
+    two = sigmoid_bce_kd(torch.cat((s, zeros)), torch.tensor([2, 1]), torch.tensor([[math.log(3.0)], [0.0]]))
+    assert two.item() == pytest.approx(((h + 2 * ln2) + 3 * ln2) / 2)
+    # against ABD's own expression: BCELoss(sum)(sigmoid(s), target) / B
+    g = torch.Generator().manual_seed(0)
+    logits, teacher, labels = (
+        torch.randn(5, 6, generator=g),
+        torch.randn(5, 4, generator=g),
+        torch.tensor([4, 5, 4, 5, 5]),
+    )
+    target = F.one_hot(labels, 6).float()
+    target[:, :4] = torch.sigmoid(teacher)
+    want = torch.nn.BCELoss(reduction="sum")(torch.sigmoid(logits), target) / 5
+    torch.testing.assert_close(sigmoid_bce_kd(logits, labels, teacher), want)
 
 
 def test_head_feature_kd():

@@ -584,6 +584,26 @@ def test_lwf_terms_are_ce_and_kd_on_the_new_data():
         torch.testing.assert_close(got[k], want[k], msg=k)
 
 
+def test_lwf_mc_term_is_bce_against_the_teachers_sigmoids_on_old_classes():
+    """ABD's LWF_MC step: target = one-hot label with the old columns set to sigmoid(teacher logits);
+    BCELoss(sum) of the student's sigmoids over the seen classes, divided by the batch size."""
+    cfg, method, net, ctx, batches = _task1_setup(name="lwf_mc", old=2, new=4)
+    x, y = next(iter(batches))
+    with torch.no_grad():
+        teacher = method.teacher(x).logits
+    logits = copy.deepcopy(net)(x).logits
+    target = torch.zeros_like(logits)
+    target[torch.arange(len(y)), y] = 1.0
+    target[:, :2] = torch.sigmoid(teacher)
+    want = torch.nn.BCELoss(reduction="sum")(torch.sigmoid(logits), target) / len(y)
+    got = method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])
+    assert set(got) == {"bce"} and logits.shape[1] == 6 and teacher.shape[1] == 2
+    torch.testing.assert_close(got["bce"], want)
+    method.on_task_end(ctx)  # no teacher (as in task 0): the target is the one-hot label alone
+    one_hot = torch.nn.BCELoss(reduction="sum")(torch.sigmoid(logits), (target >= 1).float()) / len(y)
+    torch.testing.assert_close(method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])["bce"], one_hot)
+
+
 @pytest.mark.parametrize("from_scratch", [True, False])
 def test_joint_from_scratch_reinitialises_the_network_at_each_task(from_scratch):
     cfg, _, net, ctx, _ = _task1_setup(name="finetune")

@@ -1,4 +1,4 @@
-"""Distillation losses: hard (logit L1) KD and angle-wise relational KD."""
+"""Distillation losses: hard (logit L1) KD, angle-wise relational KD, and the baselines' soft-target KDs."""
 
 from __future__ import annotations
 
@@ -78,6 +78,29 @@ def kd_soft_ce(student_logits: Tensor, teacher_logits: Tensor, temperature: floa
         target = F.pad(target, (0, student_logits.shape[1] - target.shape[1]))
     log_p = F.log_softmax(student_logits.float() / temperature, dim=1)
     return -(target * log_p).sum(dim=1).mean()
+
+
+def sigmoid_bce_kd(logits: Tensor, y: Tensor, teacher_logits: Tensor | None = None) -> Tensor:
+    """LwF.MC's loss as ABD's code computes it (``LWF_MC``): per-class sigmoids, binary CE summed over classes and
+    samples, divided by the batch size.
+
+    The target is one-hot for the label; with a teacher, its K_t old-class entries become the teacher's sigmoid
+    outputs (the distillation: no temperature, no weight). L = −1/B Σ_b Σ_k [q_bk log σ(s_bk) + (1 − q_bk)
+    log(1 − σ(s_bk))]. Computed from the logits (``binary_cross_entropy_with_logits``), which equals ABD's
+    ``BCELoss(sigmoid(s))`` except where that clamps log σ at −100 (|s| > 100).
+
+    Args:
+        logits: (B, K) student logits over the seen classes.
+        y: (B,) labels in [0, K).
+        teacher_logits: (B, K_t) the old model's logits, K_t ≤ K, or None on the first task.
+    """
+    # one-hot without F.one_hot, which reads max(y) on the host (no CUDA graph could capture the step)
+    target = (y.unsqueeze(1) == torch.arange(logits.shape[1], device=y.device)).float()
+    if teacher_logits is not None:
+        k = teacher_logits.shape[1]
+        target = torch.cat((torch.sigmoid(teacher_logits.float()), target[:, k:]), dim=1)
+    bce = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="sum")
+    return bce / logits.shape[0]
 
 
 def head_feature_kd(student_features: Tensor, teacher_features: Tensor, old_head_weight: Tensor) -> Tensor:
