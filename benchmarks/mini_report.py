@@ -16,7 +16,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-METHODS = ["joint", "finetune", "lwf", "deepinversion", "dgr", "abd", "abd_faithful", "ucir_df", "podnet_df", "rdfcil"]
+METHODS = ["joint", "finetune", "lwf", "lwf_mc", "deepinversion", "dgr", "abd", "abd_faithful"]
+METHODS += ["ucir_df", "podnet_df", "rdfcil"]
 HEADER = "| {first} | orders | A_N | avg. inc. acc. | forgetting | {extra}wall time (s) | threads | commit |"
 
 

@@ -5,7 +5,7 @@
 set -uo pipefail
 ORDER=${1:-0}
 ROOT=${2:-../shared/data}
-names="finetune lwf deepinversion abd ucir_df podnet_df joint rdfcil
+names="finetune lwf lwf_mc deepinversion abd ucir_df podnet_df joint rdfcil
 rdfcil_no_rkd rdfcil_no_hkd rdfcil_no_chr rdfcil_rkd_to_hkd rdfcil_hkd_to_rkd rdfcil_identity_proj rdfcil_chr_ce_only"
 for name in ${NAMES:-$names}; do
   out=runs/mini-$name-o$ORDER
