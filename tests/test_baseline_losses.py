@@ -33,7 +33,8 @@ def test_sigmoid_bce_kd():
     assert sigmoid_bce_kd(s, y).item() == pytest.approx(math.log(4) + 2 * ln2)
     # teacher logit ln 3 for the one old class: target 3/4 = the student's sigma, so class 0 costs h
     assert sigmoid_bce_kd(s, y, torch.tensor([[math.log(3.0)]])).item() == pytest.approx(h + 2 * ln2)
-    # the label's entry is 1 even among old columns' neighbours; two samples: the sum over both, halved
+    # two samples (labels 2 and 1, teacher logits ln 3 and 0): the mean of their sums; the second's targets are
+    # 1/2, 1, 0 against sigma = 1/2, ln 2 each
     two = sigmoid_bce_kd(torch.cat((s, zeros)), torch.tensor([2, 1]), torch.tensor([[math.log(3.0)], [0.0]]))
     assert two.item() == pytest.approx(((h + 2 * ln2) + 3 * ln2) / 2)
     # against ABD's own expression: BCELoss(sum)(sigmoid(s), target) / B
