@@ -98,7 +98,7 @@ METHODS = {
     "lwf_mc": (
         {"name": "lwf_mc"},
         {},
-        "LwF.MC (ABD paper / README table; not in the R-DFCIL paper)",
+        "LwF.MC (from the ABD paper; not in R-DFCIL's tables)",
         {"n5": ("32.50 ± 1.00", None), "n10": ("17.10 ± 0.10", None), "n20": ("7.70 ± 0.50", None)},
         "Sigmoid outputs, binary CE; the old classes' targets are the old model's sigmoids (spec/baselines.md §5).",
     ),
@@ -252,7 +252,7 @@ def main() -> None:
         for setting, (tasks, base, desc, tab) in SETTINGS.items():
             name = f"{key}_{setting}.yaml"
             head = [
-                f"{row} on CIFAR-100, {desc} (paper Table {tab}).",
+                f"{row} on CIFAR-100, {desc} (the protocol of R-DFCIL's Table {tab}).",
                 f"Paper (mean ± std over class orders 0, 1, 2): {numbers(table.get(setting))}.",
                 "",
                 "Command (seed-0 class order; --data.class_order_seed 1 and 2 for the other two orders):",
