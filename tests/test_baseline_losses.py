@@ -48,6 +48,11 @@ def test_sigmoid_bce_kd():
     target[:, :4] = torch.sigmoid(teacher)
     want = torch.nn.BCELoss(reduction="sum")(torch.sigmoid(logits), target) / 5
     torch.testing.assert_close(sigmoid_bce_kd(logits, labels, teacher), want)
+    # where ABD's fp32 BCELoss(sigmoid) saturates (a wrong logit of 20: clamped at 100, no gradient) ours is exact
+    wrong = torch.tensor([[20.0, 0.0]], requires_grad=True)
+    loss = sigmoid_bce_kd(wrong, torch.tensor([1]))
+    assert loss.item() == pytest.approx(20.0 + math.log(1 + math.exp(-20.0)) + ln2)
+    torch.testing.assert_close(torch.autograd.grad(loss, wrong)[0], torch.tensor([[1.0, -0.5]]))
 
 
 def test_head_feature_kd():
