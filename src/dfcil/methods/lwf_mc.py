@@ -3,12 +3,14 @@ CE on the new data with the old classes' targets taken from the old model."""
 
 from __future__ import annotations
 
-import torch
+from typing import Any
+
 from torch import Tensor
 
 from dfcil.config import MethodConfig, configclass
 from dfcil.losses.distillation import sigmoid_bce_kd
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.methods.teacher import Teacher
 from dfcil.models.network import IncrementalNet
 
 
@@ -31,30 +33,21 @@ class LwFMC(Method):
 
     def __init__(self, cfg: LwFMCConfig, train) -> None:
         super().__init__(cfg, train)
-        self.teacher: IncrementalNet | None = None
+        self.teacher = Teacher()
+
+    def components(self) -> dict[str, Any]:
+        return {"teacher": self.teacher}
 
     def on_task_start(self, ctx: TaskContext) -> None:
-        self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old) if ctx.task_id > 0 else None
+        self.teacher.begin(ctx)
 
     def on_task_end(self, ctx: TaskContext) -> None:
-        self.teacher = None
+        self.teacher.end()
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         logits = net(batch.x).logits
-        old = None
-        if self.teacher is not None:
-            with torch.no_grad():
-                old = self.teacher(batch.x).logits  # (B, n_old)
+        old = self.teacher.logits(batch.x)  # (B, n_old), None on the first task
         return {"bce": sigmoid_bce_kd(logits, batch.y, old)}  # one term: ABD logs no separate KD
-
-    def static_state_dict(self) -> dict:  # the teacher is a snapshot: fixed for the whole task
-        return {"teacher": self.teacher.state_dict()} if self.teacher is not None else {}
-
-    def load_state_dict(self, state: dict, ctx: TaskContext, static: dict | None = None) -> None:
-        self.teacher = None
-        if static:
-            self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
-            self.teacher.load_state_dict(static["teacher"])
 
     def task0_signature(self) -> str | None:
         return "sigmoid-bce"  # one-hot BCE over the first task's classes: its own first-task model
