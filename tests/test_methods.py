@@ -71,6 +71,30 @@ def test_lr_schedule_follows_phase_milestones():
     assert [r["lr"] for r in rec.epochs if r["task"] == 0] == pytest.approx([0.1, 0.01, 0.01, 0.001])
 
 
+def test_a_run_gives_the_process_its_random_streams_and_cudnn_switch_back():
+    import random
+
+    import numpy as np
+
+    def draws():
+        return random.random(), float(np.random.rand()), torch.rand(3)
+
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    expected = draws()
+    random.seed(7), np.random.seed(7), torch.manual_seed(7)
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = not benchmark  # a run on CUDA sets it from engine.cudnn_benchmark
+    try:
+        first, _ = run(tiny_config("rdfcil"), progress=False)  # seeds every global stream with cfg.seed
+        assert torch.backends.cudnn.benchmark is (not benchmark)
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
+    got = draws()
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+    second, _ = run(tiny_config("rdfcil"), progress=False)  # and a second run in the process is the same run
+    assert second["accuracy_matrix"] == first["accuracy_matrix"]
+
+
 def _task1_setup(extra=(), name="rdfcil", n=24, old=3, new=3):
     cfg = tiny_config(name, extra)
     method = build_method(cfg.method, cfg.train)

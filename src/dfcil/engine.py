@@ -22,7 +22,15 @@ from dfcil.graphs import GraphMode, StepGraph
 from dfcil.methods import Batch, Method, Phase, TaskContext
 from dfcil.models.network import IncrementalNet
 from dfcil.progress import ProgressFactory, make_progress
-from dfcil.session import EpochProgress, Protocol, Session, prepare, resolve_device, seed_everything
+from dfcil.session import (
+    EpochProgress,
+    Protocol,
+    Session,
+    prepare,
+    process_state_kept,
+    resolve_device,
+    seed_everything,
+)
 from dfcil.state import Checkpointer, Position, load_optimizer_state
 
 __all__ = ["Interrupt", "NonFiniteLossError", "Protocol", "RunInterrupted", "evaluate", "fit_task", "prepare"]
@@ -97,7 +105,23 @@ def run(
 
     Returns:
         The summary (see :mod:`dfcil.metrics`) and the trained network.
+
+    The process's global random streams and cuDNN switch are as before afterwards (:func:`process_state_kept`).
     """
+    with process_state_kept():
+        return _run(cfg, callbacks, progress, protocol, run_dir, resume, interrupt, save_every_s)
+
+
+def _run(
+    cfg: RunConfig,
+    callbacks: Sequence[Callback],
+    progress: bool | None,
+    protocol: Protocol | None,
+    run_dir: Path | None,
+    resume: bool,
+    interrupt: Interrupt | None,
+    save_every_s: float | None,
+) -> tuple[dict[str, Any], IncrementalNet]:
     started = time.perf_counter()
     protocol = protocol or prepare(cfg)
     ckpt = Checkpointer(run_dir) if run_dir is not None else None

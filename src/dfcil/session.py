@@ -143,6 +143,30 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
+@contextlib.contextmanager
+def process_state_kept():
+    """Give the process back as the run found it: Python's, NumPy's and torch's global random streams and cuDNN's
+    autotuner switch, which a run sets (:func:`seed_everything`, ``engine.cudnn_benchmark``).
+
+    A library caller's own random draws go on after a run as if it had not happened (CUDA's streams where CUDA was
+    initialised before the run), and two runs in one process do not depend on each other or on their order.
+    """
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = (
+        [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_initialized() else []
+    )
+    benchmark = torch.backends.cudnn.benchmark
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        for i, state in enumerate(cuda):
+            torch.cuda.set_rng_state(state, i)
+        torch.backends.cudnn.benchmark = benchmark
+
+
 class Session:
     """All mutable state of one run, with its checkpoint payload. Built identically for a fresh run and a resume."""
 
