@@ -522,25 +522,28 @@ def test_replay_baselines_terms_are_their_weighted_losses(name, terms):
 
 
 @pytest.mark.parametrize(
-    ("switch", "rrl_terms", "projected"),
+    ("switch", "rrl_terms", "chr_terms", "projected"),
     [
-        ([("method.new_kd", "none")], {"lce", "hkd"}, False),
-        ([("method.old_kd", "none")], {"lce", "rkd"}, True),
-        ([("method.new_kd", "hkd")], {"lce", "hkd", "hkd_new"}, False),
-        ([("method.old_kd", "rkd")], {"lce", "rkd_syn", "rkd"}, True),
-        ([("method.projection", "identity")], {"lce", "hkd", "rkd"}, False),
+        ([("method.new_kd", "none")], {"lce", "hkd"}, {"gce", "hkd"}, False),
+        ([("method.old_kd", "none")], {"lce", "rkd"}, {"gce"}, True),
+        ([("method.new_kd", "hkd")], {"lce", "hkd", "hkd_new"}, {"gce", "hkd"}, False),  # HKD on new data stops at CHR
+        ([("method.old_kd", "rkd")], {"lce", "rkd_syn", "rkd"}, {"gce"}, True),  # both RKD terms: one projector pair
+        ([("method.projection", "identity")], {"lce", "hkd", "rkd"}, {"gce", "hkd"}, False),
     ],
 )
-def test_rdfcil_ablation_switches_change_the_terms(switch, rrl_terms, projected):
+def test_rdfcil_ablation_switches_change_the_terms(switch, rrl_terms, chr_terms, projected):
     cfg, method, net, ctx, batches = _task1_setup(switch)
     x, y = next(iter(batches))
     terms = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
     assert set(terms) == rrl_terms and all(torch.isfinite(v) for v in terms.values())
-    assert (method.projector is not None) is projected and bool(method.extra_modules(ctx)) is projected
+    assert (method.projector is not None) is projected
+    assert len(method.extra_modules(ctx)) == int(projected)
     if ("method.new_kd", "hkd") in switch:  # HKD on new data: real images' old logits against the teacher's
         with torch.no_grad():
             t = method.replay.teacher(x).logits
         assert terms["hkd_new"].item() > 0 and t.shape[1] == 3
+    chr_step = method.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
+    assert set(chr_step) == chr_terms and all(torch.isfinite(v) for v in chr_step.values())
 
 
 def test_ucir_df_imprints_new_weights_and_keeps_old_ones():

@@ -8,7 +8,7 @@ from torch import Tensor
 
 
 def local_ce(logits: Tensor, y: Tensor, n_old: int) -> Tensor:
-    """Local cross-entropy: CE over the new classes' logits only (R-DFCIL eq. 4).
+    """Local cross-entropy: CE over the new classes' logits only (R-DFCIL eq. 3).
 
     L = mean_b CE(softmax(logits[b, n_old:]), y[b] - n_old). Old classifiers receive no gradient.
 

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 
 def hkd_l1(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
-    """Hard knowledge distillation (R-DFCIL eq. 3): mean absolute difference of raw logits.
+    """Hard knowledge distillation (R-DFCIL eq. 2): mean absolute difference of raw logits.
 
     L = 1/(B·K) Σ_b Σ_k |s_bk − t_bk|; no temperature or softmax. Shapes (B, K) with K = old classes.
     """
@@ -34,7 +34,7 @@ def angle_matrix(e: Tensor) -> Tensor:
 
 
 def rkd_angle(student: Tensor, teacher: Tensor) -> Tensor:
-    """Angle-wise relational KD (Park et al. 2019; R-DFCIL eq. 6), as cl-lite ``RKDAngleLoss``.
+    """Angle-wise relational KD (Park et al. 2019; R-DFCIL eq. 5), as cl-lite ``RKDAngleLoss``.
 
     L = 1/N³ Σ_ijk |A^s_ijk − A^t_ijk|: plain L1 (not smooth-L1) over all N³ entries, degenerate ones included.
 

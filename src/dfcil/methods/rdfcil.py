@@ -50,7 +50,7 @@ class LossWeights:
 
 
 def rdfcil_loss_weights(lambda_ce: float, lambda_hkd: float, lambda_rkd: float, n_old: int, n_new: int) -> LossWeights:
-    """Adaptive RRL weights (paper eq. 8): α = log2(n_new/2 + 1), β = √(n_old/n_new),
+    """Adaptive RRL weights (paper eqs. 7–8): α = log2(n_new/2 + 1), β = √(n_old/n_new),
     w_lce = λ_ce·(1 + 1/α)/β, w_hkd = λ_hkd·α·β, w_rkd = λ_rkd·α·β.
 
     CIFAR-100, 10 tasks, task 1: α = 2.585, weights 0.693 / 0.388 / 1.292.
