@@ -163,7 +163,7 @@ METHODS = {
             "b50_n26": ("20.18 ± 0.76", "43.23 ± 1.70"),
         },
         f"160 epochs + 20 epochs of balanced head finetuning at lr 0.05, with {SYNTH}; LSC head, NCA, POD.\n"
-        "# The shared step schedule replaces PODNet's cosine annealing (spec/baselines.md §9.2).",
+        "# The shared step schedule replaces PODNet's cosine annealing (spec/baselines.md §8.2 and §11, item 3).",
     ),
     "rdfcil": (
         {

@@ -88,7 +88,8 @@ def sigmoid_bce_kd(logits: Tensor, y: Tensor, teacher_logits: Tensor | None = No
     outputs (the distillation: no temperature, no weight). L = −1/B Σ_b Σ_k [q_bk log σ(s_bk) + (1 − q_bk)
     log(1 − σ(s_bk))]. Computed from the logits (``binary_cross_entropy_with_logits``): exact where ABD's fp32
     ``BCELoss(sigmoid(s))`` saturates (s ≳ 17: 1 − σ rounds to 0, so the (1 − q) term is clamped at 100 with no
-    gradient; s ≲ −30: the q term's gradient underflows). Elsewhere the two agree to rounding.
+    gradient; s ≲ −28: its backward clamps σ(1 − σ) at 1e-12, shrinking the q term's gradient, ×0.094 at −30).
+    Elsewhere the two agree to rounding.
 
     Args:
         logits: (B, K) student logits over the seen classes.
