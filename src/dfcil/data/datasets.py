@@ -92,6 +92,8 @@ def read_npz(path: Path, num_classes: int, image_size: int) -> ImageArrays:
         ) from None
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as err:
         reason = str(err).split(". ")[0]  # NumPy's own advice (load with allow_pickle) is not ours to give
+        if "pickled" in reason:  # NumPy's guess for any file whose first bytes it does not recognise
+            reason = "its first bytes are neither a zip archive's nor a .npy array's"
         raise DatasetError(f"{path} is corrupt or not an .npz archive ({reason}). {fix}") from err
     try:
         return check_arrays(x, y, num_classes, image_size, str(path))
