@@ -1,6 +1,8 @@
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,9 +107,21 @@ def test_print_config(capsys):
         (["--method.name", "[1]"], "method.name must be a method's name"),
         (["--task0_cache", "{tmp}/afile"], "task0_cache {tmp}/afile exists and is not a directory"),
         (["--out", "{tmp}/afile/run"], "run directory {tmp}/afile/run cannot be created"),
+        (["--out", "{tmp}/readonly"], "run directory {tmp}/readonly is not writable"),
+        (["--task0_cache", "{tmp}/readonly"], "task0_cache {tmp}/readonly is not writable"),
+        (["--device", "meta"], "device: 'meta' is not supported (dfcil trains on cpu and cuda)"),
+        (["--train.milestones", "[50]"], "a milestone at or after the last epoch never lowers the lr"),
     ],
 )
-def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, extra, message):
+def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, monkeypatch, extra, message):
+    import dfcil.io
+
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    real_access = dfcil.io.os.access  # the tests may run as root, whom os.access lets write anywhere
+    monkeypatch.setattr(
+        dfcil.io.os, "access", lambda p, mode: not (Path(p) == readonly and mode & os.W_OK) and real_access(p, mode)
+    )
     corrupt = tmp_path / "corrupt" / "cifar100"
     corrupt.mkdir(parents=True)
     (corrupt / "train.npz").write_bytes(b"not a zip")
@@ -118,7 +132,8 @@ def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, e
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message.replace("{tmp}", str(tmp_path)) in err and err.startswith("dfcil: error:")
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "corrupt"]
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "corrupt", "readonly"]
+    assert not any(readonly.iterdir())
 
 
 def test_compile_without_a_compiler_for_the_device_is_refused_before_the_run_starts(tmp_path, capsys, monkeypatch):

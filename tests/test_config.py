@@ -62,6 +62,15 @@ def test_dotted_overrides_are_parsed_as_yaml():
         ([("seed", "x")], r"seed: Input should be a valid integer"),
         ([("checkpoint_interval_s", "-1")], r"checkpoint_interval_s: Input should be greater than or equal to 0"),
         ([("train", "5")], r"section 'train' must be a mapping"),
+        ([("train.epochs", "true")], r"train.epochs: Input should be a valid integer \(got True\)"),  # not 1
+        ([("train.epochs", "3.0")], r"train.epochs: Input should be a valid integer"),
+        ([("data.class_order", "[true, false]")], r"data.class_order.0: Input should be a valid integer"),
+        ([("train.lr", "yes")], r"train.lr: Input should be a valid number, not a yes/no value \(got True\)"),
+        ([("seed", "-1")], r"seed: Input should be greater than or equal to 0"),
+        ([("seed", "99999999999999999999")], r"seed: Input should be less than 9223372036854775808"),
+        ([("train.milestones", "[80, 200]")], r"milestones \[80, 200\] reach train.epochs \(200\)"),  # never lowers the lr
+        ([("train.milestones", "[120, 80]")], r"milestones \[120, 80\] must be strictly increasing"),
+        ([("train.milestones", "[80, 80]")], r"must be strictly increasing"),
         ([("method.chr_epochs", "300")], None),  # valid for the schema; the method rejects it (see below)
     ],
 )
@@ -108,6 +117,26 @@ def test_bad_files(tmp_path):
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping at the top level"):
         load_config([bad])
+    bad.write_text("train:\n  epochs: 3\nseed: 2\ntrain:\n  epochs: 4\n")  # PyYAML alone keeps the last
+    with pytest.raises(ConfigError, match=r"key 'train' is given twice in one mapping\n.*line 4"):
+        load_config([bad])
+    bad.write_text("train:\n  epochs: 3\n  epochs: 4\n")
+    with pytest.raises(ConfigError, match="key 'epochs' is given twice"):
+        load_config([bad])
+    bad.write_text("base: &b {epochs: 3, lr: 0.5}\n")  # a merge key may be overridden: not a duplicate
+    assert read_yaml_merged(bad, "train:\n  <<: *b\n  epochs: 4\n") == {"epochs": 4, "lr": 0.5}
+    bad.write_bytes(b"\xff\xfetrain:\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_config([bad])
+    with pytest.raises(ConfigError, match="is a directory; give a .yaml file"):
+        load_config([tmp_path])
+
+
+def read_yaml_merged(path, more):
+    from dfcil.config import read_yaml
+
+    path.write_text(path.read_text() + more)
+    return read_yaml(path)["train"]
 
 
 def test_configs_are_frozen():
@@ -118,7 +147,8 @@ def test_configs_are_frozen():
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_shipped_config_is_valid_and_states_its_command(path):
-    cfg, _ = load_config([path])
+    base = [CONFIGS / "cifar100-mini.yaml"] if path.parent.name == "cifar100-mini" else []  # overlays: on their base
+    cfg, _ = load_config([*base, path])
     from dfcil.methods import build_method
 
     build_method(cfg.method, cfg.train)

@@ -239,6 +239,34 @@ def test_changed_protocol_is_refused_runtime_keys_are_not(reference, tmp_path, c
     assert_same_run(reference, out)
 
 
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("epochs: 5", "epochs: 6"), "train.epochs: 5 in the checkpoint, 6 now"),
+        (("seed: 1", "seed: 2"), "seed: 1 in the checkpoint, 2 now"),
+        (("backbone: resnet8", "backbone: resnet20"), 'model.backbone: "resnet8" in the checkpoint, "resnet20" now'),
+        (("num_tasks: 2", "num_tasks: 3"), "data.num_tasks: 2 in the checkpoint, 3 now"),
+    ],
+)
+def test_resume_refuses_an_edited_config_yaml_and_leaves_the_run_as_it_was(reference, tmp_path, capsys, edit, message):
+    """config.yaml is what resume reads; edited, it would give a mixed run: the checkpoint's own config decides."""
+    _, out = _unfinished(tmp_path)
+    saved = (out / "config.yaml").read_text()
+    assert edit[0] in saved
+    (out / "config.yaml").write_text(saved.replace(edit[0], edit[1], 1))
+    before = {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()}
+    capsys.readouterr()
+    assert main(["resume", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "config.yaml edited? Put it back" in err
+    assert "Traceback" not in err  # one line on the console; the traceback is in run.log
+    assert "Traceback" in (out / "run.log").read_text()
+    assert {p.name: p.read_bytes() for p in (out / "checkpoints").iterdir()} == before
+    (out / "config.yaml").write_text(saved)
+    assert main(["resume", str(out), "--no-progress"]) == 0  # put back, the run continues exactly
+    assert_same_run(reference, out)
+
+
 def test_resume_may_switch_cuda_graphs_and_the_data_root(reference, tmp_path):
     """After a failed capture stopped a run, `dfcil resume DIR --engine.cuda_graphs off` continues it; data moved
     elsewhere is found with --data.root."""
@@ -393,7 +421,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
 
 def test_shared_first_task_model_gives_the_same_run(tmp_path):
     cache = tmp_path / "task0"
-    base = ["--config", SMOKE, "--no-progress", "--train.milestones", "[2]"]
+    base = ["--config", SMOKE, "--no-progress", "--train.milestones", "[]"]
     # finetune trains 2 epochs of CE in task 0, exactly like rdfcil with 3 epochs of which 1 is CHR
     ft = ["train", *base, "--method.name", "finetune", "--train.epochs", "2", "--task0_cache", str(cache)]
     assert main([*ft, "--out", str(tmp_path / "ft")]) == 0

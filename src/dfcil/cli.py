@@ -165,6 +165,14 @@ def _interruptible(run_dir: str, work) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # also while the first imports (torch) load, before any run exists
+        print("dfcil: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -209,9 +217,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NonFiniteLossError as err:
         print(f"dfcil: training stopped: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("dfcil: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,15 +17,27 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 T = TypeVar("T")
 
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("Input should be a valid number, not a yes/no value")
+    return value
+
+
+# A YAML `true` is not the number 1, nor `3.0` an epoch count. Floats stay lax otherwise: YAML reads `1e-2` (no dot)
+# as a string, which they take as the number it spells.
+Int = Annotated[int, Strict()]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+PositiveInt = Annotated[int, Strict(), Field(ge=1)]
+NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
+PositiveFloat = Annotated[float, BeforeValidator(_not_bool), Field(gt=0)]
+NonNegativeFloat = Annotated[float, BeforeValidator(_not_bool), Field(ge=0)]
+Seed = Annotated[int, Strict(), Field(ge=0, lt=2**63)]  # what torch.manual_seed takes
 
 
 def _yaml_switch(value: Any) -> Any:
@@ -52,8 +64,8 @@ class DataConfig:
     download: bool = False  # fetch (and checksum) the official archive when the data root lacks it
     num_tasks: PositiveInt = 5  # N, tasks in the protocol, first task included
     base_classes: NonNegativeInt = 0  # classes in the first task; 0 → equal split (reference: init_task_splits)
-    class_order: tuple[int, ...] | None = None  # explicit order of raw class ids; overrides class_order_seed
-    class_order_seed: int = 0  # order = random.Random(seed).shuffle(range(C)), as ABD and R-DFCIL
+    class_order: tuple[Int, ...] | None = None  # explicit order of raw class ids; overrides class_order_seed
+    class_order_seed: Int = 0  # order = random.Random(seed).shuffle(range(C)), as ABD and R-DFCIL
     num_classes: PositiveInt | None = None  # keep only the first K classes of the order (mini protocols)
     train_per_class: PositiveInt | None = None  # cap on training images per class (first n in file order)
     test_per_class: PositiveInt | None = None  # cap on test images per class (first n in file order)
@@ -75,6 +87,16 @@ class TrainConfig:
     milestones: tuple[NonNegativeInt, ...] = (80, 120)  # epochs (from the phase start) where lr *= gamma
     gamma: PositiveFloat = 0.1
     eval_batch_size: PositiveInt = 1000  # test images per forward; no effect on results
+
+    def __post_init__(self) -> None:
+        m = self.milestones
+        if any(b <= a for a, b in zip(m, m[1:], strict=False)):
+            raise ValueError(f"train.milestones {list(m)} must be strictly increasing")
+        if m and m[-1] >= self.epochs:
+            raise ValueError(
+                f"train.milestones {list(m)} reach train.epochs ({self.epochs}): a milestone at or after the last "
+                f"epoch never lowers the lr; use milestones below {self.epochs} (or [] for a constant lr)"
+            )
 
 
 @configclass
@@ -118,10 +140,14 @@ class RunConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
-    seed: int = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
+    seed: Seed = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N; runtime only, may change on resume
-    checkpoint_interval_s: float = 60.0  # extra checkpoints inside long task setups (inversion); runtime only
-    epoch_checkpoint_interval_s: float = 0.0  # epoch-end checkpoints at most this often; 0: every epoch; runtime only
+    checkpoint_interval_s: NonNegativeFloat = (
+        60.0  # extra checkpoints inside long task setups (inversion); runtime only
+    )
+    epoch_checkpoint_interval_s: NonNegativeFloat = (
+        0.0  # epoch-end checkpoints at most this often; 0: every epoch; runtime only
+    )
     task0_cache: str | None = None  # directory of shared first-task models (see docs/resume.md); runtime only
 
 
@@ -138,7 +164,7 @@ def with_absolute_paths(cfg: RunConfig) -> RunConfig:
 
 SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "engine": EngineConfig}
 TOP_LEVEL_SCALARS: dict[str, Any] = {
-    "seed": int,
+    "seed": Seed,
     "device": str,
     "checkpoint_interval_s": NonNegativeFloat,
     "epoch_checkpoint_interval_s": NonNegativeFloat,
@@ -179,7 +205,7 @@ def _format_errors(err: ValidationError, cls: type, where: str) -> str:
         elif e["type"] == "value_error" and not e["loc"]:  # a check across fields (__post_init__): its own words
             lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+            lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})")
     return "; ".join(lines)
 
 
@@ -228,14 +254,37 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
 # --------------------------------------------------------------------------------------------------- loading
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges may be overridden by own keys
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give a .yaml file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text; save it as UTF-8 YAML") from None
+    except OSError as err:
+        raise ConfigError(f"config file {str(path)!r} cannot be read ({err.strerror}); check its permissions") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

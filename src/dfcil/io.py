@@ -30,12 +30,14 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
 
 
 def check_creatable_dir(path: str | os.PathLike, what: str, fix: str) -> None:
-    """Raise ``ValueError`` (naming ``what`` and ``fix``) unless ``path`` is a directory or can be created as one:
-    its nearest existing ancestor must be a writable directory."""
+    """Raise ``ValueError`` (naming ``what`` and ``fix``) unless ``path`` is a writable directory or can be created
+    as one: its nearest existing ancestor must be a writable directory."""
     path = Path(path).expanduser().absolute()
     if path.exists():
         if not path.is_dir():
             raise ValueError(f"{what} {path} exists and is not a directory; {fix}")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"{what} {path} is not writable; {fix}")
         return
     parent = path.parent
     while not parent.exists():

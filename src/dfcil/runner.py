@@ -245,7 +245,9 @@ def _execute(
         log.warning("interrupted: checkpoint written; continue with `dfcil resume %s`", out)
         raise
     except BaseException:
-        log.exception("run failed")
+        # the traceback goes to run.log only: the console gets the command line's one-line error (a user's mistake)
+        # or Python's own traceback (anything else), not both
+        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "run failed", (), sys.exc_info()))
         raise
     finally:
         log.removeHandler(handler)

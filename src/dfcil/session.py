@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dfcil.config import ConfigError, RunConfig, config_to_dict
+from dfcil.config import RUNTIME_KEYS, ConfigError, RunConfig, config_diff, config_to_dict
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import select_classes
 from dfcil.data.splits import ClassIncrementalSplit, SplitError
@@ -75,8 +75,15 @@ def resolve_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device: {name!r} is not supported (dfcil trains on cpu and cuda); use auto, cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA device(s); "
+            f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
     return device
 
 
@@ -167,6 +174,29 @@ def process_state_kept():
         torch.backends.cudnn.benchmark = benchmark
 
 
+def check_same_config(saved: dict[str, Any] | None, cfg: RunConfig) -> None:
+    """Refuse to continue a checkpoint under a config that differs from the one it was written with, except in
+    runtime keys (``config.RUNTIME_KEYS``): an edited ``config.yaml`` would silently give a mixed run."""
+    if saved is None:  # checkpoints of the first layout hold no config
+        return
+    now = config_to_dict(cfg)
+    changed = [k for k in config_diff(saved, now) if k not in RUNTIME_KEYS]
+    if not changed:
+        return
+
+    def value(d: dict[str, Any], key: str) -> str:
+        for part in key.split("."):
+            d = d.get(part) if isinstance(d, dict) else None
+        return json.dumps(d)
+
+    shown = [f"{k}: {value(saved, k)} in the checkpoint, {value(now, k)} now" for k in changed[:6]]
+    more = f" and {len(changed) - 6} more keys" if len(changed) > 6 else ""
+    raise ConfigError(
+        f"the run's checkpoint was written with another config ({'; '.join(shown)}{more}): was the run's "
+        f"config.yaml edited? Put it back as it was to continue the run, or start a new run for the new config"
+    )
+
+
 class Session:
     """All mutable state of one run, with its checkpoint payload. Built identically for a fresh run and a resume."""
 
@@ -242,6 +272,7 @@ class Session:
 
     def restore(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Load a checkpoint payload; returns what the task loop needs to continue (optimizer, epoch state)."""
+        check_same_config(payload.get("config"), self.cfg)
         self.pos = Position(**payload["position"])
         for n in payload["head_sizes"][len(self.net.head.sizes) :]:
             self.net.expand(n)

@@ -11,7 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfcil.config import ConfigError, MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
+from dfcil.config import (
+    ConfigError,
+    Float,
+    MethodConfig,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    configclass,
+)
 from dfcil.losses.classification import balanced_class_weights, class_histogram
 from dfcil.losses.podnet import nca, pod_flat, pod_spatial
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
@@ -25,7 +33,7 @@ class PODNetDFConfig(MethodConfig):
     name: str = "podnet_df"
     lambda_c: NonNegativeFloat = 3.0  # POD-spatial, × √(n_seen/n_new) (CIFAR CNN config: 3)
     lambda_f: NonNegativeFloat = 1.0  # POD-flat, × √(n_seen/n_new)
-    nca_margin: float = 0.6  # kept for fidelity: the reference's NCA subtracts it from every logit (no effect)
+    nca_margin: Float = 0.6  # kept for fidelity: the reference's NCA subtracts it from every logit (no effect)
     ft_epochs: NonNegativeInt = 20  # last epochs of train.epochs: balanced head finetuning (0: none)
     ft_lr: PositiveFloat = 0.05  # constant lr of the finetuning
     # BN statistics of the student's real + synthetic batch: "mixed" (one batch, shared statistics: ABD's code) or
