@@ -137,6 +137,17 @@ def test_corrupt_npz_is_reported_with_the_file(tmp_path, corrupt, match):
     assert "allow_pickle" not in str(err.value)
 
 
+def test_an_unreadable_npz_is_a_permission_problem_not_a_corrupt_file(tmp_path, monkeypatch):
+    _write_npz(tmp_path / "cifar100")
+
+    def denied(path, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))  # what a 0000 file gives a non-root user
+
+    monkeypatch.setattr(np, "load", denied)
+    with pytest.raises(DatasetError, match=r"train.npz cannot be read \(permission denied\); check its permissions"):
+        build_dataset("cifar100", tmp_path)
+
+
 def test_a_missing_half_of_the_prepared_arrays_is_called_missing(tmp_path):
     _write_npz(tmp_path / "cifar100")
     (tmp_path / "cifar100" / "test.npz").unlink()

@@ -279,6 +279,9 @@ def test_resume_may_switch_cuda_graphs_and_the_data_root(reference, tmp_path):
 def test_resume_refuses_finished_and_foreign_directories(reference, tmp_path, capsys):
     assert main(["resume", str(reference)]) == 2
     assert "is complete" in capsys.readouterr().err
+    assert main(["train", "--config", SMOKE, "--out", str(reference), "--no-progress", *ARGS, "--seed", "5"]) == 2
+    err = capsys.readouterr().err  # a finished run is not offered for resuming
+    assert "holds a finished run with a different config (seed); choose another --out" in err and "resume" not in err
     assert main(["resume", str(tmp_path)]) == 2
     assert "not a dfcil run directory" in capsys.readouterr().err
 
@@ -340,6 +343,19 @@ def _mixed_payload():
         "plain": {"x": None, "y": 1.5, "z": "text", "nested": [[torch.arange(3, dtype=torch.int16)]]},
         "not_a_reference": {"__dfcil_tensor__": "a user's own key", "other": 1},
     }
+
+
+def test_atomic_writes_get_the_modes_of_ordinary_files(tmp_path):
+    """Run files are readable by whoever the umask lets read them (mkstemp alone makes them 0600)."""
+    from dfcil.io import write_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "a.json", "{}")
+        (tmp_path / "b.log").write_text("")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == (tmp_path / "b.log").stat().st_mode & 0o777 == 0o644
 
 
 def test_checkpoint_bytes_round_trip_every_dtype_shape_and_container():
@@ -426,6 +442,7 @@ def test_shared_first_task_model_gives_the_same_run(tmp_path):
     ft = ["train", *base, "--method.name", "finetune", "--train.epochs", "2", "--task0_cache", str(cache)]
     assert main([*ft, "--out", str(tmp_path / "ft")]) == 0
     assert len(list(cache.glob("task0-*.pt"))) == 1
+    stored = next(cache.glob("task0-*.pt"))
     assert main(["train", *base, "--out", str(tmp_path / "plain")]) == 0
     assert main(["train", *base, "--out", str(tmp_path / "shared"), "--task0_cache", str(cache)]) == 0
     first = json.loads((tmp_path / "shared" / "metrics.jsonl").read_text().splitlines()[0])
@@ -439,6 +456,28 @@ def test_shared_first_task_model_gives_the_same_run(tmp_path):
     other = ["train", *base, "--train.lr", "0.05", "--task0_cache", str(cache), "--out", str(tmp_path / "o")]
     assert main(other) == 0
     assert len(list(cache.glob("task0-*.pt"))) == 2
+    # a shared model that cannot be read is trained again and replaced, not a reason to fail every run using it
+    good = stored.read_bytes()
+    stored.write_bytes(good[: len(good) // 2])
+    assert main(["train", *base, "--out", str(tmp_path / "again"), "--task0_cache", str(cache)]) == 0
+    assert _summary(tmp_path / "again")["accuracy_matrix"] == _summary(tmp_path / "plain")["accuracy_matrix"]
+    assert "cannot use the shared first-task model" in (tmp_path / "again" / "run.log").read_text()
+    assert loads(stored.read_bytes())["position"] == loads(good)["position"]  # replaced by a whole one
+
+
+def test_a_cut_or_deleted_metrics_log_is_not_padded_on_resume(reference, tmp_path, caplog):
+    """metrics.jsonl shorter than at the checkpoint: its complete lines are kept, the next record starts on a line
+    of its own (truncate would have padded it with NUL bytes), and the loss is said."""
+    _, out = _unfinished(tmp_path)
+    metrics = out / "metrics.jsonl"
+    whole = metrics.read_bytes()
+    metrics.write_bytes(whole[: whole.index(b"\n") + 20])  # the first record and part of the second
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    lines = metrics.read_bytes().split(b"\n")
+    assert lines[-1] == b"" and all(json.loads(line) for line in lines[:-1])  # valid JSON lines, no NUL bytes
+    assert lines[0] == whole.split(b"\n")[0]
+    assert "fewer than the" in caplog.text and "not restored" in caplog.text
+    assert _summary(out) == _summary(reference)  # the accuracies come from the checkpoint
 
 
 @pytest.mark.parametrize("kernel", ["fused", "foreach"])

@@ -60,6 +60,7 @@ def test_every_equal_split_partitions_the_classes_with_equal_later_tasks():
         (5, 120, "base_classes"),
         (1, 50, "single task"),
         (52, 50, "not divisible"),
+        (2, 100, r"base_classes=100 takes all 100 classes, leaving none for the other 1 tasks; set base_classes below"),
     ],
 )
 def test_impossible_splits_are_rejected(n, base, match):

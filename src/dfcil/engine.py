@@ -26,6 +26,7 @@ from dfcil.session import (
     EpochProgress,
     Protocol,
     Session,
+    check_same_config,
     prepare,
     process_state_kept,
     resolve_device,
@@ -130,10 +131,10 @@ def _run(
     resumed: dict[str, Any] = {"optimizer": None, "epoch": None}
     if resume:
         payload = ckpt.load_latest()
+        check_same_config(payload.get("config"), cfg)
         resumed = s.restore(payload)
-        if s.metrics is not None and s.metrics.exists():
-            with open(s.metrics, "r+") as f:  # drop records written after the checkpoint
-                f.truncate(payload["metrics_bytes"])
+        if s.metrics is not None:
+            rewind_log(s.metrics, payload["metrics_bytes"])
     elif s.load_task0():  # a shared first-task model: task 0 is not trained again
         record = _task_record(s, 0) | {"shared_task0": str(s.task0_path())}
         for cb in callbacks:
@@ -170,6 +171,30 @@ def _run(
     for cb in callbacks:
         cb.on_run_end(summary)
     return summary, s.net
+
+
+def rewind_log(path: Path, size: int) -> None:
+    """Cut the JSON-lines log ``path`` back to ``size`` bytes, its length at the checkpoint a run resumes from.
+
+    A log found shorter (cut or deleted since) cannot be made whole again: keep its complete lines and say so.
+    """
+    found = path.stat().st_size if path.exists() else 0
+    if found >= size:
+        if path.exists():
+            with open(path, "r+b") as f:  # drop records written after the checkpoint
+                f.truncate(size)
+        return
+    log.warning(
+        "%s holds %d bytes, fewer than the %d it held at the checkpoint: the records it lost are not restored "
+        "(the accuracies in summary.json come from the checkpoint and are complete)",
+        path,
+        found,
+        size,
+    )
+    if found:
+        data = path.read_bytes()
+        with open(path, "r+b") as f:  # keep whole records only: the next one must start on a line of its own
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 @dataclasses.dataclass

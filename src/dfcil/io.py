@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it; set straight back
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part.
 
@@ -21,6 +27,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide results from a shared group
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

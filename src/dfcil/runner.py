@@ -135,9 +135,14 @@ def train(
         saved = load_config([out / "config.yaml"])[0]
         changed = _changed_keys(saved, cfg)
         if changed:
+            finished = (out / "summary.json").exists()
             raise ConfigError(
-                f"{out} holds a run with a different config ({', '.join(changed)}); resume it with "
-                f"`dfcil resume {out}` or choose another --out"
+                f"{out} holds a {'finished ' if finished else ''}run with a different config ({', '.join(changed)}); "
+                + (
+                    "choose another --out"
+                    if finished
+                    else f"resume it with `dfcil resume {out}` or choose another --out"
+                )
             )
         runtime = {key: functools.reduce(getattr, key.split("."), cfg) for key in RUNTIME_KEYS}
         return resume(out, runtime, progress, argv, callbacks, interrupt)
@@ -202,7 +207,10 @@ def resume(
     with locked(run_dir):
         has_checkpoint = Checkpointer(run_dir).exists()
         if not has_checkpoint:  # stopped before its first checkpoint: start over in place
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and metrics.stat().st_size:
+                log.warning("%s has no checkpoint (deleted?): the run starts over from its first task", run_dir)
+            metrics.unlink(missing_ok=True)
         return _execute(cfg, run_dir, protocol, has_checkpoint, progress, callbacks, interrupt)
 
 

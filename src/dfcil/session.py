@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import random
 import time
 from pathlib import Path
@@ -28,7 +29,9 @@ from dfcil.models.heads import HEADS
 from dfcil.models.network import build_network
 from dfcil.models.resnet_cifar import BACKBONES
 from dfcil.progress import ProgressFactory, make_progress
-from dfcil.state import FORMAT, Checkpointer, Position, capture_rng, dumps, loads, restore_rng
+from dfcil.state import FORMAT, Checkpointer, CheckpointError, Position, capture_rng, dumps, loads, restore_rng
+
+log = logging.getLogger("dfcil")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +226,7 @@ class Session:
         self.timings: list[dict[str, Any]] = []  # finished tasks'
         self.task_timing: dict[str, Any] = {}  # the running task's, so far (kept across processes by checkpoints)
         self.static_ref: dict[str, Any] | None = None
+        self.task0_unusable = False  # the shared first-task model exists but could not be read: replace it
         self.last_save = time.monotonic()
         self.started = time.monotonic()
         self.elapsed_before = 0.0  # seconds spent by earlier processes of this run, up to their last checkpoint
@@ -272,7 +276,6 @@ class Session:
 
     def restore(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Load a checkpoint payload; returns what the task loop needs to continue (optimizer, epoch state)."""
-        check_same_config(payload.get("config"), self.cfg)
         self.pos = Position(**payload["position"])
         for n in payload["head_sizes"][len(self.net.head.sizes) :]:
             self.net.expand(n)
@@ -339,17 +342,24 @@ class Session:
         return Path(self.cfg.task0_cache) / f"task0-{key}.pt" if key else None
 
     def load_task0(self) -> bool:
-        """Start from a shared first-task model if one exists; True when it did."""
+        """Start from a shared first-task model if one exists; True when it did. One that cannot be read is
+        trained again here (and replaced at the end of task 0)."""
         path = self.task0_path()
         if path is None or not path.exists():
             return False
-        self.restore(loads(path.read_bytes(), str(path)))
+        try:
+            payload = loads(path.read_bytes(), str(path))
+        except CheckpointError as err:
+            log.warning("cannot use the shared first-task model %s (%s): training task 0, then replacing it", path, err)
+            self.task0_unusable = True
+            return False
+        self.restore(payload)
         return True
 
     def store_task0(self) -> None:
         """Share this run's first-task model (called at the end of task 0) unless one is already stored."""
         path = self.task0_path()
-        if path is None or path.exists() or self.method.state_dict():
+        if path is None or (path.exists() and not self.task0_unusable) or self.method.state_dict():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = self.payload()

@@ -324,8 +324,12 @@ class Checkpointer:
                 if static is not None:
                     payload["static_state"] = self.load_static(static["task"], static["digest"])
             except CheckpointError as err:
-                log.warning("cannot use %s: %s; trying the previous checkpoint", path, err)
+                if path == self.last:
+                    log.warning("cannot use %s: %s; trying the previous checkpoint", path, err)
                 errors.append(f"{path.name}: {err}")
                 continue
             return payload
-        raise CheckpointError(f"no usable checkpoint in {self.dir} ({'; '.join(errors)})")
+        raise CheckpointError(
+            f"no usable checkpoint in {self.dir} ({'; '.join(errors)}). The run cannot continue from it: start it "
+            f"again in a new run directory (or delete {self.dir} to start over in this one)"
+        )

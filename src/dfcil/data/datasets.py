@@ -90,6 +90,8 @@ def read_npz(path: Path, num_classes: int, image_size: int) -> ImageArrays:
             f"{path} is missing (found {', '.join(others) or 'no .npz'} beside it): prepare it too "
             f"(uint8 x [N,{image_size},{image_size},3], int64 y [N]), or remove {path.parent} to use another source"
         ) from None
+    except PermissionError:
+        raise DatasetError(f"{path} cannot be read (permission denied); check its permissions") from None
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as err:
         reason = str(err).split(". ")[0]  # NumPy's own advice (load with allow_pickle) is not ours to give
         if "pickled" in reason:  # NumPy's guess for any file whose first bytes it does not recognise

@@ -54,6 +54,11 @@ def task_sizes(num_classes: int, num_tasks: int, base_classes: int = 0) -> list[
                 f"set base_classes to 0 or {num_classes}, or num_tasks > 1"
             )
         return [base_classes]
+    if rest == 0:
+        raise SplitError(
+            f"base_classes={base_classes} takes all {num_classes} classes, leaving none for the other "
+            f"{num_tasks - 1} tasks; set base_classes below {num_classes}, or num_tasks to 1"
+        )
     if rest < num_tasks - 1 or rest % (num_tasks - 1):
         valid = [n + 1 for n in range(1, rest + 1) if rest % n == 0]
         raise SplitError(

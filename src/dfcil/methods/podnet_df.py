@@ -74,7 +74,10 @@ class PODNetDF(Method):
     def __init__(self, cfg: PODNetDFConfig, train) -> None:
         super().__init__(cfg, train)
         if cfg.ft_epochs >= train.epochs:
-            raise ConfigError(f"method.ft_epochs ({cfg.ft_epochs}) must be smaller than train.epochs ({train.epochs})")
+            raise ConfigError(
+                f"method.ft_epochs ({cfg.ft_epochs}) must be smaller than train.epochs ({train.epochs}): train.epochs "
+                f"counts the main and the finetuning epochs together; lower method.ft_epochs or raise train.epochs"
+            )
         self.replay = Replay(cfg.inversion)
         self.class_counts: Tensor | None = None
 

@@ -80,7 +80,8 @@ class RDFCIL(Method):
         if cfg.chr_epochs >= train.epochs:
             raise ConfigError(
                 f"method.chr_epochs ({cfg.chr_epochs}) must be smaller than train.epochs ({train.epochs}): "
-                f"train.epochs counts RRL and CHR epochs together, as the reference's max_epochs"
+                f"train.epochs counts RRL and CHR epochs together, as the reference's max_epochs; lower "
+                f"method.chr_epochs or raise train.epochs"
             )
         self.replay = Replay(cfg.inversion)
         self.task_id: int | None = None  # the task the state below belongs to
