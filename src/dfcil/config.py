@@ -142,12 +142,10 @@ class RunConfig:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     seed: Seed = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N; runtime only, may change on resume
-    checkpoint_interval_s: NonNegativeFloat = (
-        60.0  # extra checkpoints inside long task setups (inversion); runtime only
-    )
-    epoch_checkpoint_interval_s: NonNegativeFloat = (
-        0.0  # epoch-end checkpoints at most this often; 0: every epoch; runtime only
-    )
+    # extra checkpoints inside long task setups (inversion); runtime only
+    checkpoint_interval_s: NonNegativeFloat = 60.0
+    # epoch-end checkpoints at most this often; 0: every epoch; runtime only
+    epoch_checkpoint_interval_s: NonNegativeFloat = 0.0
     task0_cache: str | None = None  # directory of shared first-task models (see docs/resume.md); runtime only
 
 

@@ -136,14 +136,9 @@ def train(
         changed = _changed_keys(saved, cfg)
         if changed:
             finished = (out / "summary.json").exists()
-            raise ConfigError(
-                f"{out} holds a {'finished ' if finished else ''}run with a different config ({', '.join(changed)}); "
-                + (
-                    "choose another --out"
-                    if finished
-                    else f"resume it with `dfcil resume {out}` or choose another --out"
-                )
-            )
+            fix = "choose another --out" if finished else f"resume it with `dfcil resume {out}` or choose another --out"
+            what = "a finished run" if finished else "a run"
+            raise ConfigError(f"{out} holds {what} with a different config ({', '.join(changed)}); {fix}")
         runtime = {key: functools.reduce(getattr, key.split("."), cfg) for key in RUNTIME_KEYS}
         return resume(out, runtime, progress, argv, callbacks, interrupt)
     check_new_run_dir(out)
