@@ -146,7 +146,8 @@ class RunConfig:
     checkpoint_interval_s: NonNegativeFloat = 60.0
     # epoch-end checkpoints at most this often; 0: every epoch; runtime only
     epoch_checkpoint_interval_s: NonNegativeFloat = 0.0
-    task0_cache: str | None = None  # directory of shared first-task models (see docs/resume.md); runtime only
+    # directory of shared first-task models (README, "Interruptions and resume"); runtime only
+    task0_cache: str | None = None
 
 
 def with_absolute_paths(cfg: RunConfig) -> RunConfig:
