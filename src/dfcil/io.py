@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
 
-def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it; set straight back
-    os.umask(mask)
-    return mask
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, uniquely named file beside ``path``, opened for writing with the modes an ordinary file gets (0666
+    less the umask; ``tempfile.mkstemp`` makes 0600, which would hide a run's results from a shared group)."""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:  # pragma: no cover - a 64-bit name collision
+            continue
 
 
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
@@ -22,16 +27,15 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     """
     path = Path(path)
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~_umask())  # mkstemp's 0600 would hide results from a shared group
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
 
