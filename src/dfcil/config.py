@@ -419,3 +419,9 @@ def config_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") ->
         elif va != vb:
             out.append(path)
     return out
+
+
+def changed_keys(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two plain config dicts, runtime keys left out: what a run may not
+    change once it has started."""
+    return [k for k in config_diff(saved, now) if k not in RUNTIME_KEYS]

@@ -179,22 +179,18 @@ def rewind_log(path: Path, size: int) -> None:
     A log found shorter (cut or deleted since) cannot be made whole again: keep its complete lines and say so.
     """
     found = path.stat().st_size if path.exists() else 0
-    if found >= size:
-        if path.exists():
-            with open(path, "r+b") as f:  # drop records written after the checkpoint
-                f.truncate(size)
-        return
-    log.warning(
-        "%s holds %d bytes, fewer than the %d it held at the checkpoint: the records it lost are not restored "
-        "(the accuracies in summary.json come from the checkpoint and are complete)",
-        path,
-        found,
-        size,
-    )
+    if found < size:
+        log.warning(
+            "%s holds %d bytes, fewer than the %d it held at the checkpoint: the records it lost are not restored "
+            "(the accuracies in summary.json come from the checkpoint and are complete)",
+            path,
+            found,
+            size,
+        )
+        size = path.read_bytes().rfind(b"\n") + 1 if found else 0  # whole records only: the next starts a line
     if found:
-        data = path.read_bytes()
-        with open(path, "r+b") as f:  # keep whole records only: the next one must start on a line of its own
-            f.truncate(data.rfind(b"\n") + 1)
+        with open(path, "r+b") as f:  # drop records written after the checkpoint
+            f.truncate(size)
 
 
 @dataclasses.dataclass

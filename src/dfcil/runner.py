@@ -35,7 +35,7 @@ from dfcil.config import (
     RUNTIME_KEYS,
     ConfigError,
     RunConfig,
-    config_diff,
+    changed_keys,
     config_to_dict,
     dump_config,
     load_config,
@@ -110,10 +110,6 @@ def locked(run_dir: Path) -> Iterator[None]:
         lock.release()
 
 
-def _changed_keys(saved: RunConfig, new: RunConfig) -> list[str]:
-    return [k for k in config_diff(config_to_dict(saved), config_to_dict(new)) if k not in RUNTIME_KEYS]
-
-
 def train(
     cfg: RunConfig,
     out: str | os.PathLike,
@@ -133,7 +129,7 @@ def train(
     cfg = with_absolute_paths(cfg)
     if (out / "config.yaml").exists():
         saved = load_config([out / "config.yaml"])[0]
-        changed = _changed_keys(saved, cfg)
+        changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
         if changed:
             finished = (out / "summary.json").exists()
             fix = "choose another --out" if finished else f"resume it with `dfcil resume {out}` or choose another --out"
@@ -192,7 +188,7 @@ def resume(
     saved = load_config([run_dir / "config.yaml"])[0]
     cfg = load_config([run_dir / "config.yaml"], [(k, json.dumps(v)) for k, v in (overrides or {}).items()])[0]
     cfg = with_absolute_paths(cfg)
-    changed = _changed_keys(saved, cfg)
+    changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
     if changed:
         raise ConfigError(
             f"cannot change {', '.join(changed)} when resuming {run_dir}: these keys shape the protocol or the "

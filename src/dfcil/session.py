@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dfcil.config import RUNTIME_KEYS, ConfigError, RunConfig, config_diff, config_to_dict
+from dfcil.config import ConfigError, RunConfig, changed_keys, config_to_dict
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import select_classes
 from dfcil.data.splits import ClassIncrementalSplit, SplitError
@@ -183,7 +183,7 @@ def check_same_config(saved: dict[str, Any] | None, cfg: RunConfig) -> None:
     if saved is None:  # checkpoints of the first layout hold no config
         return
     now = config_to_dict(cfg)
-    changed = [k for k in config_diff(saved, now) if k not in RUNTIME_KEYS]
+    changed = changed_keys(saved, now)
     if not changed:
         return
 
