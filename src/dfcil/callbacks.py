@@ -1,23 +1,61 @@
-"""Callbacks: what happens around the loop (logging, metric records, progress) without living in it."""
+"""Callbacks: what happens around the training loop (logs, metric records, timings, checkpoints) without living in
+it. The engine calls every hook of every callback in order, at fixed points (``loop.emit``); records are plain
+JSON-able dicts. :class:`Timer` runs first and :class:`Checkpointing` last, so that a checkpoint holds what the
+other callbacks did at the same point (a metrics line, a timing)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dfcil.checkpoint import Checkpointer
+from dfcil.config import RunConfig, check_unchanged
+from dfcil.runtime import peak_memory_mb
+
+if TYPE_CHECKING:
+    from dfcil.engine import Loop
+    from dfcil.graphs import StepGraph
+    from dfcil.methods import Phase
 
 log = logging.getLogger("dfcil")
 
 
 class Callback:
-    """Hook points of the engine. Records are plain JSON-able dicts."""
+    """The engine's hook points, in the order a task meets them."""
 
-    def on_task_start(self, info: dict[str, Any]) -> None: ...
+    def on_run_start(self, loop: Loop) -> None:
+        """The run is built (and restored, when resuming); ``loop`` holds its live parts for the other hooks."""
 
-    def on_epoch_end(self, record: dict[str, Any]) -> None: ...
+    def on_task_start(self, info: dict[str, Any]) -> None:
+        """A task begins (or continues, after a resume): its classes, images and phases."""
 
-    def on_task_end(self, record: dict[str, Any]) -> None: ...
+    def on_setup_step(self) -> None:
+        """A consistent point inside a long task setup (every inversion step)."""
+
+    def on_setup_end(self) -> None:
+        """The method's task setup is done; training follows."""
+
+    def on_phase_start(self, phase: Phase) -> None: ...
+
+    def on_epoch_end(self, record: dict[str, Any]) -> None:
+        """An epoch ended: its mean loss terms, lr, time and speed."""
+
+    def on_phase_end(self, phase: Phase) -> None: ...
+
+    def on_eval_start(self) -> None: ...
+
+    def on_eval_end(self) -> None: ...
+
+    def on_task_end(self, record: dict[str, Any]) -> None:
+        """A task is trained and evaluated: its accuracy row and timings (a line of metrics.jsonl)."""
+
+    def on_interrupt(self) -> None:
+        """The run stops on request at a consistent point (mid-epoch, epoch end or inside a setup)."""
 
     def on_run_end(self, summary: dict[str, Any]) -> None: ...
 
@@ -96,3 +134,188 @@ class JsonlLogger(Callback):
 
     def on_task_end(self, record: dict[str, Any]) -> None:
         self._write({"type": "task", **record})
+
+
+class PhaseClock:
+    """A phase's timing record over all the processes of a run: its time (what earlier processes kept in
+    ``record`` plus this one's), images trained, and how its steps ran when CUDA graphs are on or checked."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+        self.kept = {k: record.get(k, 0) for k in ("time_s", "captures", "capture_s")}
+        self.started = time.perf_counter()
+
+    def update(self, images: int, graph: StepGraph | None, graphs: str) -> None:
+        """Write the record: ``images`` trained in the phase so far, ``graph`` the phase's step graph (None:
+        eager) under the configured mode ``graphs``."""
+        dt = self.kept["time_s"] + time.perf_counter() - self.started
+        self.record.update(time_s=round(dt, 3), images=images, images_per_s=round(images / dt, 1) if dt > 0 else 0.0)
+        if graphs == "off":
+            return
+        mode = graph.mode if graph is not None else "off"  # how this process, the last, ran the phase's steps
+        self.record.update(cuda_graphs=mode, captures=self.kept["captures"] + (graph.captures if graph else 0))
+        if mode == "on":
+            self.record["capture_s"] = round(self.kept["capture_s"] + graph.capture_s, 3)
+        if graph is not None and graph.failure:
+            self.record["graph_failure"] = graph.failure
+        else:  # the failure of an earlier process, which this one's mode replaces
+            self.record.pop("graph_failure", None)
+
+
+class Timer(Callback):
+    """Each task's timings in ``loop.state.task_timing`` (kept across processes by the checkpoints, moved to
+    ``loop.state.timings`` once the task is evaluated): setup seconds, per phase time, images and images per
+    second, evaluation seconds, and peak memory (CUDA: since the task started; CPU: the process's)."""
+
+    def on_run_start(self, loop: Loop) -> None:
+        self.loop = loop
+        self.setup: tuple[float, float] | None = None  # while a setup runs: (its start here, seconds kept before)
+        self.phase: PhaseClock | None = None
+        self.eval_started = 0.0
+
+    @property
+    def timing(self) -> dict[str, Any]:
+        return self.loop.state.task_timing
+
+    def _note_memory(self) -> None:
+        peak = peak_memory_mb(self.loop.runtime.device)
+        self.timing["peak_memory_mb"] = max(self.timing.get("peak_memory_mb", 0.0), peak)
+
+    def _note_setup(self) -> None:
+        started, kept = self.setup
+        self.timing["setup_s"] = round(kept + time.perf_counter() - started, 3)
+        self._note_memory()
+
+    def _note_phase(self) -> None:
+        state, data = self.loop.state, self.loop.ctx.data
+        images = (state.position.epoch * len(data) + state.position.step) * data.batch_size
+        self.phase.update(images, self.loop.graph, self.loop.runtime.graphs)
+
+    def on_task_start(self, info: dict[str, Any]) -> None:
+        state, device = self.loop.state, self.loop.runtime.device
+        if state.task_timing.get("task") != info["task"]:  # else: what earlier processes spent on this task
+            state.task_timing = {"task": info["task"]}
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        if state.position.stage == "setup":
+            self.setup = (time.perf_counter(), self.timing.get("setup_s", 0.0))
+
+    def on_setup_step(self) -> None:
+        self._note_setup()
+
+    def on_setup_end(self) -> None:
+        device = self.loop.runtime.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self._note_setup()
+        self.setup = None
+        self.timing["phases"] = self.timing.get("phases", {})
+
+    def on_phase_start(self, phase: Phase) -> None:
+        self.phase = PhaseClock(self.timing["phases"].setdefault(phase.name, {}))
+
+    def on_epoch_end(self, record: dict[str, Any]) -> None:
+        self._note_phase()
+        self._note_memory()
+
+    def on_phase_end(self, phase: Phase) -> None:
+        self._note_phase()
+        self.phase = None
+
+    def on_interrupt(self) -> None:
+        if self.setup is not None:
+            self._note_setup()
+        if self.phase is not None:
+            self._note_phase()
+
+    def on_eval_start(self) -> None:
+        self.eval_started = time.perf_counter()
+
+    def on_eval_end(self) -> None:
+        self.timing["eval_s"] = round(time.perf_counter() - self.eval_started, 3)
+        self._note_memory()
+        self.loop.state.timings.append(self.timing)
+        self.loop.state.task_timing = {}
+
+
+class Checkpointing(Callback):
+    """Writes the run's checkpoints (:mod:`dfcil.checkpoint`): after each task's setup, at the end of every phase
+    and task, and on an interrupt; at epoch ends at most every ``epoch_checkpoint_interval_s`` (0: every epoch);
+    inside a setup at most every ``checkpoint_interval_s``. :meth:`load` finds the newest usable checkpoint to
+    resume from, and ``metrics.jsonl`` is then cut back to its length at that checkpoint."""
+
+    def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
+        self.files = Checkpointer(run_dir)
+        self.metrics = Path(run_dir) / "metrics.jsonl"
+        self.cfg = cfg
+        self.static_ref: dict[str, Any] | None = None  # the running task's static state file and its digest
+        self.resumed_bytes: int | None = None  # metrics.jsonl's length at the checkpoint resumed from
+        self.last_save = time.monotonic()
+
+    def load(self) -> dict[str, Any]:
+        """The newest usable checkpoint's payload, refused if it was written under another config."""
+        payload = self.files.load_latest()
+        check_unchanged(payload["config"], self.cfg)
+        self.static_ref, self.resumed_bytes = payload["static"], payload["metrics_bytes"]
+        return payload
+
+    def on_run_start(self, loop: Loop) -> None:
+        self.loop = loop
+        if self.resumed_bytes is not None:
+            rewind_log(self.metrics, self.resumed_bytes)
+
+    def save(self) -> None:
+        payload = self.loop.snapshot()
+        static = self.loop.method.static_state_dict()  # frozen teacher, trained generator: written once per task
+        task = self.loop.state.position.task
+        if static and (self.static_ref is None or self.static_ref["task"] != task):
+            self.static_ref = {"task": task, "digest": self.files.save_static(task, static)}
+        payload["static"] = self.static_ref if static else None
+        payload["metrics_bytes"] = self.metrics.stat().st_size if self.metrics.exists() else 0
+        self.files.save(payload)
+        self.last_save = time.monotonic()
+
+    def _due(self, every: float) -> bool:
+        return time.monotonic() - self.last_save >= every
+
+    def on_setup_step(self) -> None:
+        if self._due(self.cfg.checkpoint_interval_s):
+            self.save()
+
+    def on_setup_end(self) -> None:
+        self.save()
+
+    def on_epoch_end(self, record: dict[str, Any]) -> None:
+        # the phase's last epoch is saved by on_phase_end, an interrupted one by on_interrupt
+        last = record["epoch"] + 1 == record["epochs"]
+        if not last and not self.loop.interrupt.requested and self._due(self.cfg.epoch_checkpoint_interval_s):
+            self.save()
+
+    def on_phase_end(self, phase: Phase) -> None:
+        self.save()
+
+    def on_task_end(self, record: dict[str, Any]) -> None:
+        self.save()
+
+    def on_interrupt(self) -> None:
+        self.save()
+
+
+def rewind_log(path: Path, size: int) -> None:
+    """Cut the JSON-lines log ``path`` back to ``size`` bytes, its length at the checkpoint a run resumes from.
+
+    A log found shorter (cut or deleted since) cannot be made whole again: keep its complete lines and say so.
+    """
+    found = path.stat().st_size if path.exists() else 0
+    if found < size:
+        log.warning(
+            "%s holds %d bytes, fewer than the %d it held at the checkpoint: the records it lost are not restored "
+            "(the accuracies in summary.json come from the checkpoint and are complete)",
+            path,
+            found,
+            size,
+        )
+        size = path.read_bytes().rfind(b"\n") + 1 if found else 0  # whole records only: the next starts a line
+    if found:
+        with open(path, "r+b") as f:  # drop records written after the checkpoint
+            f.truncate(size)

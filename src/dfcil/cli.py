@@ -81,8 +81,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _print_protocol(cfg: RunConfig) -> None:
-    from dfcil.engine import prepare, resolve_device
-    from dfcil.methods import TaskContext, build_method
+    from dfcil.methods import Task, build_method
+    from dfcil.protocol import prepare
+    from dfcil.runtime import resolve_device
 
     protocol = prepare(cfg)
     split, ds = protocol.split, protocol.dataset
@@ -93,11 +94,8 @@ def _print_protocol(cfg: RunConfig) -> None:
     print(f"tasks:       {split.num_tasks}, classes per task {list(split.task_sizes)}")
     print(f"class order: {list(split.class_order)}")
     for t, classes in enumerate(split.tasks):
-        ctx = TaskContext(
-            t, split.offsets[t], len(classes), split.num_tasks, None, None, ds.image_size, cfg.train.batch_size,
-            None, None,
-        )  # fmt: skip
-        phases = ", ".join(f"{p.name} {p.epochs} ep @ lr {p.lr:g}" for p in method.phases(ctx))
+        task = Task(task_id=t, n_old=split.offsets[t], n_new=len(classes), num_tasks=split.num_tasks)
+        phases = ", ".join(f"{p.name} {p.epochs} ep @ lr {p.lr:g}" for p in method.phases(task))
         print(
             f"  task {t}: {len(classes)} classes, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
             f"images; {phases}; classes {classes}"
@@ -187,7 +185,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from dfcil.data.splits import SplitError
     from dfcil.engine import NonFiniteLossError
     from dfcil.registry import RegistryError
-    from dfcil.state import CheckpointError
+    from dfcil.checkpoint import CheckpointError
 
     try:
         if args.command != "train" and unknown:

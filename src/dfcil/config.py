@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import yaml
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
+
+from dfcil.registry import Registry, RegistryError
 
 T = TypeVar("T")
 
@@ -133,6 +136,11 @@ class MethodConfig:
     name: str = "rdfcil"  # registered method (see `dfcil methods`)
 
 
+# Each method's config class, by method name: filled by ``dfcil.methods.register_method``; the built-in methods
+# register when this registry is first read, so that importing this module never imports the methods.
+METHOD_CONFIGS: Registry[type[MethodConfig]] = Registry("method", builtins="dfcil.methods")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     method: MethodConfig
@@ -222,8 +230,6 @@ def validate_section(cls: type[T], raw: Any, where: str) -> T:
 
 def build_config(raw: Mapping[str, Any]) -> RunConfig:
     """Validate a raw config mapping (merged YAML + overrides) into a :class:`RunConfig`."""
-    from dfcil.methods import METHODS  # late import: method modules import this module
-
     allowed = {"method", *SECTIONS, *TOP_LEVEL_SCALARS}
     for key in raw:
         if key not in allowed:
@@ -235,11 +241,11 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
     if not isinstance(name, str):
         raise ConfigError(f"method.name must be a string, got {name!r}")
     try:
-        method_cls = METHODS.get(name)
-    except KeyError as err:
+        method_config = METHOD_CONFIGS.get(name)
+    except RegistryError as err:
         raise ConfigError(f"method.name: {err}. List them with `dfcil methods`.") from None
     method_raw["name"] = name
-    method_cfg = validate_section(method_cls.Config, method_raw, "method")
+    method_cfg = validate_section(method_config, method_raw, "method")
     kwargs: dict[str, Any] = {name: validate_section(cls, raw.get(name), name) for name, cls in SECTIONS.items()}
     for key, typ in TOP_LEVEL_SCALARS.items():
         if key in raw:
@@ -326,8 +332,6 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 
 def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
     """Set ``method.name``; if that switches to another method, drop the method keys it does not have."""
-    from dfcil.methods import METHODS
-
     if not isinstance(name, str):
         raise ConfigError(f"method.name must be a method's name (a string), got {name!r}; see `dfcil methods`")
     section = raw.setdefault("method", {})
@@ -335,9 +339,9 @@ def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
         raise ConfigError(f"method must be a section (a mapping with a name and the method's keys), got {section!r}")
     old = section.get("name", MethodConfig.name)
     section["name"] = name
-    if name == old or name not in METHODS:
+    if name == old or name not in METHOD_CONFIGS:
         return []
-    fields = set(_field_names(METHODS.get(name).Config))
+    fields = set(_field_names(METHOD_CONFIGS.get(name)))
     dropped = sorted(k for k in section if k not in fields)
     for key in dropped:
         del section[key]
@@ -425,3 +429,24 @@ def changed_keys(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two plain config dicts, runtime keys left out: what a run may not
     change once it has started."""
     return [k for k in config_diff(saved, now) if k not in RUNTIME_KEYS]
+
+
+def check_unchanged(saved: Mapping[str, Any], cfg: RunConfig) -> None:
+    """Refuse to continue a checkpoint written under a config (``saved``, plain data) that differs from ``cfg``
+    except in runtime keys: an edited ``config.yaml`` would silently give a mixed run."""
+    now = config_to_dict(cfg)
+    changed = changed_keys(saved, now)
+    if not changed:
+        return
+
+    def value(d: Mapping[str, Any], key: str) -> str:
+        for part in key.split("."):
+            d = d.get(part) if isinstance(d, Mapping) else None
+        return json.dumps(d)
+
+    shown = [f"{k}: {value(saved, k)} in the checkpoint, {value(now, k)} now" for k in changed[:6]]
+    more = f" and {len(changed) - 6} more keys" if len(changed) > 6 else ""
+    raise ConfigError(
+        f"the run's checkpoint was written with another config ({'; '.join(shown)}{more}): was the run's "
+        f"config.yaml edited? Put it back as it was to continue the run, or start a new run for the new config"
+    )

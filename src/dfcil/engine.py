@@ -1,47 +1,45 @@
-"""THE training engine: ``run`` (task loop) → ``fit_task`` (phases and epochs) → ``train_epoch`` (batches), plus
-``evaluate``. Methods supply loss terms; everything about optimisation, checkpoints and resume lives here."""
+"""THE training engine, top to bottom:
+
+* :func:`run`: prepare the protocol, build the network, the method and the run state, restore a checkpoint when
+  resuming, then :func:`run_task` for every task left;
+* :func:`run_task`: grow the head, the method's task setup (inversion), :func:`fit_task`, evaluate, record;
+* :func:`fit_task`: the task's phases; per phase freeze or unfreeze, then per epoch the lr and :func:`train_epoch`;
+* :func:`train_epoch`: one pass over the batches, one :class:`TrainStep` each (zero_grad, loss terms, backward,
+  clipping, step). With ``engine.cuda_graphs`` on, a CUDA graph replays that step body (:mod:`dfcil.graphs`).
+
+Methods supply the loss terms (:mod:`dfcil.methods`). Checkpoints, timings and logs are callbacks
+(:mod:`dfcil.callbacks`) that the engine calls at fixed points: ``loop.emit(hook, ...)``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from dfcil import __version__
-from dfcil.callbacks import Callback
-from dfcil.config import RunConfig, TrainConfig
-from dfcil.data.device import Normalizer, TrainBatches, select_classes
-from dfcil.graphs import GraphMode, StepGraph
-from dfcil.methods import Batch, Method, Phase, TaskContext
-from dfcil.models.network import IncrementalNet
-from dfcil.progress import ProgressFactory, make_progress
-from dfcil.session import (
-    EpochProgress,
-    Protocol,
-    Session,
-    check_same_config,
-    prepare,
-    process_state_kept,
-    resolve_device,
-    seed_everything,
-)
-from dfcil.state import Checkpointer, Position, load_optimizer_state
-
-__all__ = ["Interrupt", "NonFiniteLossError", "Protocol", "RunInterrupted", "evaluate", "fit_task", "prepare"]
-__all__ += ["TrainStep", "resolve_device", "run", "seed_everything", "set_trainable", "train_epoch"]
-
+from dfcil.callbacks import Callback, Checkpointing, Timer
+from dfcil.config import RunConfig, config_to_dict
+from dfcil.data.device import Normalizer, TrainBatches
+from dfcil.graphs import StepGraph
+from dfcil.methods import Batch, Method, Phase, TaskContext, build_method
+from dfcil.models.network import IncrementalNet, build_network
+from dfcil.optim import fill_momentum, fused_kwargs, load_optimizer_state
+from dfcil.progress import make_progress
+from dfcil.protocol import Protocol, TestSet, prepare
+from dfcil.runtime import Runtime, process_state_kept, resolve_device, seed_everything
+from dfcil.state import EpochProgress, Position, RunState
+from dfcil.task0 import Task0Cache
 
 log = logging.getLogger("dfcil")
 
-# summary.json's layout, for readers that do without the engine (a report); raise it when a key changes meaning
-SUMMARY_FORMAT = 1
+SUMMARY_FORMAT = 1  # summary.json's layout, for readers without the engine (reports); raise it when a key changes
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -59,570 +57,318 @@ class Interrupt:
     requested: bool = False
 
 
-@dataclasses.dataclass
-class TestSet:
-    """The protocol's test images on the device, sorted by label so that the seen classes' images are a prefix."""
+@dataclasses.dataclass(kw_only=True)
+class Loop:
+    """The live parts of one run, shared by the functions below; callbacks get it in ``on_run_start``."""
 
-    x: torch.Tensor  # (N, H, W, C) uint8
-    y: torch.Tensor  # (N,) labels in order position
-    seen: np.ndarray  # seen[t] = images of the classes of tasks 0..t
-    task_of_label: torch.Tensor
-    normalizer: Normalizer
+    cfg: RunConfig
+    net: IncrementalNet
+    method: Method
+    state: RunState
+    runtime: Runtime = Runtime()
+    callbacks: Sequence[Callback] = ()
+    interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)
+    ctx: TaskContext | None = None  # the running task's
+    graph: StepGraph | None = None  # the running phase's step graph (engine.cuda_graphs on or check)
 
-    @classmethod
-    def build(cls, protocol: Protocol, per_class: int | None, normalizer: Normalizer, device: torch.device) -> TestSet:
-        split, ds = protocol.split, protocol.dataset
-        x, y = select_classes(ds.test, split.label_map(ds.num_classes), range(split.num_classes), per_class)
-        order = np.argsort(y, kind="stable")
-        x, y = x[order], y[order]
-        seen = np.searchsorted(y, split.offsets[1:])
-        labels = torch.as_tensor(split.task_of_label(), device=device)
-        return cls(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), seen, labels, normalizer)
+    def emit(self, hook: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(*args)
 
-    def evaluate(self, net: IncrementalNet, task: int, batch_size: int, bar: Any = None) -> tuple[np.ndarray, ...]:
-        n = int(self.seen[task])
-        return evaluate(net, self.x[:n], self.y[:n], self.task_of_label, task + 1, self.normalizer, batch_size, bar)
+    def snapshot(self) -> dict[str, Any]:
+        """What a checkpoint holds, besides the method's static state: :func:`restore` continues from it."""
+        return {
+            **self.state.state_dict(), "head_sizes": self.net.head.sizes, "net": self.net.state_dict(),
+            "method": self.method.state_dict(), "config": config_to_dict(self.cfg),
+        }  # fmt: skip
+
+
+def stop(loop: Loop, where: str) -> None:
+    """Checkpoint (``on_interrupt``) and stop the run."""
+    loop.emit("on_interrupt")
+    raise RunInterrupted(f"interrupted {where}")
 
 
 def run(
     cfg: RunConfig,
     callbacks: Sequence[Callback] = (),
-    progress: bool | None = None,
-    protocol: Protocol | None = None,
     run_dir: Path | None = None,
     resume: bool = False,
+    *,
+    protocol: Protocol | None = None,
+    progress: bool | None = None,
     interrupt: Interrupt | None = None,
-    save_every_s: float | None = None,
-) -> tuple[dict[str, Any], IncrementalNet]:
-    """Train ``cfg.method`` through every task of the protocol.
+) -> dict[str, Any]:
+    """Train ``cfg.method`` through every task of the protocol and return the summary (:mod:`dfcil.metrics`).
 
-    Args:
-        run_dir: where checkpoints go (``run_dir/checkpoints``) and ``metrics.jsonl`` lives; None: no checkpoints.
-        resume: continue from the newest usable checkpoint in ``run_dir``.
-        interrupt: when its flag is set, finish the step, checkpoint and raise :class:`RunInterrupted`.
-        save_every_s: extra checkpoints inside long task setups (inversion), at most this often; default
-            ``cfg.checkpoint_interval_s``. Epoch ends write one at most every ``cfg.epoch_checkpoint_interval_s``
-            (default 0: every epoch); task ends, phase ends, the end of a task's setup and interrupts always do.
-
-    Returns:
-        The summary (see :mod:`dfcil.metrics`) and the trained network.
-
-    The process's global random streams and cuDNN switch are as before afterwards (:func:`process_state_kept`).
+    ``run_dir``: where checkpoints (``run_dir/checkpoints``) and ``metrics.jsonl`` live; None: no checkpoints.
+    ``resume``: continue from the newest usable checkpoint in ``run_dir``. ``interrupt``: when its flag is set,
+    the run finishes the step, checkpoints and raises :class:`RunInterrupted`. The process's global random
+    streams and cuDNN switch are as before afterwards (:func:`dfcil.runtime.process_state_kept`).
     """
-    with process_state_kept():
-        return _run(cfg, callbacks, progress, protocol, run_dir, resume, interrupt, save_every_s)
-
-
-def _run(
-    cfg: RunConfig,
-    callbacks: Sequence[Callback],
-    progress: bool | None,
-    protocol: Protocol | None,
-    run_dir: Path | None,
-    resume: bool,
-    interrupt: Interrupt | None,
-    save_every_s: float | None,
-) -> tuple[dict[str, Any], IncrementalNet]:
     started = time.perf_counter()
-    protocol = protocol or prepare(cfg)
-    ckpt = Checkpointer(run_dir) if run_dir is not None else None
-    s = Session(cfg, protocol, ckpt, run_dir / "metrics.jsonl" if run_dir is not None else None)
-    interrupt = interrupt or Interrupt()
-    resumed: dict[str, Any] = {"optimizer": None, "epoch": None}
-    if resume:
-        payload = ckpt.load_latest()
-        check_same_config(payload.get("config"), cfg)
-        resumed = s.restore(payload)
-        if s.metrics is not None:
-            rewind_log(s.metrics, payload["metrics_bytes"])
-    elif s.load_task0():  # a shared first-task model: task 0 is not trained again
-        record = _task_record(s, 0) | {"shared_task0": str(s.task0_path())}
-        for cb in callbacks:
-            cb.on_task_end(record)
-        s.save()
-    if cfg.engine.cuda_graphs == "on" and not type(s.method).graph_safe:
-        log.warning(
-            "%s is not marked graph_safe: its steps run eagerly (check it with cuda_graphs: check)", s.method.name
+    with process_state_kept():
+        protocol = protocol or prepare(cfg)
+        loop = build(cfg, protocol, progress, interrupt or Interrupt())
+        normalizer = Normalizer(
+            protocol.dataset.mean, protocol.dataset.std, loop.runtime.device, cfg.engine.channels_last
         )
-    normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, s.device, cfg.engine.channels_last)
-    test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, s.device)
-    loop = _TaskLoop(s, test, callbacks, make_progress(progress), interrupt, save_every_s)
-    for task in range(s.pos.task, protocol.split.num_tasks):
-        loop.run_task(task, resumed, resuming=resume and task == s.pos.task)
-        resumed = {"optimizer": None, "epoch": None}
-
-    split = protocol.split
-    summary = {
-        "format": SUMMARY_FORMAT,
-        "dfcil": __version__,
-        "method": cfg.method.name,
-        "dataset": protocol.dataset.name,
-        "class_order": list(split.class_order),
-        "tasks": split.tasks,
-        "task_sizes": list(split.task_sizes),
-        **s.acc.summary(),
-        "timings": s.timings,
-        "wall_time_s": round(time.perf_counter() - started, 2),
-        "total_time_s": round(s.elapsed_s(), 2),
-        "resumed": resume,
-        "device": str(s.device),
-        "seed": cfg.seed,
-    }
-    for cb in callbacks:
-        cb.on_run_end(summary)
-    return summary, s.net
+        test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, loop.runtime.device)
+        saver = Checkpointing(run_dir, cfg) if run_dir is not None else None
+        cache = Task0Cache(cfg, protocol) if cfg.task0_cache else None
+        loop.callbacks = [Timer(), *callbacks, *(c for c in (saver, cache) if c is not None)]
+        payload = saver.load() if resume and saver else cache.load() if cache else None
+        if payload is not None:
+            restore(loop, protocol, normalizer, payload)
+        loop.emit("on_run_start", loop)
+        if cache is not None and cache.loaded:  # a shared first-task model: task 0 is not trained again
+            loop.emit("on_task_end", task_record(loop, protocol, 0) | {"shared_task0": str(cache.path)})
+        for task in range(loop.state.position.task, protocol.split.num_tasks):
+            run_task(loop, protocol, test, task_context(loop, protocol, normalizer, task))
+        summary = {
+            "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "dataset": protocol.dataset.name,
+            "class_order": list(protocol.split.class_order), "tasks": protocol.split.tasks,
+            "task_sizes": list(protocol.split.task_sizes), **loop.state.acc.summary(), "timings": loop.state.timings,
+            "wall_time_s": round(time.perf_counter() - started, 2), "total_time_s": round(loop.state.elapsed_s(), 2),
+            "resumed": resume, "device": str(loop.runtime.device), "seed": cfg.seed,
+        }  # fmt: skip
+        loop.emit("on_run_end", summary)
+        return summary
 
 
-def rewind_log(path: Path, size: int) -> None:
-    """Cut the JSON-lines log ``path`` back to ``size`` bytes, its length at the checkpoint a run resumes from.
-
-    A log found shorter (cut or deleted since) cannot be made whole again: keep its complete lines and say so.
-    """
-    found = path.stat().st_size if path.exists() else 0
-    if found < size:
-        log.warning(
-            "%s holds %d bytes, fewer than the %d it held at the checkpoint: the records it lost are not restored "
-            "(the accuracies in summary.json come from the checkpoint and are complete)",
-            path,
-            found,
-            size,
-        )
-        size = path.read_bytes().rfind(b"\n") + 1 if found else 0  # whole records only: the next starts a line
-    if found:
-        with open(path, "r+b") as f:  # drop records written after the checkpoint
-            f.truncate(size)
-
-
-@dataclasses.dataclass
-class _TaskLoop:
-    """One task: grow the head, the method's setup (inversion), its phases, evaluation, checkpoints."""
-
-    s: Session
-    test: TestSet
-    callbacks: Sequence[Callback]
-    progress: ProgressFactory
-    interrupt: Interrupt
-    save_every_s: float | None
-    setup_clock: tuple[float, float] | None = None  # while a setup runs: (its start here, seconds kept before)
-
-    def due(self, every: float) -> bool:
-        """Whether ``every`` seconds have passed since the last checkpoint."""
-        return time.monotonic() - self.s.last_save >= every
-
-    def save_point(self) -> None:
-        """Inside a task's setup: checkpoint now and then, and on interrupt."""
-        s = self.s
-        if self.interrupt.requested:
-            self.note_setup()
-            s.save()
-            raise RunInterrupted(f"interrupted in task {s.pos.task}, setup")
-        if self.due(s.cfg.checkpoint_interval_s if self.save_every_s is None else self.save_every_s):
-            self.note_setup()
-            s.save()
-
-    def note_setup(self) -> None:
-        """The running task's setup time so far (earlier processes' and this one's) and peak memory, to checkpoint."""
-        if self.setup_clock is not None:
-            started, kept = self.setup_clock
-            self.s.task_timing["setup_s"] = round(kept + time.perf_counter() - started, 3)
-        self.note_memory()
-
-    def note_memory(self) -> None:
-        timing = self.s.task_timing
-        timing["peak_memory_mb"] = max(timing.get("peak_memory_mb", 0.0), peak_memory_mb(self.s.device))
-
-    def run_task(self, task: int, resumed: dict[str, Any], resuming: bool) -> None:
-        s, cfg, device, interrupt = self.s, self.s.cfg, self.s.device, self.interrupt
-        ds, lut = s.protocol.dataset, s.protocol.split.label_map(s.protocol.dataset.num_classes)
-        ctx = s.context(task, self.progress, self.save_point)
-        if s.pos.stage == "start":
-            s.net.expand(ctx.n_new)
-            s.pos = Position(task, "setup")
-        first = 0 if type(s.method).train_data == "seen" else ctx.n_old  # the joint upper bound sees all tasks
-        x, y = select_classes(ds.train, lut, range(first, ctx.n_seen), cfg.data.train_per_class)
-        batches = TrainBatches(
-            torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), cfg.train.batch_size,
-            self.test.normalizer, s.rngs["data"],
-        )  # fmt: skip
-        ctx.task_data = batches
-        phases = s.method.phases(ctx)
-        info = {"task": task, "num_tasks": s.protocol.split.num_tasks, "n_new": ctx.n_new, "n_seen": ctx.n_seen}
-        info |= {"train_images": len(x), "phases": [dataclasses.asdict(p) for p in phases]}
-        info |= {"resumed_at": dataclasses.asdict(s.pos)} if resuming else {}
-        for cb in self.callbacks:
-            cb.on_task_start(info)
-
-        # the task's times so far: a resumed task's checkpoint kept what earlier processes spent on it
-        timing = s.task_timing if s.task_timing.get("task") == task else {"task": task}
-        s.task_timing = timing
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        if s.pos.stage == "setup":
-            self.setup_clock = (time.perf_counter(), timing.get("setup_s", 0.0))
-            s.method.on_task_start(ctx)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            self.note_setup()
-            self.setup_clock = None
-            s.pos = Position(task, "train")
-            s.save()
-            if interrupt.requested:
-                raise RunInterrupted(f"interrupted after the setup of task {task}")
-
-        def checkpoint(
-            pos: Position, optimizer: torch.optim.Optimizer, epoch: EpochProgress | None, required: bool
-        ) -> None:
-            s.pos = pos
-            if required or self.due(cfg.epoch_checkpoint_interval_s):  # default: every epoch
-                self.note_memory()
-                s.save(optimizer, epoch)
-
-        timing["phases"] = timing.get("phases", {})  # fit_task keeps it up to date for the checkpoints
-        fit_task(
-            s.net, s.method, ctx, batches, phases, cfg.train, self.callbacks, self.progress, start=s.pos,
-            optimizer_state=resumed["optimizer"], epoch_state=resumed["epoch"], checkpoint=checkpoint,
-            interrupt=interrupt, fused=cfg.engine.fused_optimizer, graphs=cfg.engine.cuda_graphs,
-            times=timing["phases"],
-        )  # fmt: skip
-        s.method.on_task_end(ctx)
-
-        t0 = time.perf_counter()
-        batch = cfg.train.eval_batch_size
-        with self.progress(total=-(-int(self.test.seen[task]) // batch), desc=f"task {task} eval") as bar, s.autocast():
-            correct, count = self.test.evaluate(s.net, task, batch, bar)
-        timing["eval_s"] = round(time.perf_counter() - t0, 3)
-        self.note_memory()
-        s.acc.record(task, correct, count)
-        s.timings.append(timing)
-        s.task_timing = {}
-        for cb in self.callbacks:
-            cb.on_task_end(_task_record(s, task))
-        s.pos = Position(task + 1, "start")
-        s.save()
-        if task == 0:
-            s.store_task0()
-        if interrupt.requested and task + 1 < s.protocol.split.num_tasks:
-            raise RunInterrupted(f"interrupted after task {task}")
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak device memory since the last reset (CUDA), or the process's peak resident memory (CPU)."""
+def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, interrupt: Interrupt | None = None) -> Loop:
+    """The network, the method and the run state of a new run, seeded from ``cfg.seed``."""
+    device = resolve_device(cfg.device)
+    seed_everything(cfg.seed)
+    method = build_method(cfg.method, cfg.train)
+    net = build_network(cfg.model.backbone, type(method).head, cfg.model.head_init_std).to(device)
+    if cfg.engine.channels_last:
+        net.to(memory_format=torch.channels_last)
     if device.type == "cuda":
-        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    import resource
+        torch.backends.cudnn.benchmark = cfg.engine.cudnn_benchmark
+    if cfg.engine.compile != "none":
+        net.compile_backbone(mode=None if cfg.engine.compile == "default" else cfg.engine.compile)
+    if cfg.engine.cuda_graphs == "on" and not method.graph_safe:
+        log.warning(
+            "%s is not marked graph_safe: its steps run eagerly (check it with cuda_graphs: check)", method.name
+        )
+    state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
+    loop = Loop(cfg=cfg, net=net, method=method, state=state, interrupt=interrupt or Interrupt())
+    loop.runtime = Runtime.from_config(cfg.engine, device, make_progress(progress), lambda: setup_step(loop))
+    return loop
 
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux reports KiB
+
+def restore(loop: Loop, protocol: Protocol, normalizer: Normalizer, payload: dict[str, Any]) -> None:
+    """Continue from a checkpoint's payload (:meth:`Loop.snapshot`): the network, the method, then the run state."""
+    for n in payload["head_sizes"][len(loop.net.head.sizes) :]:
+        loop.net.expand(n)
+    loop.net.load_state_dict(payload["net"])
+    task = payload["position"]["task"]
+    if task < protocol.split.num_tasks:  # the last checkpoint of a finished run has no task left to continue
+        ctx = task_context(loop, protocol, normalizer, task)
+        loop.method.load_state_dict(payload["method"], ctx, payload.get("static_state") or None)
+    loop.state.load_state_dict(payload)  # last: building the network and the method consumed random numbers
 
 
-def _task_record(s: Session, task: int) -> dict[str, Any]:
-    row = s.acc.summary()
+def task_context(loop: Loop, protocol: Protocol, normalizer: Normalizer, task: int) -> TaskContext:
+    """Task ``task``'s context: its classes and its training images on the device."""
+    offsets, cfg = protocol.split.offsets, loop.cfg
+    x, y = protocol.train_arrays(task, type(loop.method).train_data == "seen", cfg.data.train_per_class)
+    device = loop.runtime.device
+    x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    data = TrainBatches(x, y, cfg.train.batch_size, normalizer, loop.state.rngs["data"])
+    return TaskContext(
+        task_id=task, n_old=offsets[task], n_new=offsets[task + 1] - offsets[task], num_tasks=protocol.split.num_tasks,
+        net=loop.net, data=data, rng=loop.state.rngs["method"], runtime=loop.runtime,
+    )  # fmt: skip
+
+
+def setup_step(loop: Loop) -> None:
+    """A consistent point inside a task's setup: stop there on an interrupt, else let callbacks checkpoint."""
+    if loop.interrupt.requested:
+        stop(loop, f"in task {loop.state.position.task}, setup")
+    loop.emit("on_setup_step")
+
+
+def run_task(loop: Loop, protocol: Protocol, test: TestSet, ctx: TaskContext) -> None:
+    """One task: grow the head, the method's setup, the phases, evaluation; continues a resumed task."""
+    state, task, method = loop.state, ctx.task_id, loop.method
+    loop.ctx = ctx
+    begun = state.position.stage != "start"  # by an earlier process of this run, which checkpointed inside it
+    if not begun:
+        loop.net.expand(ctx.n_new)
+        state.position = Position(task, "setup")
+    phases = method.phases(ctx)
+    info = {"task": task, "num_tasks": ctx.num_tasks, "n_new": ctx.n_new, "n_seen": ctx.n_seen}
+    info |= {"train_images": len(ctx.data.x), "phases": [dataclasses.asdict(p) for p in phases]}
+    loop.emit("on_task_start", info | ({"resumed_at": dataclasses.asdict(state.position)} if begun else {}))
+    if not begun:
+        method.on_task_start(ctx)  # once per task: a resumed task has the method's state restored instead
+    if state.position.stage == "setup":
+        method.synthesize(ctx)  # model inversion; a task resumed inside it continues it
+        state.position = Position(task, "train")
+        loop.emit("on_setup_end")
+        if loop.interrupt.requested:
+            raise RunInterrupted(f"interrupted after the setup of task {task}")
+    fit_task(loop, ctx, phases)
+    method.on_task_end(ctx)
+    batch = loop.cfg.train.eval_batch_size
+    loop.emit("on_eval_start")
+    with ctx.runtime.progress(total=test.batches(task, batch), desc=f"task {task} eval") as bar, ctx.runtime.autocast():
+        correct, count = test.evaluate(loop.net, task, batch, bar)
+    state.acc.record(task, correct, count)
+    loop.emit("on_eval_end")
+    state.position = Position(task + 1, "start")
+    loop.emit("on_task_end", task_record(loop, protocol, task))
+    loop.ctx = None
+    if loop.interrupt.requested and task + 1 < protocol.split.num_tasks:
+        raise RunInterrupted(f"interrupted after task {task}")
+
+
+def task_record(loop: Loop, protocol: Protocol, task: int) -> dict[str, Any]:
+    """The record ``on_task_end`` gets (one line of ``metrics.jsonl``)."""
+    row = loop.state.acc.summary()
     return {
-        "task": task, "n_seen": s.protocol.split.offsets[task + 1], "classes": s.protocol.split.tasks[task],
+        "task": task, "n_seen": protocol.split.offsets[task + 1], "classes": protocol.split.tasks[task],
         "acc": row["acc_per_task"][task], "acc_task_avg": row["acc_per_task_task_avg"][task],
         "acc_row": row["accuracy_matrix"][task][: task + 1], "new_acc": row["new_acc"][task],
         "old_acc": row["old_acc"][task], "correct_row": row["correct_matrix"][task][: task + 1],
-        "count_row": row["count_matrix"][task][: task + 1], "timing": s.timings[task],
+        "count_row": row["count_matrix"][task][: task + 1], "timing": loop.state.timings[task],
     }  # fmt: skip
 
 
 def set_trainable(net: IncrementalNet, extra: Sequence[nn.Module], trainable: str) -> None:
     """Train everything, or only the head with the backbone frozen in eval mode (BN running stats fixed)."""
-    if trainable == "all":
-        for m in (net, *extra):
-            m.train()
-            m.requires_grad_(True)
-    elif trainable == "head":
-        net.backbone.eval()
-        net.backbone.requires_grad_(False)
-        net.head.train()
-        net.head.requires_grad_(True)
-        for m in extra:
-            m.requires_grad_(False)
-    else:
+    if trainable not in ("all", "head"):
         raise ValueError(f"unknown trainable set {trainable!r}")
+    for m in (net, *extra):
+        m.train()
+        m.requires_grad_(trainable == "all")
+    if trainable == "head":
+        net.backbone.eval()
+        net.head.requires_grad_(True)
 
 
-Checkpoint = Callable[[Position, torch.optim.Optimizer, "EpochProgress | None", bool], None]
-
-
-def fit_task(
-    net: IncrementalNet,
-    method: Method,
-    ctx: TaskContext,
-    batches: TrainBatches,
-    phases: Sequence[Phase],
-    train: TrainConfig,
-    callbacks: Sequence[Callback] = (),
-    progress: ProgressFactory | None = None,
-    start: Position | None = None,
-    optimizer_state: dict | None = None,
-    epoch_state: EpochProgress | None = None,
-    checkpoint: Checkpoint | None = None,
-    interrupt: Interrupt | None = None,
-    fused: bool = False,
-    graphs: GraphMode = "off",
-    times: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, dict[str, Any]]:
-    """Run the phases of one task with one SGD optimiser (momentum carries over unless a phase resets it).
-
-    Args:
-        start: position to continue from (phase, epochs done, steps done); default the beginning.
-        optimizer_state, epoch_state: the optimiser and the partly done epoch at ``start``.
-        checkpoint: called with (position, optimiser, partial epoch, required) after every epoch and on interrupt;
-            ``required`` is true on interrupt and at a phase's end, where a checkpoint must be written; elsewhere
-            the callee may skip it (the engine writes one at most every ``epoch_checkpoint_interval_s``).
-        fused: use the fused SGD kernel where the parameters live on CUDA.
-        graphs: each phase's step as one CUDA graph (``on``), or checked for it (``check``); see :mod:`dfcil.graphs`.
-        times: the phases' records that earlier processes of a resumed run kept; updated in place before every
-            checkpoint and returned.
-
-    Returns:
-        Per phase, over all the processes of the run: wall time, real images trained and images per second; with
-        ``graphs`` on (or check), the mode its steps ran in last (``off`` if a graph could not be set up, with the
-        reason in ``graph_failure``), the graphs captured (or steps recorded under ``check``: one per phase and
-        learning rate) and, under ``on``, the seconds spent capturing.
-    """
-    progress = progress or make_progress(False)
-    start = start if start is not None and start.stage == "train" else Position(ctx.task_id, "train")
+def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
+    """Run the phases of one task with one SGD optimiser (momentum carries over unless a phase resets it),
+    from ``loop.state.position`` on (a resumed task continues where its checkpoint stood)."""
+    state, method, train = loop.state, loop.method, loop.cfg.train
     extra = method.extra_modules(ctx)
-    params = [p for m in (net, *extra) for p in m.parameters()]
-    optimizer: torch.optim.Optimizer | None = None
-    out: dict[str, dict[str, Any]] = {} if times is None else times
-    for index, phase in enumerate(phases):
-        if index < start.phase:
-            continue
+    params = [p for m in (ctx.net, *extra) for p in m.parameters()]
+    start = state.position if state.position.stage == "train" else Position(ctx.task_id, "train")
+    for index, phase in enumerate(phases[start.phase :], start=start.phase):
         first_epoch = start.epoch if index == start.phase else 0
-        if optimizer is None or (phase.reset_optimizer and first_epoch == 0):
-            optimizer = torch.optim.SGD(
-                params,
-                lr=phase.lr,
-                momentum=train.momentum,
-                weight_decay=train.weight_decay,
-                **fused_kwargs(params, fused),
-            )
-            if optimizer_state is not None:
-                load_optimizer_state(optimizer, optimizer_state)
-                optimizer_state = None
-        set_trainable(net, extra, phase.trainable)
+        if state.optimizer is None or (phase.reset_optimizer and first_epoch == 0):
+            state.optimizer = torch.optim.SGD(
+                params, lr=phase.lr, momentum=train.momentum, weight_decay=train.weight_decay,
+                **fused_kwargs(params, ctx.runtime.fused),
+            )  # fmt: skip
+            if state.resumed_optimizer is not None:
+                load_optimizer_state(state.optimizer, state.resumed_optimizer)
+                state.resumed_optimizer = None
+        if first_epoch == phase.epochs:  # done before a resume: only its optimiser carries over
+            continue
+        set_trainable(ctx.net, extra, phase.trainable)
         for part in method.frozen(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             part.requires_grad_(False)
-        fill_momentum(optimizer)
-        mode = graphs if method.graph_safe or graphs == "check" else "off"  # run() has warned about the method
-        step = StepGraph(
-            TrainStep(net, method, ctx, phase, batches), optimizer, mode, ctx.device,
-            generators=(ctx.rng, batches.generator), clip=_clip(net, method),
-        )  # fmt: skip
-        clock = _PhaseClock(out.setdefault(phase.name, {}), step, graphs)
-        total = phase.epochs * len(batches)
-        initial = first_epoch * len(batches) + (epoch_state.step if epoch_state else 0)
-        with progress(total=total, desc=f"task {ctx.task_id} {phase.name}", unit="step", initial=initial) as bar:
+        fill_momentum(state.optimizer)
+        step = TrainStep(method, ctx, phase, state.optimizer)
+        graphs = ctx.runtime.graphs if method.graph_safe or ctx.runtime.graphs == "check" else "off"
+        loop.graph = (
+            None
+            if graphs == "off"
+            else StepGraph(step, state.optimizer, graphs, ctx.device, (ctx.rng, ctx.data.generator))
+        )
+        state.position = Position(ctx.task_id, "train", index, first_epoch, start.step if index == start.phase else 0)
+        loop.emit("on_phase_start", phase)
+        steps = phase.epochs * len(ctx.data)
+        with ctx.runtime.progress(total=steps, desc=f"task {ctx.task_id} {phase.name}", unit="step",
+                                  initial=first_epoch * len(ctx.data) + state.position.step) as bar:  # fmt: skip
             for epoch in range(first_epoch, phase.epochs):
                 lr = phase.lr * train.gamma ** sum(epoch >= m for m in phase.milestones)
-                for group in optimizer.param_groups:
+                for group in state.optimizer.param_groups:
                     group["lr"] = lr
-                pos = Position(ctx.task_id, "train", index, epoch)
-                done_before = epoch_state.step if epoch_state is not None else 0  # steps a resumed epoch had done
-
-                def on_interrupt(
-                    ep: EpochProgress, pos: Position = pos, opt: torch.optim.Optimizer = optimizer,
-                    clock: _PhaseClock = clock, done_before: int = done_before,
-                ) -> None:  # fmt: skip
-                    clock.update((ep.step - done_before) * batches.batch_size)
-                    if checkpoint is not None:
-                        checkpoint(dataclasses.replace(pos, step=ep.step), opt, ep, True)
-
-                t0 = time.perf_counter()
-                trained = (len(batches) - done_before) * batches.batch_size  # images this epoch trains here
-                losses = train_epoch(
-                    net, method, batches, optimizer, ctx, phase, epoch, bar, epoch_state, interrupt, on_interrupt, step
-                )
-                epoch_state = None
-                method.on_epoch_end(ctx, phase)
-                dt = time.perf_counter() - t0
-                bar.set_postfix({k: f"{v:.3f}" for k, v in losses.items()})
-                record = {
-                    "task": ctx.task_id, "phase": phase.name, "epoch": epoch, "epochs": phase.epochs, "lr": lr,
-                    "loss": losses, "time_s": round(dt, 3), "images_per_s": trained / dt,
-                }  # fmt: skip
-                clock.images += trained
-                clock.update()
-                for cb in callbacks:
-                    cb.on_epoch_end(record)
-                stop = interrupt is not None and interrupt.requested
-                if checkpoint is not None:
-                    required = stop or epoch + 1 == phase.epochs
-                    checkpoint(Position(ctx.task_id, "train", index, epoch + 1), optimizer, None, required)
-                if stop:
-                    raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
-        clock.update()
-    return out
-
-
-class _PhaseClock:
-    """A phase's record over all the processes of a run: what earlier ones kept (in ``record``) plus this one's."""
-
-    def __init__(self, record: dict[str, Any], step: StepGraph, graphs: GraphMode) -> None:
-        self.record, self.step, self.graphs = record, step, graphs
-        self.kept = {k: record.get(k, 0) for k in ("time_s", "images", "captures", "capture_s")}
-        self.started = time.perf_counter()
-        self.images = 0  # real images this process trained in the phase's finished epochs
-
-    def update(self, partial: int = 0) -> None:
-        """Write the record so far; ``partial``: images of an unfinished epoch (an interrupt)."""
-        dt = self.kept["time_s"] + time.perf_counter() - self.started
-        n = self.kept["images"] + self.images + partial
-        self.record.update(time_s=round(dt, 3), images=n, images_per_s=round(n / dt, 1) if dt > 0 else 0.0)
-        if self.graphs != "off":  # whether the phase's steps really were replayed (by this process, the last)
-            step = self.step
-            self.record.update(cuda_graphs=step.mode, captures=self.kept["captures"] + step.captures)
-            if step.mode == "on":
-                self.record["capture_s"] = round(self.kept["capture_s"] + step.capture_s, 3)
-            if step.failure:
-                self.record["graph_failure"] = step.failure
-            else:  # the failure of an earlier process, which this one's mode replaces
-                self.record.pop("graph_failure", None)
-
-
-def fill_momentum(optimizer: torch.optim.SGD) -> None:
-    """Give every trainable parameter without a momentum buffer a zero one, once some parameter has one.
-
-    A parameter trained in a later phase of the same optimiser (frozen before) has none, and the fused SGD kernel
-    refuses a mix of buffers and missing ones. With no dampening a zero buffer gives exactly eager SGD's first
-    step for that parameter (the buffer becomes the gradient).
-    """
-    if not any("momentum_buffer" in s for s in optimizer.state.values()):
-        return
-    for group in optimizer.param_groups:
-        for p in group["params"] if group["momentum"] else ():
-            if p.requires_grad and optimizer.state[p].get("momentum_buffer") is None:
-                optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
-
-
-def fused_kwargs(params: Sequence[torch.Tensor], fused: bool) -> dict[str, bool]:
-    """``{"fused": True}`` when asked for and every parameter is a floating CUDA tensor, else nothing."""
-    ok = fused and params and all(p.is_cuda and p.is_floating_point() for p in params)
-    return {"fused": True} if ok else {}
+                train_epoch(loop, ctx, phase, step, bar)
+                if loop.interrupt.requested and epoch + 1 < phase.epochs:
+                    stop(loop, f"in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
+        loop.emit("on_phase_end", phase)
+        loop.graph = None
+        if loop.interrupt.requested:
+            raise RunInterrupted(f"interrupted in task {ctx.task_id}, at the end of phase {phase.name}")
+    state.optimizer = None
 
 
 class TrainStep:
-    """The method's loss terms for one batch, from the batch's image indices to one vector of terms (the
-    ``compute`` of a :class:`StepGraph`: loading and augmentation are part of the captured step). The terms'
-    names are kept in :attr:`names`, from the first call on."""
+    """One optimisation step on one batch, from the batch's image indices to the loss terms (loading and
+    augmentation included, so that a CUDA graph of it replays them too)."""
 
-    def __init__(
-        self, net: IncrementalNet, method: Method, ctx: TaskContext, phase: Phase, batches: TrainBatches
-    ) -> None:
-        self.net, self.method, self.ctx, self.phase, self.batches = net, method, ctx, phase, batches
-        self.names: list[str] | None = None
+    def __init__(self, method: Method, ctx: TaskContext, phase: Phase, optimizer: torch.optim.Optimizer) -> None:
+        self.method, self.ctx, self.phase, self.optimizer = method, ctx, phase, optimizer
+        self.names: list[str] | None = None  # the loss terms' names, from the first step on
 
-    def __call__(self, idx: torch.Tensor) -> torch.Tensor:
-        x, y = self.batches.load(idx)
-        with self.ctx.autocast():
-            terms = self.method.training_step(self.net, Batch(x, y), self.ctx, self.phase)
+    def __call__(self, idx: Tensor) -> Tensor:
+        ctx, optimizer = self.ctx, self.optimizer
+        optimizer.zero_grad(set_to_none=True)
+        x, y = ctx.data.load(idx)
+        with ctx.runtime.autocast():
+            terms = self.method.training_step(ctx.net, Batch(x, y), ctx, self.phase)
         if self.names is None:
             self.names = list(terms)
         elif list(terms) != self.names:
             raise RuntimeError(
                 f"{self.method.name} changed its loss terms within a phase: {self.names} → {list(terms)}"
             )
-        return torch.stack([v.float() for v in terms.values()])
+        losses = torch.stack([v.float() for v in terms.values()])
+        losses.sum().backward()
+        if self.method.grad_clip_value is not None:
+            nn.utils.clip_grad_value_(ctx.net.parameters(), self.method.grad_clip_value)
+        optimizer.step()
+        return losses.detach()
 
 
-def _clip(net: IncrementalNet, method: Method) -> Callable[[], None] | None:
-    if method.grad_clip_value is None:
-        return None
-    value = method.grad_clip_value
-    return lambda: torch.nn.utils.clip_grad_value_(net.parameters(), value)
-
-
-def train_epoch(
-    net: IncrementalNet,
-    method: Method,
-    batches: TrainBatches,
-    optimizer: torch.optim.Optimizer,
-    ctx: TaskContext,
-    phase: Phase,
-    epoch: int = 0,
-    bar: Any = None,
-    state: EpochProgress | None = None,
-    interrupt: Interrupt | None = None,
-    on_interrupt: Callable[[EpochProgress], None] | None = None,
-    step: StepGraph | None = None,
-) -> dict[str, float]:
-    """One pass over the task's batches. Loss terms are summed on the device and read once, at the end.
-
-    Args:
-        state: a partly done epoch to continue (from a mid-epoch checkpoint).
-        step: the phase's step (a :class:`TrainStep` under a :class:`StepGraph`); default an eager one.
-        interrupt: checked after every step; when set, ``on_interrupt`` gets the epoch so far and
-            :class:`RunInterrupted` is raised.
+def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar: Any = None) -> dict[str, float]:
+    """One pass over the task's batches (continuing ``loop.state.epoch`` after a mid-epoch resume); emits
+    ``on_epoch_end`` with the mean of each loss term, summed on the device and read once, at the end.
 
     Raises:
         NonFiniteLossError: naming the first non-finite term, with task, phase, epoch and step.
     """
-    step = step or StepGraph(TrainStep(net, method, ctx, phase, batches), optimizer, clip=_clip(net, method))
-    key = (phase.name, tuple(group["lr"] for group in optimizer.param_groups))  # a new lr: a new graph
-    ep = state or EpochProgress(batches.permutation())
-    if ep.values is not None and len(ep.values) < len(batches):  # converted from an earlier version's checkpoint
-        ep.values = torch.cat([ep.values, ep.values.new_zeros(len(batches) - len(ep.values), ep.values.shape[1])])
-    for idx in batches.indices(ep.perm, start=ep.step):
-        values = step(key, idx)
-        names = step.compute.names
-        if ep.names is None:
-            ep.names = names
-            ep.values = values.new_zeros(len(batches), len(names))
-        elif names != ep.names:
-            raise RuntimeError(f"{method.name} changed its loss terms within an epoch: {ep.names} → {names}")
-        ep.values[ep.step].copy_(values)  # the step's only bookkeeping on the device: one copy
-        ep.step += 1
+    state, data = loop.state, ctx.data
+    epoch, lrs = state.position.epoch, tuple(group["lr"] for group in state.optimizer.param_groups)
+    key = (phase.name, lrs)  # a new lr: a new graph
+    ep = state.epoch = state.epoch or EpochProgress(data.permutation())
+    done_before, t0 = ep.step, time.perf_counter()
+    for idx in data.indices(ep.perm, start=ep.step):
+        losses = step(idx) if loop.graph is None else loop.graph(key, idx)  # a graph replays the same step
+        ep.record(losses, step.names, len(data))
         if bar is not None:
             bar.update(1)
-        if interrupt is not None and interrupt.requested and ep.step < len(batches):
-            if on_interrupt is not None:
-                on_interrupt(ep)
-            raise RunInterrupted(f"interrupted in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")
+        if loop.interrupt.requested and ep.step < len(data):
+            state.position = dataclasses.replace(state.position, step=ep.step)
+            stop(loop, f"in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")
+    means = epoch_means(ep, ctx.task_id, phase.name, epoch)
+    loop.method.on_epoch_end(ctx, phase)
+    state.epoch, state.position = None, dataclasses.replace(state.position, epoch=epoch + 1, step=0)
+    dt = time.perf_counter() - t0
+    if bar is not None:
+        bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
+    record = {"task": ctx.task_id, "phase": phase.name, "epoch": epoch, "epochs": phase.epochs, "lr": lrs[0],
+              "loss": means, "time_s": round(dt, 3), "images_per_s": (len(data) - done_before) * data.batch_size / dt}  # fmt: skip
+    loop.emit("on_epoch_end", record)
+    return means
+
+
+def epoch_means(ep: EpochProgress, task: int, phase: str, epoch: int) -> dict[str, float]:
+    """Each loss term's mean over the epoch's steps; the one host sync of an epoch."""
     if ep.names is None:
         return {}
     done = ep.values[: ep.step]
-    means = (done.sum(dim=0) / ep.step).tolist()  # the one host sync of the epoch
     bad = (~torch.isfinite(done)).nonzero().tolist()  # (step, term), in step order
     if bad:  # name the term that went wrong first; later ones usually follow from it
         at, i = bad[0]
         raise NonFiniteLossError(
-            f"loss term {ep.names[i]!r} became non-finite in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, "
-            f"step {at}. Lower the learning rate or this term's weight; the run directory keeps the checkpoint "
-            f"of the last good epoch."
+            f"loss term {ep.names[i]!r} became non-finite in task {task}, phase {phase}, epoch {epoch}, step {at}. "
+            f"Lower the learning rate or this term's weight; the run directory keeps the checkpoint of the last good "
+            f"epoch."
         )
-    return dict(zip(ep.names, means, strict=True))
-
-
-@torch.no_grad()
-def evaluate(
-    net: IncrementalNet,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    task_of_label: torch.Tensor,
-    n_tasks: int,
-    normalizer: Normalizer,
-    batch_size: int = 1000,
-    bar: Any = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-1 accuracy counts per task, argmax over all classes the head has (all seen classes).
-
-    Returns:
-        (correct, count) per task 0..n_tasks-1.
-    """
-    was_training = net.training
-    net.eval()
-    correct = torch.zeros(n_tasks, dtype=torch.long, device=x.device)
-    count = torch.zeros(n_tasks, dtype=torch.long, device=x.device)
-    for i in range(0, len(x), batch_size):
-        xb, yb = x[i : i + batch_size], y[i : i + batch_size]
-        pred = net(normalizer(xb)).logits.argmax(dim=1)
-        task = task_of_label[yb]
-        correct.index_add_(0, task, (pred == yb).long())
-        count.index_add_(0, task, torch.ones_like(yb))
-        if bar is not None:
-            bar.update(1)
-    net.train(was_training)
-    return correct.cpu().numpy(), count.cpu().numpy()
+    return dict(zip(ep.names, (done.sum(dim=0) / ep.step).tolist(), strict=True))

@@ -1,6 +1,6 @@
 """One optimisation step as one CUDA graph: loss terms, backward and the optimiser update replayed with a single
-launch (spec/performance.md §2.1 and §6.7). At ResNet-32's size a step is bound by kernel launches and Python
-dispatch, not arithmetic (docs/results.md §3); a replay removes both.
+launch. At ResNet-32's size a step is bound by kernel launches and Python dispatch, not arithmetic; a replay
+removes both (docs/performance.md).
 
 A replay repeats the captured kernels on the captured memory. That is right only if every step would have issued
 those kernels on that memory, so a step function must
@@ -48,11 +48,15 @@ class GraphCaptureError(RuntimeError):
 
 
 class StepGraph:
-    """``optimizer.zero_grad(); values = compute(*inputs); values.sum().backward(); clip(); optimizer.step()``.
+    """Replays one optimisation step as a CUDA graph (``on``), or checks eagerly that a replay would do the same
+    work (``check``).
 
     Args:
-        compute: the step's loss terms as a 1-D tensor, from per-step tensor inputs.
-        optimizer: updated by the step. Under ``on`` an Adam must be ``capturable``; an SGD needs nothing.
+        step: the whole step from its per-step tensor inputs: ``zero_grad``, loss terms, ``backward``, clipping and
+            the optimiser's step; returns the loss terms as a 1-D tensor.
+        optimizer: the optimiser ``step`` updates. Its gradients are released before a capture (they are then
+            allocated in the graph's memory pool), and ``check`` does not record its update (an eager Adam reads
+            its step count on the host). Under ``on`` an Adam must be ``capturable``; an SGD needs nothing.
         mode: ``off``: eager. ``on``: eager for ``warmup`` steps of each key, then captured once and replayed (CUDA
             only; eager on other devices). If the graph cannot be set up (e.g. a PyTorch without
             ``register_generator_state``) the steps run eagerly, with a warning and :attr:`failure` set; a capture
@@ -62,7 +66,6 @@ class StepGraph:
         device: where the step runs.
         generators: random streams the step draws from besides the default one (registered with the graph).
         warmup: eager steps of each key before the capture (lazy state such as momentum buffers, cuDNN autotuning).
-        clip: called between backward and the optimiser step (gradient clipping).
 
     Calling returns the step's loss terms, detached. Under ``on`` and ``check`` that tensor is overwritten by the
     next call: read or copy it first.
@@ -70,17 +73,16 @@ class StepGraph:
 
     def __init__(
         self,
-        compute: Callable[..., Tensor],
+        step: Callable[..., Tensor],
         optimizer: torch.optim.Optimizer,
         mode: GraphMode = "off",
         device: torch.device | None = None,
         generators: Sequence[torch.Generator] = (),
         warmup: int = 2,
-        clip: Callable[[], None] | None = None,
     ) -> None:
         if mode not in ("off", "on", "check"):
             raise ValueError(f"unknown graph mode {mode!r}; expected off, on or check")
-        self.compute, self.optimizer, self.clip = compute, optimizer, clip
+        self.step, self.optimizer = step, optimizer
         self.generators, self.warmup = generators, warmup
         self.mode: GraphMode = "off" if mode == "on" and (device is None or device.type != "cuda") else mode
         self.device = device
@@ -97,27 +99,10 @@ class StepGraph:
         self.static_in: list[Tensor] = []
         self.static_out: Tensor | None = None
 
-    def _step(self, *inputs: Tensor, recorder: _Recorder | None = None) -> Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
-        if recorder is None:
-            values = self._differentiate(inputs)
-        else:
-            with recorder:
-                values = self._differentiate(inputs)
-        self.optimizer.step()
-        return values
-
-    def _differentiate(self, inputs: Sequence[Tensor]) -> Tensor:
-        values = self.compute(*inputs)
-        values.sum().backward()
-        if self.clip is not None:
-            self.clip()
-        return values.detach()
-
     def __call__(self, key: Hashable, *inputs: Tensor) -> Tensor:
         """One step with ``inputs``; ``key`` names the graph (same key ⇒ same work, e.g. (phase, lr))."""
         if self.mode == "off":
-            return self._step(*inputs)
+            return self.step(*inputs)
         if key != self.key:
             self._reset()
             self.key = key
@@ -135,7 +120,7 @@ class StepGraph:
                 log.warning("cannot set up a CUDA graph for %r; the step runs eagerly from here on: %s", key, err)
                 self.mode, self.failure = "off", f"{type(err).__name__}: {err}"
                 self._reset()
-                return self._step(*inputs)
+                return self.step(*inputs)
             return self._capture(graph)
         for buffer, x in zip(self.static_in, inputs, strict=True):
             if buffer.shape != x.shape or buffer.dtype != x.dtype:
@@ -151,12 +136,12 @@ class StepGraph:
 
     def _warm(self, inputs: Sequence[Tensor]) -> Tensor:
         if self.mode != "on":
-            return self._step(*inputs)
+            return self.step(*inputs)
         with torch.cuda.device(self.device):  # streams and graphs belong to the step's device, not the current one
             side = torch.cuda.Stream()  # the documented warm-up: a side stream, as the capture will use
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                out = self._step(*inputs)
+                out = self.step(*inputs)
             torch.cuda.current_stream().wait_stream(side)
         return out
 
@@ -173,7 +158,7 @@ class StepGraph:
         stream = torch.cuda.current_stream(self.device)
         try:
             with torch.cuda.device(self.device), torch.cuda.graph(graph):
-                self.static_out = self._step(*self.static_in)
+                self.static_out = self.step(*self.static_in)
         except Exception as err:
             torch.cuda.set_stream(stream)  # torch.cuda.graph leaves its capture stream current when capturing fails
             raise GraphCaptureError(
@@ -189,7 +174,15 @@ class StepGraph:
 
     def _checked_step(self) -> Tensor:
         recorder = _Recorder(self.generators)
-        values = self._step(*self.static_in, recorder=recorder)
+        # the optimiser's own update is not recorded: a replay runs it as captured (a capturable Adam)
+        pause = self.optimizer.register_step_pre_hook(lambda *_: setattr(recorder, "paused", True))
+        resume = self.optimizer.register_step_post_hook(lambda *_: setattr(recorder, "paused", False))
+        try:
+            with recorder:
+                values = self.step(*self.static_in)
+        finally:
+            pause.remove()
+            resume.remove()
         if self.recording is None:
             self.recording = recorder.recording
             self.static_out = values.clone()
@@ -271,12 +264,15 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, generators: Sequence[torch.Generator]) -> None:
         super().__init__()
+        self.paused = False  # inside the optimiser's step: run operators without recording them
         self.recording = _Recording()
         self.generators = list(generators)
         self.fresh: set[int] = set()  # storages allocated inside this step
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         name = func.overloadpacket.__name__
         if name in _HOST_SYNC:
             raise GraphSafetyError(

@@ -1,12 +1,16 @@
 """Named registries: a method, dataset or backbone is found by the name a config gives.
 
-A registry is filled by decorators at import time of the module that defines the item, and is never mutated
-afterwards; lookups of unknown names raise an error that lists the valid names.
+A registry is filled by decorators at import time of the module that defines the item. A registry may name the
+module that registers the built-in items (``builtins``): it is imported on the first lookup, so that code which
+only reads names (the config layer) does not import the items' modules itself. Lookups of unknown names raise an
+error that lists the valid names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -23,9 +27,15 @@ class RegistryError(KeyError):
 class Registry(Generic[T]):
     """A name → item table with decorator registration and helpful lookup errors."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, builtins: str | None = None) -> None:
         self.kind = kind
+        self.builtins = builtins  # module whose import registers the built-in items
         self._items: dict[str, T] = {}
+
+    def _load(self) -> dict[str, T]:
+        if self.builtins is not None:
+            importlib.import_module(self.builtins)  # registers into this registry (a no-op once imported)
+        return self._items
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator that registers its target under ``name``."""
@@ -38,21 +48,41 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def get(self, name: str) -> T:
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (plugins and tests that register an item for a while)."""
+        self._items.pop(name, None)
+
+    @contextlib.contextmanager
+    def replaced(self, name: str, item: T) -> Iterator[T]:
+        """Register ``item`` under ``name`` (replacing any item of that name) until the block ends (tests)."""
+        items = self._load()
+        missing = object()
+        before = items.get(name, missing)
+        items[name] = item
         try:
-            return self._items[name]
+            yield item
+        finally:
+            if before is missing:
+                items.pop(name, None)
+            else:
+                items[name] = before
+
+    def get(self, name: str) -> T:
+        items = self._load()
+        try:
+            return items[name]
         except KeyError:
-            close = difflib.get_close_matches(name, self._items, n=1)
+            close = difflib.get_close_matches(name, items, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise RegistryError(
-                f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(sorted(self._items))}"
+                f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(sorted(items))}"
             ) from None
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        return sorted(self._load())
 
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        return name in self._load()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -5,7 +5,7 @@ A run directory holds
 * ``config.yaml``: the resolved config (``dfcil train --config DIR/config.yaml`` repeats the run);
 * ``meta.json``: package, library and git versions, device, command line;
 * ``run.log``: the log; ``metrics.jsonl``: one JSON record per epoch and per task;
-* ``checkpoints/``: the newest and previous complete checkpoints (see :mod:`dfcil.state`);
+* ``checkpoints/``: the newest and previous complete checkpoints (see :mod:`dfcil.checkpoint`);
 * ``model.pt``: the final network; ``summary.json``: written last, atomically, only when every task finished
   (see :mod:`dfcil.metrics`).
 
@@ -31,6 +31,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from dfcil.callbacks import Callback, ConsoleLogger, JsonlLogger
+from dfcil.checkpoint import FORMAT, Checkpointer, dumps, loads
 from dfcil.config import (
     RUNTIME_KEYS,
     ConfigError,
@@ -41,11 +42,12 @@ from dfcil.config import (
     load_config,
     with_absolute_paths,
 )
-from dfcil.engine import Interrupt, Protocol, RunInterrupted, prepare, resolve_device, run
+from dfcil.engine import Interrupt, Loop, RunInterrupted, run
 from dfcil.io import check_creatable_dir, write_atomic, write_json
 from dfcil.methods import METHODS
 from dfcil.models.network import IncrementalNet, build_network
-from dfcil.state import FORMAT, Checkpointer, dumps, loads
+from dfcil.protocol import Protocol, prepare
+from dfcil.runtime import resolve_device
 
 log = logging.getLogger("dfcil")
 
@@ -228,17 +230,9 @@ def _execute(
             list(split.task_sizes),
             list(split.class_order),
         )
-        summary, net = run(
-            cfg,
-            callbacks=[ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), *callbacks],
-            progress=progress,
-            protocol=protocol,
-            run_dir=out,
-            resume=resuming,
-            interrupt=interrupt,
-        )
-        save_model(out / "model.pt", net, cfg)
-        write_json(out / "summary.json", summary)
+        loggers = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), *callbacks, SaveModel(out / "model.pt", cfg)]
+        summary = run(cfg, loggers, out, resuming, protocol=protocol, progress=progress, interrupt=interrupt)
+        write_json(out / "summary.json", summary)  # last: a run directory with a summary is complete
         return summary
     except RunInterrupted:
         log.warning("interrupted: checkpoint written; continue with `dfcil resume %s`", out)
@@ -251,6 +245,19 @@ def _execute(
     finally:
         log.removeHandler(handler)
         handler.close()
+
+
+class SaveModel(Callback):
+    """Writes the final network to ``path`` when the run ends (:func:`save_model`)."""
+
+    def __init__(self, path: Path, cfg: RunConfig) -> None:
+        self.path, self.cfg = path, cfg
+
+    def on_run_start(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def on_run_end(self, summary: dict[str, Any]) -> None:
+        save_model(self.path, self.loop.net, self.cfg)
 
 
 def save_model(path: Path, net: IncrementalNet, cfg: RunConfig) -> None:

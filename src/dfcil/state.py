@@ -1,45 +1,23 @@
-"""Checkpoints: everything a run needs to continue exactly, written atomically, loaded strictly and safely.
+"""The run state: everything about a run that changes as it trains, besides the network and the method.
 
-File format: ``DFCILCK2`` magic (8 bytes) + SHA-256 of the rest (32 bytes) + the length of the archive (8 bytes) + a
-``torch.save`` archive of plain containers that refer to tensors by index + the tensors' bytes in one block (the
-first layout, ``DFCILCK1``, held the tensors in the archive; it still loads). Loading checks the magic and the
-digest (truncation, bit rot, tampering) and then uses ``torch.load(weights_only=True)``, which refuses arbitrary
-pickled objects, so a crafted file cannot run code; the tensor index is checked against the block.
-
-Layout of ``<run>/checkpoints``: ``last.pt`` (newest), ``prev.pt`` (the one before, the fallback), and
-``task<t>-static.pt`` (per-task state that never changes after the task's setup: frozen teacher and generator),
-written once and referenced by digest so that per-epoch checkpoints stay small.
+:class:`RunState` holds the position, the accuracy matrix, the timings, the random streams, the partly done epoch
+and the running task's optimiser. Every checkpoint saves its :meth:`RunState.state_dict` and a resume restores it
+with :meth:`RunState.load_state_dict`, in one place (:func:`dfcil.engine.restore`).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import hashlib
-import io
-import logging
-import math
-import os
 import random
-import warnings
-from collections.abc import Callable
-from pathlib import Path
+import time
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from dfcil.io import fsync_dir, write_atomic
-
-log = logging.getLogger("dfcil")
-
-MAGIC = b"DFCILCK1"  # the first layout, still read: one torch.save archive, tensors included
-MAGIC2 = b"DFCILCK2"  # written since: an archive of the containers, then every tensor's bytes in one block
-FORMAT = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, truncated, tampered with or from another run."""
+from dfcil.checkpoint import CheckpointError
+from dfcil.metrics import AccuracyMatrix
 
 
 @dataclasses.dataclass
@@ -57,14 +35,90 @@ class Position:
     step: int = 0
 
 
-# ------------------------------------------------------------------------------------------------- RNG
+@dataclasses.dataclass
+class EpochProgress:
+    """A partly done epoch: its batch order, batches done and each step's loss terms so far (for mid-epoch
+    checkpoints). Recording a step is one device copy; means and the first non-finite step are read at the end."""
+
+    perm: Tensor
+    step: int = 0
+    names: list[str] | None = None
+    values: Tensor | None = None  # (steps in the epoch, terms), rows 0..step-1 filled
+
+    def record(self, losses: Tensor, names: list[str], steps: int) -> None:
+        """Keep one step's loss terms (``losses`` in the order of ``names``) of an epoch of ``steps`` steps."""
+        if self.names is None:
+            self.names, self.values = names, losses.new_zeros(steps, len(names))
+        elif names != self.names:
+            raise RuntimeError(f"the loss terms changed within an epoch: {self.names} → {names}")
+        self.values[self.step].copy_(losses)  # the step's only bookkeeping on the device: one copy
+        self.step += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], device: torch.device) -> EpochProgress:
+        return cls(**{k: v.to(device) if isinstance(v, Tensor) else v for k, v in state.items()})
+
+
+@dataclasses.dataclass
+class RunState:
+    """All mutable state of a run besides the network and the method, saved by every checkpoint."""
+
+    acc: AccuracyMatrix
+    rngs: dict[str, torch.Generator]  # "data": shuffling and augmentation; "method": the method's latent codes
+    position: Position = dataclasses.field(default_factory=Position)
+    timings: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # finished tasks'
+    task_timing: dict[str, Any] = dataclasses.field(default_factory=dict)  # the running task's, so far
+    epoch: EpochProgress | None = None  # the running epoch, while one runs
+    optimizer: torch.optim.Optimizer | None = None  # the running task's, once its training began
+    resumed_optimizer: dict[str, Any] | None = None  # a checkpoint's optimiser state, for the next optimiser built
+    elapsed_before: float = 0.0  # seconds spent by earlier processes of this run, up to their last checkpoint
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+    @classmethod
+    def new(cls, num_tasks: int, seed: int, device: torch.device) -> RunState:
+        rngs = {
+            "data": torch.Generator(device=device).manual_seed(seed),
+            "method": torch.Generator(device=device).manual_seed(seed + 1),
+        }
+        return cls(AccuracyMatrix(num_tasks), rngs)
+
+    def elapsed_s(self) -> float:
+        """Seconds of work this run has kept: earlier processes up to their checkpoints plus this process."""
+        return self.elapsed_before + time.monotonic() - self.started
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "position": dataclasses.asdict(self.position),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "epoch_progress": self.epoch.state_dict() if self.epoch is not None else None,
+            "acc": self.acc.state_dict(),
+            "timings": self.timings,
+            "task_timing": self.task_timing,
+            "elapsed_s": self.elapsed_s(),
+            "rng": capture_rng(self.rngs),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the random streams last, as building the rest of a run consumes them."""
+        device = self.rngs["data"].device
+        self.position = Position(**state["position"])
+        self.acc.load_state_dict(state["acc"])
+        self.timings = list(state["timings"])
+        self.task_timing = dict(state["task_timing"])
+        self.elapsed_before = float(state["elapsed_s"])
+        self.epoch = EpochProgress.from_state(state["epoch_progress"], device) if state["epoch_progress"] else None
+        self.optimizer, self.resumed_optimizer = None, state["optimizer"]
+        restore_rng(state["rng"], self.rngs)
 
 
 def capture_rng(generators: dict[str, torch.Generator]) -> dict[str, Any]:
     """Every random stream a run draws from: Python, NumPy (legacy), torch CPU and CUDA, named generators."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
+    return {
         "python": [version, list(internal), gauss],
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
@@ -73,13 +127,13 @@ def capture_rng(generators: dict[str, torch.Generator]) -> dict[str, Any]:
         else [],
         "generators": {name: g.get_state() for name, g in generators.items()},
     }
-    return state
 
 
 def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+    """Set every stream of :func:`capture_rng`; checks the named generators before any stream is set."""
     if set(state["generators"]) != set(generators):
         raise CheckpointError(f"checkpoint has RNG streams {sorted(state['generators'])}, run has {sorted(generators)}")
-    for name, g in generators.items():  # checked before any stream is set
+    for name, g in generators.items():
         if state["generators"][name].numel() != g.get_state().numel():  # CPU: 5056 bytes of state, CUDA: 16
             raise CheckpointError(
                 f"the checkpoint's random stream {name!r} comes from another kind of device than {g.device}; a run "
@@ -94,242 +148,3 @@ def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -
         torch.cuda.set_rng_state(s, i)
     for name, g in generators.items():
         g.set_state(state["generators"][name])
-
-
-# ------------------------------------------------------------------------------------------------- optimisers
-
-_KERNEL_FLAGS = ("fused", "foreach", "capturable", "differentiable")  # how an optimiser computes, not its state
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """``optimizer.load_state_dict(state)`` that keeps how ``optimizer`` was built to compute.
-
-    ``Optimizer.load_state_dict`` would restore the saved run's kernel flags (``fused``, ``capturable``, ...), so a
-    checkpoint written on a CPU would resume on a GPU unfused and, for Adam, not capturable by a CUDA graph; and it
-    restores every moment contiguous, while a fused kernel needs the layout of its parameter (``channels_last``
-    conv weights). Here the optimiser's own flags win, and a state tensor shaped like its parameter takes the
-    parameter's strides.
-    """
-    groups = [
-        {**saved, **{k: current[k] for k in _KERNEL_FLAGS if k in current}}
-        for saved, current in zip(state["param_groups"], optimizer.param_groups, strict=False)
-    ]
-    optimizer.load_state_dict({**state, "param_groups": groups})
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            moments = optimizer.state.get(p, {})
-            for key, value in moments.items():
-                if isinstance(value, torch.Tensor) and value.shape == p.shape and value.stride() != p.stride():
-                    moments[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
-
-
-# ------------------------------------------------------------------------------------------------- files
-
-
-def dumps(payload: dict[str, Any]) -> bytes:
-    """Checkpoint bytes for ``payload`` (plain containers and tensors): ``MAGIC2``, the SHA-256 of the rest, the
-    length of the archive, a ``torch.save`` archive of the containers, and the bytes of every tensor in one block.
-
-    ``torch.save`` of the tensors themselves spends ~20 µs on each (a zip record, its CRC and pickling) and, on a
-    GPU, one device-to-host copy each: a ResNet-32 checkpoint with its SGD state holds ~300 tensors.
-    """
-    skeleton, block = _pack(payload)
-    buf = io.BytesIO()
-    torch.save(skeleton, buf)
-    archive = buf.getvalue()
-    rest = len(archive).to_bytes(8, "little") + archive + block
-    return MAGIC2 + hashlib.sha256(rest).digest() + rest
-
-
-def _split(data: bytes, source: str) -> tuple[memoryview, memoryview, memoryview, memoryview | None]:
-    """(digest, the bytes it covers, the archive, the tensors' block or None in the first layout), all views."""
-    magic = data[: len(MAGIC)]
-    if len(data) < len(MAGIC) + 32 or magic not in (MAGIC, MAGIC2):
-        raise CheckpointError(f"{source} is not a dfcil checkpoint (bad header) or is truncated")
-    view = memoryview(data)  # slices below are views: the tensors' bytes are copied once, into their own storage
-    digest, rest = view[len(MAGIC) : len(MAGIC) + 32], view[len(MAGIC) + 32 :]
-    if magic == MAGIC2:
-        n = int.from_bytes(rest[:8], "little")  # an archive beyond the end is a short one: torch.load refuses it
-        return digest, rest, rest[8 : 8 + n], rest[8 + n :]
-    return digest, rest, rest, None  # the first layout: one archive that holds the tensors too
-
-
-def _load_archive(archive: memoryview, source: str) -> Any:
-    try:
-        return torch.load(io.BytesIO(archive), map_location="cpu", weights_only=True)
-    except Exception as err:  # the unpickler raises various types for disallowed globals
-        raise CheckpointError(f"{source} holds data that is not allowed in a checkpoint ({err})") from err
-
-
-def peek_position(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
-    """The position saved in checkpoint bytes of the current layout, read from the small archive alone: neither
-    the checksum nor the tensors are read (milliseconds, where :func:`loads` of a whole checkpoint takes tens of
-    them). For watching a running process, whose checkpoints are renamed into place whole; resume with
-    :func:`loads`."""
-    _, _, archive, block = _split(data, source)
-    if block is None:
-        raise CheckpointError(f"{source} is of the first layout, which has no separate archive to peek at")
-    return _load_archive(archive, source)["payload"]["position"]
-
-
-def loads(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
-    """Verify and load checkpoint bytes; never unpickles anything but tensors and plain containers."""
-    digest, rest, archive, block = _split(data, source)
-    if hashlib.sha256(rest).digest() != digest:
-        raise CheckpointError(f"{source} is truncated or corrupt (checksum mismatch)")
-    payload = _load_archive(archive, source)
-    if block is not None:
-        payload = _unpack(payload, block, source)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{source} has an unknown checkpoint format")
-    return payload
-
-
-_TENSOR = "__dfcil_tensor__"  # in an archive of MAGIC2, {_TENSOR: i} stands for the i-th tensor of the block
-_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
-
-
-def _map(obj: Any, leaf: Callable[[Any], Any | None]) -> Any:
-    """``obj`` with every dict (and OrderedDict), list and tuple rebuilt and every other value ``v`` replaced by
-    ``leaf(v)`` unless that is None; a dict for which ``leaf`` returns a value is replaced as a whole."""
-    new = leaf(obj)
-    if new is not None:
-        return new
-    if type(obj) in (dict, collections.OrderedDict):
-        return type(obj)((k, _map(v, leaf)) for k, v in obj.items())
-    if type(obj) in (list, tuple):
-        return type(obj)(_map(v, leaf) for v in obj)
-    return obj
-
-
-def _pack(payload: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-    """``payload`` with each tensor replaced by a reference, and the tensors' bytes in one block (one
-    concatenation and one copy to the host per device)."""
-    tensors: list[torch.Tensor] = []
-
-    def leaf(obj: Any) -> Any | None:
-        if isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not obj.is_quantized:
-            tensors.append(obj.detach())
-            return {_TENSOR: len(tensors) - 1}
-        if type(obj) is dict and len(obj) == 1 and _TENSOR in obj:
-            raise ValueError(f"{_TENSOR!r} is reserved for checkpoints' tensor references; use another key")
-        return None
-
-    skeleton = _map(payload, leaf)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
-    offsets, parts, base = [0] * len(tensors), [], 0
-    for members in by_device.values():
-        views = [tensors[i].contiguous().reshape(-1).view(torch.uint8) for i in members]
-        for i, v in zip(members, views, strict=True):
-            offsets[i], base = base, base + v.numel()
-        parts.append(torch.cat(views).cpu().numpy().tobytes())
-    index = [(str(t.dtype).removeprefix("torch."), tuple(t.shape), offsets[i]) for i, t in enumerate(tensors)]
-    return {"tensors": index, "payload": skeleton}, b"".join(parts)
-
-
-def _unpack(archive: Any, block: bytes | memoryview, source: str) -> Any:
-    if not isinstance(archive, dict) or set(archive) != {"tensors", "payload"}:
-        raise CheckpointError(f"{source} has an unknown checkpoint format")
-    if len(block):
-        with warnings.catch_warnings():  # a read-only buffer: nothing writes to it, every tensor is cloned
-            warnings.simplefilter("ignore", UserWarning)
-            data = torch.frombuffer(block, dtype=torch.uint8)
-    else:
-        data = torch.empty(0, dtype=torch.uint8)
-    tensors = []
-    try:
-        for name, shape, offset in archive["tensors"]:
-            dtype = _DTYPES[name]
-            n = math.prod(shape) * dtype.itemsize
-            if not 0 <= offset <= offset + n <= data.numel():
-                raise ValueError(f"bytes {offset}..{offset + n} are outside the block of {data.numel()}")
-            tensors.append(data[offset : offset + n].clone().view(dtype).reshape(shape))  # own, aligned storage
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        raise CheckpointError(f"{source} has a malformed tensor index ({err!r})") from err
-
-    def leaf(obj: Any) -> Any | None:
-        if type(obj) is dict and len(obj) == 1 and _TENSOR in obj:
-            i = obj[_TENSOR]
-            if type(i) is not int or not 0 <= i < len(tensors):
-                raise CheckpointError(f"{source} refers to a tensor it does not hold ({i!r})")
-            return tensors[i]
-        return None
-
-    return _map(archive["payload"], leaf)
-
-
-def digest_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-class Checkpointer:
-    """Writes and finds the checkpoints of one run directory."""
-
-    def __init__(self, run_dir: str | os.PathLike) -> None:
-        self.dir = Path(run_dir) / "checkpoints"
-
-    @property
-    def last(self) -> Path:
-        return self.dir / "last.pt"
-
-    @property
-    def prev(self) -> Path:
-        return self.dir / "prev.pt"
-
-    def exists(self) -> bool:
-        return self.last.exists() or self.prev.exists()
-
-    def save(self, payload: dict[str, Any]) -> None:
-        """Write ``payload`` as the newest checkpoint; the previous newest becomes ``prev.pt``.
-
-        At every instant at least one complete checkpoint is on disk: the new file is written and fsynced under
-        a temporary name before the renames.
-        """
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / ".last.pt.tmp"
-        write_atomic(tmp, dumps({"format": FORMAT, **payload}))
-        if self.last.exists():
-            os.replace(self.last, self.prev)
-        os.replace(tmp, self.last)
-        fsync_dir(self.dir)
-
-    def save_static(self, task: int, payload: dict[str, Any]) -> str:
-        """Write task ``task``'s static state once; returns its digest for the per-epoch checkpoints."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / f"task{task}-static.pt"
-        write_atomic(path, dumps({"format": FORMAT, **payload}))
-        return digest_of(path)
-
-    def load_static(self, task: int, digest: str) -> dict[str, Any]:
-        path = self.dir / f"task{task}-static.pt"
-        if not path.exists():
-            raise CheckpointError(f"{path} is missing")
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise CheckpointError(f"{path} does not match the checkpoint that refers to it")
-        return loads(data, str(path))
-
-    def load_latest(self) -> dict[str, Any]:
-        """The newest usable checkpoint: ``last.pt``, else ``prev.pt`` (with a warning saying why)."""
-        errors = []
-        for path in (self.last, self.prev):
-            if not path.exists():
-                errors.append(f"{path.name}: missing")
-                continue
-            try:
-                payload = loads(path.read_bytes(), str(path))
-                static = payload.get("static")
-                if static is not None:
-                    payload["static_state"] = self.load_static(static["task"], static["digest"])
-            except CheckpointError as err:
-                if path == self.last:
-                    log.warning("cannot use %s: %s; trying the previous checkpoint", path, err)
-                errors.append(f"{path.name}: {err}")
-                continue
-            return payload
-        raise CheckpointError(
-            f"no usable checkpoint in {self.dir} ({'; '.join(errors)}). The run cannot continue from it: start it "
-            f"again in a new run directory (or delete {self.dir} to start over in this one)"
-        )

@@ -120,6 +120,10 @@ class TrainBatches:
     def __len__(self) -> int:
         return len(self.x) // self.batch_size
 
+    @property
+    def image_size(self) -> int:
+        return self.x.shape[1]
+
     def permutation(self) -> Tensor:
         """A fresh batch order for one epoch (drawn from the generator)."""
         return torch.randperm(len(self.x), generator=self.generator, device=self.x.device)

@@ -50,6 +50,9 @@ class ABD(Method):
         if ctx.task_id > 0:
             self.replay.begin(ctx)  # ABD's generator persists and is warm-started (inversion.persistent)
 
+    def synthesize(self, ctx: TaskContext) -> None:
+        self.replay.fit(ctx)
+
     def on_task_end(self, ctx: TaskContext) -> None:
         self.replay.end()
 
@@ -63,10 +66,10 @@ class ABD(Method):
             t = teacher(x)  # eval mode: features of both halves, pseudo-labels of the synthetic half
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
         w = task_balance_weights(y, n_old, ctx.n_seen)
-        out = student_pass(net, batch.x, x_syn, self.cfg.replay_bn, ctx.merge_student)
+        out = student_pass(net, batch.x, x_syn, self.cfg.replay_bn, ctx.runtime.merge_student)
         local = F.cross_entropy(out.logits[:b, n_old:].float(), batch.y - n_old, reduction="none") * w[:b]
         with torch.no_grad():  # ABD recomputes the features (a second train-mode pass: BN statistics move twice)
-            features = student_pass(net, batch.x, x_syn, self.cfg.replay_bn, ctx.merge_student).features
+            features = student_pass(net, batch.x, x_syn, self.cfg.replay_bn, ctx.runtime.merge_student).features
         head_ce = F.cross_entropy(net.head(features.detach()).float(), y, reduction="none") * w
         return {
             "local_ce": local.mean(),

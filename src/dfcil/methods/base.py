@@ -1,21 +1,20 @@
 """The method contract. A method says *what* to compute (named loss terms per step, phases, state); the engine
-decides *how* to optimise (optimiser, schedule, freezing, backward, logging)."""
+decides *how* to optimise (optimiser, schedule, freezing, backward, logging, checkpoints)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
-from dfcil.config import MethodConfig, TrainConfig
-from dfcil.graphs import GraphMode
+from dfcil.config import METHOD_CONFIGS, MethodConfig, TrainConfig
+from dfcil.data.device import TrainBatches
 from dfcil.models.network import IncrementalNet
 from dfcil.registry import Registry
+from dfcil.runtime import Runtime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,43 +35,50 @@ class Batch:
     y: Tensor  # (B,) labels in order position, all in [n_old, n_seen)
 
 
-ProgressFactory = Callable[..., Any]  # (total=int, desc=str) -> a tqdm-like object
-
-
-def _no_save_point() -> None:
-    pass
-
-
-@dataclasses.dataclass
-class TaskContext:
-    """What a method may know about the task at hand."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Task:
+    """Where a task sits in the protocol: what :meth:`Method.phases` may depend on."""
 
     task_id: int
     n_old: int  # classes learned before this task
     n_new: int  # classes of this task
     num_tasks: int
-    net: IncrementalNet  # the network being trained (head already expanded to n_seen)
-    device: torch.device
-    image_size: int
-    batch_size: int  # real images per training step
-    rng: torch.Generator  # the method's own random stream (latent codes), on ``device``
-    progress: ProgressFactory
-    save_point: Callable[[], None] = _no_save_point  # call at consistent points of long setups (see on_task_start)
-    merge_teacher: bool = True  # one eval-mode pass over [real; synthetic] where it is exact (teacher, CHR)
-    merge_student: bool = False  # one train-mode student pass over [real; synthetic] with per-half BN statistics
-    autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext  # wrap forwards outside training_step
-    channels_last: bool = False  # modules a method builds (generators) should use NHWC
-    fused: bool = False  # optimisers a method builds may use fused kernels (CUDA)
-    graphs: GraphMode = "off"  # engine.cuda_graphs, for steps a method runs itself (model inversion)
-    task_data: Any = None  # the task's TrainBatches: ``task_data.plain()`` gives un-augmented batches (imprinting)
 
     @property
     def n_seen(self) -> int:
         return self.n_old + self.n_new
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskContext(Task):
+    """What a method may use during a task."""
+
+    net: IncrementalNet  # the network being trained (head already expanded to n_seen)
+    data: TrainBatches  # the task's real training data; ``data.plain()`` gives un-augmented batches (imprinting)
+    rng: torch.Generator  # the method's own random stream (latent codes), on the training device
+    runtime: Runtime = Runtime()  # how the engine computes: device, precision, merged passes, progress bars, ...
+
+    @property
+    def device(self) -> torch.device:
+        return self.runtime.device
+
+    @property
+    def image_size(self) -> int:
+        return self.data.image_size
+
+    @property
+    def batch_size(self) -> int:
+        """Real images per training step."""
+        return self.data.batch_size
+
+
 class Method:
-    """One DFCIL algorithm. Owns its teacher, synthesizer and losses; never the optimisation loop."""
+    """One DFCIL algorithm. Owns its teacher, synthesizer and losses; never the optimisation loop.
+
+    Per task the engine calls :meth:`on_task_start` once, then :meth:`synthesize`, then trains the :meth:`phases`
+    (:meth:`training_step` per batch, :meth:`on_epoch_end` per epoch), then :meth:`on_task_end`. A resumed run
+    restores the method with :meth:`load_state_dict` instead of calling :meth:`on_task_start` again.
+    """
 
     name: ClassVar[str]
     head: ClassVar[str] = "linear"  # which head IncrementalNet must build
@@ -88,17 +94,20 @@ class Method:
         self.cfg = cfg
         self.train = train
 
-    def phases(self, ctx: TaskContext) -> list[Phase]:
-        """The phases of task ``ctx.task_id``; default: one phase with the train schedule."""
+    def phases(self, task: Task) -> list[Phase]:
+        """The phases of task ``task.task_id``; default: one phase with the train schedule."""
         t = self.train
         return [Phase("train", epochs=t.epochs, lr=t.lr, milestones=t.milestones)]
 
     def on_task_start(self, ctx: TaskContext) -> None:
-        """Called after the head grew for the new task, before training: teacher snapshot, inversion.
+        """Called once per task, after the head grew, before training: teacher snapshot, imprinting, new modules."""
 
-        Long setups call ``ctx.save_point()`` at consistent points; the engine may then checkpoint (or stop on an
-        interrupt). After a resume inside the setup, :meth:`load_state_dict` has restored the partial state and
-        ``on_task_start`` is called again: it must continue from that state, not start over.
+    def synthesize(self, ctx: TaskContext) -> None:
+        """Long work before the task trains, after :meth:`on_task_start`: model inversion.
+
+        Call ``ctx.runtime.setup_step()`` at consistent points: the engine may checkpoint there (with
+        :meth:`state_dict`), or stop on an interrupt. A run resumed inside it calls it again, with the partial state
+        restored by :meth:`load_state_dict`: it continues from there.
         """
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
@@ -132,7 +141,7 @@ class Method:
         return {name: s for name, part in self.components().items() if (s := part.state_dict())}
 
     def static_state_dict(self) -> dict[str, Any]:
-        """State fixed from the end of :meth:`on_task_start` to the end of the task (frozen teacher, trained
+        """State fixed from the end of :meth:`synthesize` to the end of the task (frozen teacher, trained
         generator). Saved once per task; per-epoch checkpoints refer to it. Default: the components'."""
         return {name: s for name, part in self.components().items() if (s := part.static_state_dict())}
 
@@ -151,14 +160,27 @@ class Method:
         return None
 
 
-METHODS: Registry[type[Method]] = Registry("method")
+METHODS: Registry[type[Method]] = Registry("method", builtins="dfcil.methods")
 
 
 def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
-    """Class decorator: register a :class:`Method` subclass under ``name`` and set its ``name``."""
+    """Class decorator: register a :class:`Method` subclass under ``name``, set its ``name``, and register its
+    ``Config`` with the config layer (which validates ``method`` sections by name)."""
 
     def decorator(cls: type[Method]) -> type[Method]:
         cls.name = name
+        METHOD_CONFIGS.register(name)(cls.Config)
         return METHODS.register(name)(cls)
 
     return decorator
+
+
+def unregister_method(name: str) -> None:
+    """Remove a registered method and its config (plugins and tests that add a method for a while)."""
+    METHODS.unregister(name)
+    METHOD_CONFIGS.unregister(name)
+
+
+def build_method(cfg: MethodConfig, train: TrainConfig) -> Method:
+    """Instantiate the method named by ``cfg.name`` with its validated config."""
+    return METHODS.get(cfg.name)(cfg, train)

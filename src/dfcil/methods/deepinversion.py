@@ -48,6 +48,9 @@ class DeepInversion(Method):
         if ctx.task_id > 0:
             self.replay.begin(ctx)
 
+    def synthesize(self, ctx: TaskContext) -> None:
+        self.replay.fit(ctx)
+
     def on_task_end(self, ctx: TaskContext) -> None:
         self.replay.end()
 
@@ -58,7 +61,7 @@ class DeepInversion(Method):
         x_syn = self.replay.generate(b)
         with torch.no_grad():
             old = self.replay.teacher(torch.cat([batch.x, x_syn])).logits  # (2B, n_old)
-        logits = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.merge_student).logits
+        logits = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.runtime.merge_student).logits
         return {
             "ce": F.cross_entropy(logits[:b], batch.y),
             "kd_real": c.lambda_kd * kd_soft_ce(logits[:b, :n_old], old[:b], c.temperature),

@@ -108,7 +108,7 @@ class DGR(Method):
             t_logits = old_net(x_rep).logits
         x, y = torch.cat([batch.x, x_rep]), torch.cat([batch.y, t_logits.argmax(dim=1)])
         w = task_balance_weights(y, n_old, ctx.n_seen)
-        logits = student_pass(net, batch.x, x_rep, self.cfg.replay_bn, ctx.merge_student).logits
+        logits = student_pass(net, batch.x, x_rep, self.cfg.replay_bn, ctx.runtime.merge_student).logits
         ce = (F.cross_entropy(logits.float(), y, reduction="none") * w).mean()
         kd = self.cfg.lambda_kd * kd_soft_ce(logits[b:, :n_old], t_logits, self.cfg.temperature)
         return {"ce": ce, "kd": kd, "vae": self.vae.loss(x, w, ctx.rng)}

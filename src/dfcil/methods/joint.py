@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dfcil.config import MethodConfig, configclass
-from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.methods.base import Batch, Method, Phase, Task, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 
 
@@ -27,10 +27,10 @@ class Joint(Method):
     train_data = "seen"
     data_free = False
 
-    def phases(self, ctx: TaskContext) -> list[Phase]:
-        if self.cfg.last_only and ctx.task_id < ctx.num_tasks - 1:
+    def phases(self, task: Task) -> list[Phase]:
+        if self.cfg.last_only and task.task_id < task.num_tasks - 1:
             return []
-        return super().phases(ctx)
+        return super().phases(task)
 
     def on_task_start(self, ctx: TaskContext) -> None:
         if self.cfg.from_scratch and ctx.task_id > 0 and self.phases(ctx):

@@ -22,7 +22,7 @@ from dfcil.config import (
 )
 from dfcil.losses.classification import balanced_class_weights, class_histogram
 from dfcil.losses.podnet import nca, pod_flat, pod_spatial
-from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.methods.base import Batch, Method, Phase, Task, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
 from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_per_step
@@ -81,10 +81,10 @@ class PODNetDF(Method):
         self.replay = Replay(cfg.inversion)
         self.class_counts: Tensor | None = None
 
-    def phases(self, ctx: TaskContext) -> list[Phase]:
+    def phases(self, task: Task) -> list[Phase]:
         c, t = self.cfg, self.train
         main = Phase("train", epochs=t.epochs - c.ft_epochs, lr=t.lr, milestones=t.milestones)
-        if ctx.task_id == 0 or not c.ft_epochs:
+        if task.task_id == 0 or not c.ft_epochs:
             return [main]
         # PODNet's finetuning builds a new optimiser over the classifier's weights (not η, which it keeps apart)
         return [main, Phase("ft", epochs=c.ft_epochs, lr=c.ft_lr, trainable="head", reset_optimizer=True)]
@@ -96,7 +96,7 @@ class PODNetDF(Method):
         net, head = ctx.net, ctx.net.head
         net.eval()
         feats = [[] for _ in range(ctx.n_new)]
-        for x, y in ctx.task_data.plain():
+        for x, y in ctx.data.plain():
             f = F.normalize(net(x).features.float(), dim=1)
             for c in range(ctx.n_new):
                 feats[c].append(f[y == ctx.n_old + c])
@@ -109,10 +109,12 @@ class PODNetDF(Method):
     def on_task_start(self, ctx: TaskContext) -> None:
         if ctx.task_id == 0:
             return
-        if self.replay.task_id != ctx.task_id:  # a resume inside the inversion has imprinted already
-            self._imprint(ctx)
-            self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
+        self._imprint(ctx)
+        self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
         self.replay.begin(ctx)
+
+    def synthesize(self, ctx: TaskContext) -> None:
+        self.replay.fit(ctx)
 
     def on_task_end(self, ctx: TaskContext) -> None:
         self.replay.end()
@@ -134,7 +136,7 @@ class PODNetDF(Method):
         with torch.no_grad():
             t = self.replay.teacher(torch.cat([batch.x, x_syn]))
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
-        out = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.merge_student, fmaps=True)
+        out = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.runtime.merge_student, fmaps=True)
         if phase.name == "ft":  # balanced finetuning: reweight the classes instead of undersampling exemplars
             weights = balanced_class_weights(self.class_counts)
             return {"nca": nca(out.logits, y, margin=c.nca_margin, class_weight=weights)}

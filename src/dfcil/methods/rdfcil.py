@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from dfcil.config import ConfigError, MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
 from dfcil.losses.classification import balanced_class_weights, class_histogram, local_ce
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
-from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.methods.base import Batch, Method, Phase, Task, TaskContext, register_method
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
 from dfcil.synthesis.replay import Replay, student_pass
@@ -90,10 +90,10 @@ class RDFCIL(Method):
         self.class_counts: Tensor | None = None
         self.class_weights: Tensor | None = None
 
-    def phases(self, ctx: TaskContext) -> list[Phase]:
+    def phases(self, task: Task) -> list[Phase]:
         c, t = self.cfg, self.train
         rrl_epochs = t.epochs - c.chr_epochs
-        if ctx.task_id == 0:
+        if task.task_id == 0:
             return [Phase("base", epochs=rrl_epochs, lr=t.lr, milestones=t.milestones)]
         rrl = Phase("rrl", epochs=rrl_epochs, lr=t.lr, milestones=t.milestones)
         return [rrl, Phase("chr", epochs=c.chr_epochs, lr=c.chr_lr, trainable="head")] if c.chr_epochs else [rrl]
@@ -108,11 +108,12 @@ class RDFCIL(Method):
         self.class_weights = torch.ones(ctx.n_seen, device=ctx.device)
 
     def on_task_start(self, ctx: TaskContext) -> None:
-        if ctx.task_id == 0:
-            return
-        if self.task_id != ctx.task_id:  # after a resume inside the setup the partial state is already loaded
+        if ctx.task_id > 0:
             self._build_task_state(ctx)
-        self.replay.begin(ctx)  # a fresh generator per task (reference), trained against the frozen old model
+            self.replay.begin(ctx)  # the old model's snapshot and a fresh generator per task (reference)
+
+    def synthesize(self, ctx: TaskContext) -> None:
+        self.replay.fit(ctx)  # the generator, trained against the frozen old model
 
     def on_task_end(self, ctx: TaskContext) -> None:
         self.replay.end()  # nothing of a task's teacher, generator or projectors is carried into the next
@@ -134,7 +135,7 @@ class RDFCIL(Method):
         x_syn = self.replay.generate(b)  # fresh, unaugmented, as many as real images
         need_real = phase.name == "rrl" and c.new_kd != "none"  # teacher outputs on real data: new-data KD only
         with torch.no_grad():
-            if ctx.merge_teacher:  # eval mode: one pass over real + synthetic is exact
+            if ctx.runtime.merge_teacher:  # eval mode: one pass over real + synthetic is exact
                 t = teacher(torch.cat([batch.x, x_syn]) if need_real else x_syn)
                 t_real, t_syn = (t.logits[:b], t.features[:b]), (t.logits[-b:], t.features[-b:])
             else:  # the reference's separate passes, its duplicate labelling pass included (for A/B timing)
@@ -146,13 +147,13 @@ class RDFCIL(Method):
         self.class_counts += class_histogram(torch.cat([batch.y, y_syn]), ctx.n_seen)
         if phase.name == "chr":  # backbone frozen in eval mode, so one pass over real + synthetic equals two
             x = torch.cat([batch.x, x_syn])
-            logits = net(x).logits if ctx.merge_teacher else torch.cat([net(batch.x).logits, net(x_syn).logits])
+            logits = net(x).logits if ctx.runtime.merge_teacher else torch.cat([net(batch.x).logits, net(x_syn).logits])
             y = torch.cat([batch.y, y_syn])
             terms = {"gce": c.lambda_ce * F.cross_entropy(logits.float(), y, weight=self.class_weights)}
             if c.chr_hkd and c.old_kd == "hkd":
                 terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])
             return terms
-        logits, feat, _ = student_pass(net, batch.x, x_syn, "separate", ctx.merge_student)  # the reference's BN
+        logits, feat, _ = student_pass(net, batch.x, x_syn, "separate", ctx.runtime.merge_student)  # the reference's BN
         terms = {"lce": w.lce * local_ce(logits[:b], batch.y, n_old)}
         if c.old_kd == "hkd":  # old knowledge on synthetic data
             terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])

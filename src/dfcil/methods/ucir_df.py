@@ -40,7 +40,7 @@ def class_mean_features(net: IncrementalNet, ctx: TaskContext) -> Tensor:
     was_training = net.training
     net.eval()
     sums = torch.zeros(ctx.n_new, net.feature_dim, device=ctx.device)
-    for x, y in ctx.task_data.plain():
+    for x, y in ctx.data.plain():
         sums.index_add_(0, y - ctx.n_old, F.normalize(net(x).features.float(), dim=1))
     net.train(was_training)
     return sums
@@ -65,13 +65,15 @@ class UCIRDF(Method):
     def on_task_start(self, ctx: TaskContext) -> None:
         if ctx.task_id == 0:
             return
-        if self.replay.task_id != ctx.task_id:  # imprint once (a resume inside the inversion has done it)
-            head = ctx.net.head
-            old_norm = head.weight()[: ctx.n_old].norm(dim=1).mean()
-            means = F.normalize(class_mean_features(ctx.net, ctx), dim=1)
-            with torch.no_grad():
-                head.blocks[-1].weight.copy_(means * old_norm)
+        head = ctx.net.head  # imprint the new classes' weights
+        old_norm = head.weight()[: ctx.n_old].norm(dim=1).mean()
+        means = F.normalize(class_mean_features(ctx.net, ctx), dim=1)
+        with torch.no_grad():
+            head.blocks[-1].weight.copy_(means * old_norm)
         self.replay.begin(ctx)
+
+    def synthesize(self, ctx: TaskContext) -> None:
+        self.replay.fit(ctx)
 
     def on_task_end(self, ctx: TaskContext) -> None:
         self.replay.end()
@@ -87,7 +89,7 @@ class UCIRDF(Method):
         with torch.no_grad():
             t = self.replay.teacher(torch.cat([batch.x, x_syn]))
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
-        out = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.merge_student)
+        out = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.runtime.merge_student)
         lam = c.lambda_base * math.sqrt(n_old / ctx.n_new)
         cosine = net.head.cosine(out.features)
         return {

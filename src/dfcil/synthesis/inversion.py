@@ -6,9 +6,7 @@ This is the one place besides the engine that runs an optimiser: the generator's
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor
@@ -18,7 +16,8 @@ from dfcil.graphs import GraphMode, StepGraph
 from dfcil.models.batchnorm import BNMode, BNStats
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet
-from dfcil.state import load_optimizer_state
+from dfcil.optim import load_optimizer_state
+from dfcil.runtime import Runtime
 from dfcil.synthesis.regularizers import (
     bn_statistics_loss,
     content_loss,
@@ -52,10 +51,8 @@ class ModelInversion:
         image_size: side of the generated images (selects the generator architecture).
         batch_size: images per inversion step.
         rng: generator of the latent codes (on the teacher's device).
-        autocast: context for the forward passes (bf16 autocast or nothing); the loss maths stays in fp32.
-        channels_last: build the generator in NHWC memory format.
-        fused: fused Adam kernel (CUDA).
-        graphs: the Adam step as one CUDA graph (``on``, CUDA), or checked for it (``check``); see dfcil.graphs.
+        runtime: how to compute: bf16 autocast around forward passes (the loss maths stays fp32), an NHWC
+            generator, a fused Adam, the Adam step as one CUDA graph (``graphs``; see dfcil.graphs).
     """
 
     def __init__(
@@ -65,21 +62,19 @@ class ModelInversion:
         image_size: int,
         batch_size: int,
         rng: torch.Generator,
-        autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
-        channels_last: bool = False,
-        fused: bool = False,
-        graphs: GraphMode = "off",
+        runtime: Runtime = Runtime(),
     ) -> None:
         self.teacher = teacher
         self.cfg = cfg
         self.batch_size = batch_size
         self.rng = rng
-        self.autocast = autocast
+        self.autocast = runtime.autocast
         self.device = next(teacher.parameters()).device
-        memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        memory_format = torch.channels_last if runtime.channels_last else torch.contiguous_format
         self.generator = build_generator(image_size, cfg.zdim).to(self.device, memory_format=memory_format)
+        graphs = runtime.graphs
         self.graphs: GraphMode = graphs if self.device.type == "cuda" or graphs == "check" else "off"
-        extra = {"fused": True} if fused else {}
+        extra = {"fused": True} if runtime.fused else {}
         if self.graphs == "on":
             extra["capturable"] = True  # the step counter lives on the device, so a replay advances it
         self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.lr, **extra)
@@ -106,12 +101,16 @@ class ModelInversion:
             "prior": c.w_prior * smoothness_prior(x.float(), self.kernel),
         }
 
-    def _terms(self) -> Tensor:
-        """One step's weighted loss terms, as a vector in the order of :attr:`names`."""
+    def train_step(self) -> Tensor:
+        """One Adam step of the generator; returns the weighted loss terms, in the order of :attr:`names`."""
+        self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             terms = self.loss_terms(self.generator(self.latent(self.batch_size)))
         self.names = list(terms)
-        return torch.stack([t.float() for t in terms.values()])
+        losses = torch.stack([t.float() for t in terms.values()])
+        losses.sum().backward()
+        self.optimizer.step()
+        return losses.detach()
 
     def fit(self, on_step: Callable[[int, Tensor], None] | None = None) -> None:
         """Run the remaining Adam steps, then freeze the generator in eval mode.
@@ -122,9 +121,13 @@ class ModelInversion:
         """
         self.generator.train()
         self.teacher.eval()
-        step = StepGraph(self._terms, self.optimizer, self.graphs, self.device, generators=(self.rng,))
+        graph = (
+            None
+            if self.graphs == "off"
+            else StepGraph(self.train_step, self.optimizer, self.graphs, self.device, (self.rng,))
+        )
         while self.step < self.cfg.steps:
-            values = step("inversion")
+            values = self.train_step() if graph is None else graph("inversion")  # a graph replays train_step
             self.step += 1
             if on_step is not None:
                 on_step(self.step, values)

@@ -1,8 +1,8 @@
 """Synthetic replay of one task: a frozen snapshot of the old model and the generator inverted from it.
 
-Every synthetic-replay method (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF) holds one :class:`Replay` and
-calls :meth:`Replay.begin` from ``on_task_start``; the checkpoint logic (partial inversion, frozen state) lives
-here once. With ``InversionConfig.persistent`` (ABD) the generator and its Adam state carry over to the next task
+Every synthetic-replay method (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF) holds one :class:`Replay`, calls
+:meth:`Replay.begin` from ``on_task_start`` and :meth:`Replay.fit` from ``synthesize``; the checkpoint logic
+(partial inversion, frozen state) lives here once. With ``InversionConfig.persistent`` (ABD) the generator and its Adam state carry over to the next task
 and are warm-started there, instead of a fresh generator per task (R-DFCIL).
 """
 
@@ -39,31 +39,31 @@ class Replay:
         self.task_id = ctx.task_id
         self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)
         batch = self.cfg.batch_size or ctx.batch_size
-        self.synth = ModelInversion(
-            self.teacher, self.cfg, ctx.image_size, batch, ctx.rng, ctx.autocast, ctx.channels_last, ctx.fused,
-            ctx.graphs,
-        )  # fmt: skip
+        self.synth = ModelInversion(self.teacher, self.cfg, ctx.image_size, batch, ctx.rng, ctx.runtime)
 
     def begin(self, ctx: TaskContext) -> None:
-        """Snapshot the old model and train the generator (continuing a partial inversion after a resume)."""
-        if self.task_id != ctx.task_id:
-            self._build(ctx)
-            if self.carried is not None:  # ABD: warm-start from the previous task's generator and Adam
-                self.synth.warm_start(self.carried)
-                self.carried = None  # from here on the generator itself holds that state
-        if self.synth.done:
-            return
+        """Snapshot the old model and build the task's generator (warm-started from the last one if it persists)."""
+        self._build(ctx)
+        if self.carried is not None:  # ABD: warm-start from the previous task's generator and Adam
+            self.synth.warm_start(self.carried)
+            self.carried = None  # from here on the generator itself holds that state
+
+    def fit(self, ctx: TaskContext) -> None:
+        """Train the generator, from where it stands (a resumed run continues a partial inversion)."""
         synth = self.synth
+        if synth is None or synth.done:
+            return
         log.info(
             "task %d: inverting the old model into a generator (steps %d..%d)", ctx.task_id, synth.step, synth.cfg.steps
         )
-        with ctx.progress(total=self.cfg.steps, desc=f"task {ctx.task_id} inversion", initial=synth.step) as bar:
+        progress = ctx.runtime.progress
+        with progress(total=self.cfg.steps, desc=f"task {ctx.task_id} inversion", initial=synth.step) as bar:
 
             def on_step(step: int, values: Tensor) -> None:
                 bar.update(1)
                 if step % 50 == 0 or step == synth.cfg.steps:  # a host sync every 50 steps, for the progress bar
                     bar.set_postfix({k: f"{v:.3f}" for k, v in zip(synth.names, values.tolist(), strict=True)})
-                ctx.save_point()
+                ctx.runtime.setup_step()
 
             synth.fit(on_step)
         log.info("task %d: inversion done", ctx.task_id)
@@ -144,4 +144,4 @@ def synthetic_count(per_class: int, n_old: int, real_batch: int, steps_per_epoch
 
 def synthetic_per_step(per_class: int, ctx: TaskContext, real_batch: int) -> int:
     """:func:`synthetic_count` for the task at hand (its old classes and steps per epoch)."""
-    return synthetic_count(per_class, ctx.n_old, real_batch, len(ctx.task_data) if per_class else 0)
+    return synthetic_count(per_class, ctx.n_old, real_batch, len(ctx.data) if per_class else 0)

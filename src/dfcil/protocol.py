@@ -1,0 +1,123 @@
+"""The protocol of a run: the dataset, how it is cut into tasks, and the test set evaluated after every task.
+
+:func:`prepare` validates everything that can be checked before a run starts (config across sections, data,
+protocol, device), so that bad input is refused before a run directory exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from dfcil.config import ConfigError, RunConfig
+from dfcil.data.datasets import ImageDataset, build_dataset
+from dfcil.data.device import Normalizer, select_classes
+from dfcil.data.splits import ClassIncrementalSplit, SplitError
+from dfcil.io import check_creatable_dir
+from dfcil.methods import build_method
+from dfcil.models.heads import HEADS
+from dfcil.models.network import IncrementalNet
+from dfcil.models.resnet_cifar import BACKBONES
+from dfcil.runtime import check_compiler, resolve_device
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """A validated run setting: the dataset and how it is cut into tasks."""
+
+    dataset: ImageDataset
+    split: ClassIncrementalSplit
+    train_images: tuple[int, ...]  # training images per task
+    test_images: tuple[int, ...]  # test images per task
+
+    def train_arrays(self, task: int, seen: bool, per_class: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The training images and labels (order positions) of ``task``, or of tasks 0..task when ``seen``."""
+        offsets = self.split.offsets
+        labels = range(0 if seen else offsets[task], offsets[task + 1])
+        return select_classes(self.dataset.train, self.split.label_map(self.dataset.num_classes), labels, per_class)
+
+
+def prepare(cfg: RunConfig) -> Protocol:
+    """Load the data and build the protocol, raising a clear error for anything that cannot run."""
+    method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
+    BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
+    HEADS.get(type(method).head)
+    device = resolve_device(cfg.device)
+    if cfg.engine.compile != "none":
+        check_compiler(device)
+    if cfg.task0_cache:
+        try:
+            check_creatable_dir(cfg.task0_cache, "task0_cache", "set it to a directory or leave it unset")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    d = cfg.data
+    dataset = build_dataset(d.name, d.root, download=d.download, num_classes=d.num_classes)
+    split = ClassIncrementalSplit.build(
+        dataset.num_classes, d.num_tasks, d.base_classes, d.class_order, d.class_order_seed, d.num_classes
+    )
+    lut, offsets = split.label_map(dataset.num_classes), split.offsets
+    train_n, test_n = [], []
+    for t in range(split.num_tasks):
+        labels = range(offsets[t], offsets[t + 1])
+        train_n.append(len(select_classes(dataset.train, lut, labels, d.train_per_class)[1]))
+        test_n.append(len(select_classes(dataset.test, lut, labels, d.test_per_class)[1]))
+    for t, n in enumerate(train_n):
+        if n < cfg.train.batch_size:
+            raise SplitError(
+                f"task {t} has {n} training images, fewer than train.batch_size={cfg.train.batch_size}; with drop_last "
+                f"it would never train. Use fewer tasks, more images per class or a smaller batch"
+            )
+    if min(test_n) == 0:
+        raise SplitError(f"a task has no test images (per task: {test_n}); check data.test_per_class")
+    return Protocol(dataset, split, tuple(train_n), tuple(test_n))
+
+
+@dataclasses.dataclass
+class TestSet:
+    """The protocol's test images on the device, sorted by label so that the seen classes' images are a prefix."""
+
+    x: torch.Tensor  # (N, H, W, C) uint8
+    y: torch.Tensor  # (N,) labels in order position
+    seen: np.ndarray  # seen[t] = images of the classes of tasks 0..t
+    task_of_label: torch.Tensor
+    normalizer: Normalizer
+
+    @classmethod
+    def build(cls, protocol: Protocol, per_class: int | None, normalizer: Normalizer, device: torch.device) -> TestSet:
+        split, ds = protocol.split, protocol.dataset
+        x, y = select_classes(ds.test, split.label_map(ds.num_classes), range(split.num_classes), per_class)
+        order = np.argsort(y, kind="stable")
+        x, y = x[order], y[order]
+        seen = np.searchsorted(y, split.offsets[1:])
+        labels = torch.as_tensor(split.task_of_label(), device=device)
+        return cls(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), seen, labels, normalizer)
+
+    def batches(self, task: int, batch_size: int) -> int:
+        """Forward passes :meth:`evaluate` makes after ``task``."""
+        return -(-int(self.seen[task]) // batch_size)
+
+    @torch.no_grad()
+    def evaluate(self, net: IncrementalNet, task: int, batch_size: int, bar: Any = None) -> tuple[np.ndarray, ...]:
+        """Top-1 accuracy counts per task after ``task``, argmax over all classes the head has (the seen ones).
+
+        Returns:
+            (correct, count) per task 0..task.
+        """
+        was_training = net.training
+        net.eval()
+        n = int(self.seen[task])
+        correct = torch.zeros(task + 1, dtype=torch.long, device=self.x.device)
+        count = torch.zeros(task + 1, dtype=torch.long, device=self.x.device)
+        for i in range(0, n, batch_size):
+            xb, yb = self.x[i : min(i + batch_size, n)], self.y[i : min(i + batch_size, n)]
+            pred = net(self.normalizer(xb)).logits.argmax(dim=1)
+            t = self.task_of_label[yb]
+            correct.index_add_(0, t, (pred == yb).long())
+            count.index_add_(0, t, torch.ones_like(yb))
+            if bar is not None:
+                bar.update(1)
+        net.train(was_training)
+        return correct.cpu().numpy(), count.cpu().numpy()

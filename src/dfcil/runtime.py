@@ -1,0 +1,139 @@
+"""Where and how a run computes: the device, the engine's switches as one :class:`Runtime`, and the process-wide
+settings a run touches (global random streams, cuDNN's autotuner), which it gives back when it ends."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Literal
+
+import numpy as np
+import torch
+
+from dfcil.config import ConfigError, EngineConfig
+from dfcil.graphs import GraphMode
+from dfcil.progress import ProgressFactory, make_progress
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """How the engine computes, for the steps a method runs itself (model inversion, imprinting) and the
+    modules it builds. None of it changes what is computed beyond rounding, except ``precision``."""
+
+    device: torch.device = torch.device("cpu")
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast around forward passes, fp32 weights and losses
+    merge_teacher: bool = True  # one eval-mode pass over [real; synthetic] where it is exact (teacher, CHR)
+    merge_student: bool = False  # one train-mode student pass over [real; synthetic] with per-half BN statistics
+    channels_last: bool = False  # modules a method builds (generators) use NHWC
+    fused: bool = False  # optimisers a method builds may use fused kernels (CUDA only)
+    graphs: GraphMode = "off"  # engine.cuda_graphs, for the steps a method runs itself
+    progress: ProgressFactory = dataclasses.field(default_factory=lambda: make_progress(False))
+    # a long task setup calls this at consistent points: the engine may checkpoint there, or stop on an interrupt
+    setup_step: Callable[[], None] = _nothing
+
+    @classmethod
+    def from_config(
+        cls, engine: EngineConfig, device: torch.device, progress: ProgressFactory, setup_step: Callable[[], None]
+    ) -> Runtime:
+        merge = engine.merge_passes
+        if merge == "auto":  # a merged 256-image pass is slower than two 128-image ones on a CPU
+            merge = "all" if device.type == "cuda" else "teacher"
+        return cls(
+            device=device, precision=engine.precision, merge_teacher=merge != "none", merge_student=merge == "all",
+            channels_last=engine.channels_last, fused=engine.fused_optimizer and device.type == "cuda",
+            graphs=engine.cuda_graphs, progress=progress, setup_step=setup_step,
+        )  # fmt: skip
+
+    def autocast(self) -> AbstractContextManager:
+        """bf16 autocast around forward passes when ``precision`` is bf16; weights stay fp32."""
+        cache = self.graphs == "off"  # casts cached across a captured step would not be replayed
+        enabled = self.precision == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=cache)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → cuda if available, else cpu; anything else is checked against this machine."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device: {name!r} is not supported (dfcil trains on cpu and cuda); use auto, cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r} requested but CUDA is not available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA device(s); "
+            f"use cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
+    return device
+
+
+def check_compiler(device: torch.device) -> None:
+    """Refuse ``engine.compile`` where inductor cannot generate code for ``device`` (Triton on CUDA, a C++
+    compiler on the CPU), before a run directory exists: the failure would otherwise come at the first step."""
+    fix = "or set engine.compile: none"
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise ConfigError(f"engine.compile needs Triton for CUDA, which this PyTorch lacks; install triton {fix}")
+    elif device.type == "cpu":
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.exc import InvalidCxxCompiler
+
+        try:
+            get_cpp_compiler()
+        except InvalidCxxCompiler:
+            raise ConfigError(
+                f"engine.compile needs a C++ compiler on the CPU and found none (g++ on PATH, or $CXX); install one "
+                f"{fix}"
+            ) from None
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Give the process back as the run found it: Python's, NumPy's and torch's global random streams and cuDNN's
+    autotuner switch, which a run sets (:func:`seed_everything`, ``engine.cudnn_benchmark``).
+
+    A library caller's own random draws go on after a run as if it had not happened (CUDA's streams where CUDA was
+    initialised before the run), and two runs in one process do not depend on each other or on their order.
+    """
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = (
+        [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_initialized() else []
+    )
+    benchmark = torch.backends.cudnn.benchmark
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        for i, state in enumerate(cuda):
+            torch.cuda.set_rng_state(state, i)
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak device memory since the last reset (CUDA), or the process's peak resident memory (CPU)."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux reports KiB

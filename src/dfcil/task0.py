@@ -1,0 +1,98 @@
+"""Shared first-task models: runs whose task 0 is trained identically (the same classes, schedule, model, seed and
+engine, and a method whose first task is the same loss) share one trained task-0 model through ``task0_cache``.
+
+A run that finds its model there starts at task 1; one that does not stores its own at the end of task 0. The key
+is a digest of everything that shapes the model and the random streams at the end of task 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dfcil import __version__
+from dfcil.callbacks import Callback
+from dfcil.checkpoint import FORMAT, CheckpointError, dumps, loads
+from dfcil.config import RunConfig, config_to_dict
+from dfcil.io import write_atomic
+from dfcil.methods import METHODS, Task, build_method
+from dfcil.protocol import Protocol
+from dfcil.runtime import resolve_device
+
+if TYPE_CHECKING:
+    from dfcil.engine import Loop
+
+log = logging.getLogger("dfcil")
+
+
+def task0_key(cfg: RunConfig, protocol: Protocol) -> str | None:
+    """Digest of everything that shapes the model and random state at the end of task 0, or None when the method
+    does not share its first task. Methods with the same task-0 recipe share the file."""
+    method = build_method(cfg.method, cfg.train)
+    signature = method.task0_signature()
+    if signature is None:
+        return None
+    split, data, raw = protocol.split, cfg.data, config_to_dict(cfg)
+    first = Task(task_id=0, n_old=0, n_new=split.offsets[1], num_tasks=split.num_tasks)
+    fields = {
+        "dfcil": __version__,
+        "dataset": protocol.dataset.name,
+        "task0_classes": split.tasks[0],
+        "train_per_class": data.train_per_class,
+        "test_per_class": data.test_per_class,
+        "model": raw["model"],
+        "head": METHODS.get(cfg.method.name).head,
+        # the phases carry epochs, lr and milestones of task 0; eval batch size never changes results
+        "train": {k: v for k, v in raw["train"].items() if k in ("batch_size", "momentum", "weight_decay", "gamma")},
+        "seed": cfg.seed,
+        # how the engine computes changes the numbers (bf16; within rounding the rest), and so does the kind of
+        # device; graphs replay the same kernels
+        "engine": {k: v for k, v in raw["engine"].items() if k != "cuda_graphs"},
+        "device": resolve_device(cfg.device).type,
+        "signature": signature,
+        "phases": [dataclasses.asdict(p) | {"name": None} for p in method.phases(first)],
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class Task0Cache(Callback):
+    """Loads a shared first-task model instead of training task 0 (:meth:`load`), or stores this run's."""
+
+    def __init__(self, cfg: RunConfig, protocol: Protocol) -> None:
+        key = task0_key(cfg, protocol) if cfg.task0_cache else None
+        self.path = Path(cfg.task0_cache) / f"task0-{key}.pt" if key else None
+        self.loaded = False  # this run starts from the shared model
+        self.unusable = False  # the shared model exists but could not be read: replace it
+
+    def load(self) -> dict[str, Any] | None:
+        """The shared first-task model's payload, or None. One that cannot be read is trained again here (and
+        replaced at the end of task 0)."""
+        if self.path is None or not self.path.exists():
+            return None
+        try:
+            payload = loads(self.path.read_bytes(), str(self.path))
+        except CheckpointError as err:
+            log.warning("cannot use the shared first-task model %s (%s): training task 0, then replacing it",
+                        self.path, err)  # fmt: skip
+            self.unusable = True
+            return None
+        self.loaded = True
+        return payload
+
+    def on_run_start(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def on_task_end(self, record: dict[str, Any]) -> None:
+        """Share this run's first-task model unless one is stored or the method keeps state beyond the network."""
+        path = self.path
+        if record["task"] != 0 or self.loaded or path is None or (path.exists() and not self.unusable):
+            return
+        if self.loop.method.state_dict():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = self.loop.snapshot() | {"static": None, "metrics_bytes": 0}
+        write_atomic(path, dumps({"format": FORMAT, **payload}))
