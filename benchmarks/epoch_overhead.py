@@ -8,14 +8,13 @@ and prints per policy the number of checkpoints written, the median time of one 
 SHA-256, write, fsync, rename), and the time between epochs: each phase's wall time minus the sum of its epochs'
 own times, per epoch boundary. On a GPU whose epochs take a tenth of a second this between-epochs time is what a
 5-task CIFAR-100 run pays 960 times (its epochs: 160 in task 0, 200 in each later task). Then it times one
-epoch-end checkpoint's serialisation both ways: the first layout (``torch.save`` of the payload, ~300 tensors)
-and the current one (``dfcil.state.dumps``: the tensors' bytes in one block), to bytes and back.
+epoch-end checkpoint's serialisation (``dfcil.checkpoint.dumps``: the tensors' bytes in one block) against a plain
+``torch.save`` of the same payload (~300 tensors), to bytes and back.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import statistics
@@ -25,22 +24,24 @@ from pathlib import Path
 
 import torch
 
-from dfcil import session
+from dfcil.callbacks import Checkpointing
+from dfcil.checkpoint import dumps, loads
 from dfcil.config import load_config
 from dfcil.runner import train
-from dfcil.state import MAGIC, dumps, loads
 
 
 def serialisation(path: Path, reps: int = 30) -> list[tuple[str, float, float]]:
-    """ms to turn one checkpoint's payload into bytes and back: the first layout (``DFCILCK1``: ``torch.save`` of
-    the payload, tensors included) against the current one (``dumps``: tensors' bytes in one block)."""
+    """ms to turn one checkpoint's payload into bytes and back: ``torch.save`` of the payload, tensors included,
+    against ``dumps`` (tensors' bytes in one block, and a SHA-256 of the whole)."""
     payload = loads(path.read_bytes())
 
-    def first_layout() -> bytes:
+    def torch_save() -> bytes:
         buf = io.BytesIO()
         torch.save(payload, buf)
-        body = buf.getvalue()
-        return MAGIC + hashlib.sha256(body).digest() + body
+        return buf.getvalue()
+
+    def torch_load(data: bytes) -> object:
+        return torch.load(io.BytesIO(data), weights_only=True)
 
     def median_ms(fn) -> float:  # noqa: ANN001
         times = []
@@ -51,25 +52,25 @@ def serialisation(path: Path, reps: int = 30) -> list[tuple[str, float, float]]:
         return statistics.median(times) * 1000
 
     out = []
-    for name, write in (
-        ("DFCILCK1 (torch.save of the payload)", first_layout),
-        ("DFCILCK2 (dumps)", lambda: dumps(payload)),
+    for name, write, read in (
+        ("torch.save of the payload", torch_save, torch_load),
+        ("dfcil.checkpoint (dumps/loads)", lambda: dumps(payload), loads),
     ):
         data = write()
-        out.append((name, median_ms(write), median_ms(lambda data=data: loads(data))))
+        out.append((name, median_ms(write), median_ms(lambda data=data, read=read: read(data))))
     return out
 
 
 def one_run(interval: float, device: str, root: Path) -> tuple[list[float], float, int]:
     saves: list[float] = []
-    original = session.Session.save
+    original = Checkpointing.save
 
     def timed(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         t0 = time.perf_counter()
         original(self, *args, **kwargs)
         saves.append(time.perf_counter() - t0)
 
-    session.Session.save = timed
+    Checkpointing.save = timed
     try:
         overrides = [("model.backbone", "resnet32"), ("train.epochs", "12"), ("train.milestones", "[8]")]
         overrides += [("epoch_checkpoint_interval_s", str(interval)), ("device", device)]
@@ -78,7 +79,7 @@ def one_run(interval: float, device: str, root: Path) -> tuple[list[float], floa
         out = root / f"run-{interval}-{time.monotonic_ns()}"
         summary = train(cfg, out, progress=False)
     finally:
-        session.Session.save = original
+        Checkpointing.save = original
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     epoch_time = sum(r["time_s"] for r in epochs if r["type"] == "epoch")
     phase_time = sum(p["time_s"] for t in summary["timings"] for p in t["phases"].values())

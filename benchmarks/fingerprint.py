@@ -42,7 +42,9 @@ def _layout(obj: Any) -> Any:
 
 
 def _digest(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+    return hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[
+        :16
+    ]
 
 
 def fingerprint(name: str, out: Path) -> dict[str, Any]:

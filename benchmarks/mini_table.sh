@@ -5,8 +5,8 @@
 set -uo pipefail
 ORDER=${1:-0}
 ROOT=${2:-../shared/data}
-names="finetune lwf lwf_mc deepinversion abd ucir_df podnet_df joint rdfcil
-rdfcil_no_rkd rdfcil_no_hkd rdfcil_no_chr rdfcil_rkd_to_hkd rdfcil_hkd_to_rkd rdfcil_identity_proj rdfcil_chr_ce_only"
+# every overlay (one per registered method, and R-DFCIL's ablations: configs/make_presets.py), and R-DFCIL itself
+names="rdfcil $(cd configs/cifar100-mini && ls *.yaml | sed 's/\.yaml$//' | tr '\n' ' ')"
 for name in ${NAMES:-$names}; do
   out=runs/mini-$name-o$ORDER
   [ -f "$out/summary.json" ] && continue

@@ -49,11 +49,12 @@ import torch
 from torch import nn
 
 from dfcil.config import load_config
+from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.graphs import StepGraph
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.batchnorm import BNStats
 from dfcil.models.network import build_network
-from dfcil.progress import make_progress
+from dfcil.runtime import Runtime
 from dfcil.synthesis.regularizers import bn_kl, content_loss, diversity_loss, smoothness_prior
 
 
@@ -77,14 +78,16 @@ def build(
     if compile_backbone:  # as engine.compile: the student's backbone here, the teacher's in its frozen copy
         net.compile_backbone(mode=None)
 
-    def autocast():
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-
-    ctx = TaskContext(
-        1, n_old, n_new, 2, net, device, 32, batch, torch.Generator(device=device).manual_seed(0),
-        make_progress(False), merge_teacher=merge != "none", merge_student=merge == "all", autocast=autocast,
+    runtime = Runtime(
+        device=device, precision=precision, merge_teacher=merge != "none", merge_student=merge == "all",
         channels_last=channels_last,
     )  # fmt: skip
+    images = torch.zeros(batch, 32, 32, 3, dtype=torch.uint8, device=device)  # only their size is read
+    data = TrainBatches(
+        images, images.new_zeros(batch, dtype=torch.long), batch, Normalizer((0.5,) * 3, (0.25,) * 3, device), None
+    )
+    rng = torch.Generator(device=device).manual_seed(0)
+    ctx = TaskContext(task_id=1, n_old=n_old, n_new=n_new, num_tasks=2, net=net, data=data, rng=rng, runtime=runtime)
     method._build_task_state(ctx)  # projectors and loss weights
     method.replay._build(ctx)  # teacher and an (untrained) generator: no inversion needed for timing
     params = [p for m in (net, method.projector) for p in m.parameters()]
@@ -123,6 +126,21 @@ def hooked_inversion_terms(inv, x):
     ]
 
 
+def optimizer_step(
+    compute: Callable[..., torch.Tensor], optimizer: torch.optim.Optimizer
+) -> Callable[..., torch.Tensor]:
+    """The engine's step around ``compute`` (the loss terms): zero_grad, backward, the optimiser's step."""
+
+    def step(*inputs: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        values = compute(*inputs)
+        values.sum().backward()
+        optimizer.step()
+        return values.detach()
+
+    return step
+
+
 def steps_for(
     setup, hooks: bool, graphs: str = "off", compile: bool = False, made: list[StepGraph] | None = None
 ) -> dict[str, Callable[[], None]]:
@@ -138,12 +156,14 @@ def steps_for(
     test = torch.randn(1000, 3, 32, 32, device=ctx.device)
 
     def inversion_terms():
-        with ctx.autocast():
+        with ctx.runtime.autocast():
             x = inv.generator(inv.latent(inv.batch_size))
             terms = hooked_inversion_terms(inv, x) if hooks else list(inv.loss_terms(x).values())
         return torch.stack([t.float() for t in terms])
 
-    inv_step = StepGraph(maybe_compiled(inversion_terms), inv_opt, graphs, ctx.device, generators=(inv.rng,))
+    inv_step = StepGraph(
+        optimizer_step(maybe_compiled(inversion_terms), inv_opt), inv_opt, graphs, ctx.device, generators=(inv.rng,)
+    )
     made.append(inv_step)
 
     def inversion():
@@ -152,11 +172,13 @@ def steps_for(
 
     def train_step(phase: Phase, ctx: TaskContext = ctx):
         def terms(x, y):
-            with ctx.autocast():
+            with ctx.runtime.autocast():
                 terms = method.training_step(net, Batch(x, y), ctx, phase)
             return torch.stack([t.float() for t in terms.values()])
 
-        graph = StepGraph(maybe_compiled(terms), optimizer, graphs, ctx.device, generators=(ctx.rng,))
+        graph = StepGraph(
+            optimizer_step(maybe_compiled(terms), optimizer), optimizer, graphs, ctx.device, generators=(ctx.rng,)
+        )
         made.append(graph)
 
         def step():
@@ -173,7 +195,7 @@ def steps_for(
     @torch.no_grad()
     def evaluation():
         net.eval()
-        with ctx.autocast():
+        with ctx.runtime.autocast():
             net(test).logits.argmax(1)
 
     return {

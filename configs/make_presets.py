@@ -1,17 +1,23 @@
-"""Write the CIFAR-100 presets: every method x paper setting, the R-DFCIL ablations, and the cifar100-mini overlays.
+"""Write the CIFAR-100 presets: every registered method x paper setting, the R-DFCIL ablations, and the
+cifar100-mini overlays.
 
     python configs/make_presets.py        # rewrites configs/cifar100/*.yaml and configs/cifar100-mini/*.yaml
 
 The presets are generated so that all methods share the backbone, protocol, class order, schedule and synthesizer
-unless a preset says otherwise; each file's header names the paper row it reproduces and its number.
+unless a preset says otherwise; each file's header names the paper row it reproduces and its number. Methods are
+found through the registry: a method with no row below gets presets with its config's defaults (and the shared
+synthesizer where it has one).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
 import yaml
+
+from dfcil.config import METHOD_CONFIGS
 
 HERE = Path(__file__).parent
 
@@ -31,7 +37,7 @@ INVERSION |= {"w_prior": 0.001, "persistent": False}
 SCHEDULE = {"epochs": 160, "batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005}
 SCHEDULE |= {"milestones": [80, 120], "gamma": 0.1}
 SHARED = (
-    "Shared with R-DFCIL (spec/reference-implementation.md): CIFAR ResNet-32 (cl-lite variant), SGD lr 0.1\n"
+    "Shared with R-DFCIL (docs/reference.md): CIFAR ResNet-32 (cl-lite variant), SGD lr 0.1\n"
     "momentum 0.9 batch 128, pad-4 crop + flip, training seed 1."
 )
 HEADS = {
@@ -71,7 +77,7 @@ ABD_RDFCIL = {  # ABD as implemented by the R-DFCIL authors
     "b50_n26": ("25.27 ± 1.09", "48.91 ± 1.88"),
 }
 UPPER = {k: ("70.67 ± 0.16", None) for k in ("n5", "n10", "n20")}
-METHODS = {
+PAPER_ROWS = {
     # name: (method section, train overrides, paper row, numbers per setting, notes)
     "finetune": (
         {"name": "finetune"},
@@ -100,7 +106,7 @@ METHODS = {
         {},
         "LwF.MC (from the ABD paper; not in R-DFCIL's tables)",
         {"n5": ("32.50 ± 1.00", None), "n10": ("17.10 ± 0.10", None), "n20": ("7.70 ± 0.50", None)},
-        "Sigmoid outputs, binary CE; the old classes' targets are the old model's sigmoids (spec/baselines.md §5).",
+        "Sigmoid outputs, binary CE; the old classes' targets are the old model's sigmoids (docs/baselines.md).",
     ),
     "deepinversion": (
         {"name": "deepinversion", "lambda_kd": 1.0, "temperature": 2.0, "inversion": INVERSION},
@@ -163,7 +169,7 @@ METHODS = {
             "b50_n26": ("20.18 ± 0.76", "43.23 ± 1.70"),
         },
         f"160 epochs + 20 epochs of balanced head finetuning at lr 0.05, with {SYNTH}; LSC head, NCA, POD.\n"
-        "# The shared step schedule replaces PODNet's cosine annealing (spec/baselines.md §8.2 and §11, item 3).",
+        "# The shared step schedule replaces PODNet's cosine annealing (docs/baselines.md).",
     ),
     "rdfcil": (
         {
@@ -231,9 +237,8 @@ def numbers(nums) -> str:
     return f"A_N = {a_n}" + (f", average incremental accuracy = {avg}" if avg else "")
 
 
-def write(path: Path, head: list[str], body: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header(head) + yaml.safe_dump(body, sort_keys=False))
+def text(head: list[str], body: dict) -> str:
+    return header(head) + yaml.safe_dump(body, sort_keys=False)
 
 
 def full_config(method: dict, train: dict, tasks: int, base: int) -> dict:
@@ -246,9 +251,27 @@ def full_config(method: dict, train: dict, tasks: int, base: int) -> dict:
     }
 
 
-def main() -> None:
+def defaults(name: str) -> dict:
+    """The method section of a registered method without a paper row: its config's defaults, with the shared
+    synthesizer where it has one."""
+    section = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(METHOD_CONFIGS.get(name)())))  # tuples → lists
+    return section | ({"inversion": INVERSION} if "inversion" in section else {})
+
+
+def method_rows() -> dict[str, tuple]:
+    """Every registered method's row: the paper's where it has one, else its defaults and no number."""
+    rows = dict(PAPER_ROWS)
+    for name in METHOD_CONFIGS.names():
+        if name not in rows:
+            rows[name] = (defaults(name), {}, f"{name} (no number in the paper)", {}, "")
+    return rows
+
+
+def presets() -> dict[Path, str]:
+    """Every generated preset: its path and its text (header and YAML body)."""
+    files: dict[Path, str] = {}
     out = HERE / "cifar100"
-    for key, (method, train, row, table, notes) in METHODS.items():
+    for key, (method, train, row, table, notes) in method_rows().items():
         for setting, (tasks, base, desc, tab) in SETTINGS.items():
             name = f"{key}_{setting}.yaml"
             head = [
@@ -262,12 +285,9 @@ def main() -> None:
                 SHARED,
                 schedule_line(key, train),
             ] + ([notes.replace("# ", "")] if notes else [])
-            write(
-                out / name,
-                [line for block in head for line in block.split("\n")],
-                full_config(method, train, tasks, base),
-            )
-    rd_method, rd_train = METHODS["rdfcil"][0], METHODS["rdfcil"][1]
+            lines = [line for block in head for line in block.split("\n")]
+            files[out / name] = text(lines, full_config(method, train, tasks, base))
+    rd_method, rd_train = PAPER_ROWS["rdfcil"][0], PAPER_ROWS["rdfcil"][1]
     for key, (method, train, row, nums) in ABLATIONS.items():
         name = f"rdfcil_n20_{key}.yaml"
         head = [
@@ -277,34 +297,41 @@ def main() -> None:
             f"Command: dfcil train --config configs/cifar100/ablations/{name} --data.root DATA --out runs/{key}-s0",
             "Everything else is rdfcil_n20.yaml.",
         ]
-        write(
-            out / "ablations" / name,
-            [ln for block in head for ln in block.split("\n")],
-            full_config(rd_method | method, rd_train | train, 20, 0),
-        )
-    mini = HERE / "cifar100-mini"
-    mini_budget = {"inversion": {"steps": 80}}
-    overlays = {
-        "finetune": {"name": "finetune"},
-        "joint": {"name": "joint", "from_scratch": True, "last_only": False},
-        "lwf": {"name": "lwf"},
-        "lwf_mc": {"name": "lwf_mc"},
-        "deepinversion": {"name": "deepinversion"} | mini_budget,
-        "dgr": {"name": "dgr"},
-        "abd": {"name": "abd", "inversion": {"steps": 80, "persistent": False}},
-        "ucir_df": {"name": "ucir_df"} | mini_budget,
-        "podnet_df": {"name": "podnet_df", "ft_epochs": 3} | mini_budget,
-    } | {f"rdfcil_{k}": {"name": "rdfcil", "chr_epochs": 3} | mini_budget | m for k, (m, _, _, _) in ABLATIONS.items()}
-    for key, method in overlays.items():
-        train = {"epochs": 12} if key == "rdfcil_no_chr" else {}
-        body = {"method": method} | ({"train": train} if train else {})
+        lines = [ln for block in head for ln in block.split("\n")]
+        files[out / "ablations" / name] = text(lines, full_config(rd_method | method, rd_train | train, 20, 0))
+    for key, body in mini_overlays().items():
         head = [
             f"cifar100-mini overlay: {key.replace('rdfcil_', 'rdfcil, ablation ')}, on the",
             "cifar100-mini protocol, schedule and synthesizer budget (80 inversion steps). Use it after the base:",
             f"  dfcil train --config configs/cifar100-mini.yaml --config configs/cifar100-mini/{key}.yaml \\",
             f"      --data.root ../shared/data --out runs/mini-{key}-s1",
         ]
-        write(mini / f"{key}.yaml", head, body)
+        files[HERE / "cifar100-mini" / f"{key}.yaml"] = text(head, body)
+    return files
+
+
+def mini_overlays() -> dict[str, dict]:
+    """cifar100-mini overlays: every registered method but R-DFCIL (the base preset), and R-DFCIL's ablations."""
+    budget = {"inversion": {"steps": 80}}
+    overlays = {
+        "joint": {"name": "joint", "from_scratch": True, "last_only": False},
+        "abd": {"name": "abd", "inversion": {"steps": 80, "persistent": False}},
+        "podnet_df": {"name": "podnet_df", "ft_epochs": 3} | budget,
+    }
+    for name in METHOD_CONFIGS.names():
+        if name not in overlays and name != "rdfcil":
+            has_inversion = "inversion" in {f.name for f in dataclasses.fields(METHOD_CONFIGS.get(name))}
+            overlays[name] = {"name": name} | (budget if has_inversion else {})
+    overlays = dict(sorted(overlays.items()))
+    for k, (m, _, _, _) in ABLATIONS.items():
+        overlays[f"rdfcil_{k}"] = {"name": "rdfcil", "chr_epochs": 3} | budget | m
+    return {k: {"method": m} | ({"train": {"epochs": 12}} if k == "rdfcil_no_chr" else {}) for k, m in overlays.items()}
+
+
+def main() -> None:
+    for path, content in presets().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,13 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
 
+def smoke_configs(method: str) -> list[Path]:
+    """The smoke preset for ``method``: configs/smoke.yaml, plus configs/smoke/<method>.yaml where the method needs
+    one (a schedule split that does not fit the smoke run's epochs, a smaller model)."""
+    overlay = CONFIGS / "smoke" / f"{method}.yaml"
+    return [CONFIGS / "smoke.yaml", *([overlay] if overlay.exists() else [])]
+
+
 def shared_cifar_root() -> Path | None:
     """A data root holding the real CIFAR-100 arrays: $DFCIL_CIFAR_ROOT, else ../shared/data next to the repo."""
     candidates = [os.environ.get("DFCIL_CIFAR_ROOT"), REPO.parent / "shared" / "data"]
@@ -38,7 +45,7 @@ def cifar_root() -> Path:
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device (runs on the lent GPU machine: benchmarks/gpu_check.sh)")
+    skip = pytest.mark.skip(reason="needs a CUDA device (on a GPU machine: bash benchmarks/gpu_check.sh tests)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -1,4 +1,4 @@
-"""The benchmark scripts a GPU lease runs (benchmarks/gpu_check.sh): they must work before the lease starts."""
+"""The benchmark scripts that benchmarks/gpu_check.sh runs on a GPU: they must work before they get there."""
 
 import importlib.util
 import subprocess

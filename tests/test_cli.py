@@ -188,8 +188,8 @@ def test_the_saved_model_reproduces_the_last_accuracy_row(smoke_run):
     """model.pt rebuilds the final network (load_model); evaluating it apart from the engine (all test images of
     the seen classes, normalised by hand) gives the summary's last row of correct counts."""
     from dfcil.config import load_config
+    from dfcil.protocol import prepare
     from dfcil.runner import load_model
-    from dfcil.session import prepare
 
     cfg = load_config([smoke_run / "config.yaml"])[0]
     protocol = prepare(cfg)

@@ -183,19 +183,16 @@ def test_the_paper_presets_give_every_plain_ce_first_task_the_same_schedule(sett
     presets whose first task is plain CE train it identically, and one task-0 cache serves them all."""
     import dataclasses
 
-    import torch
-
-    from dfcil.methods import TaskContext, build_method
-    from dfcil.progress import make_progress
+    from dfcil.methods import Task, build_method
 
     first = {}
     for name in ("finetune", "lwf", "deepinversion", "abd", "rdfcil"):
         cfg, _ = load_config([CONFIGS / "cifar100" / f"{name}_{setting}.yaml"])
         method = build_method(cfg.method, cfg.train)
-        ctx = TaskContext(0, 0, 50, 5, None, torch.device("cpu"), 32, 128, torch.Generator(), make_progress(False))
+        task0 = Task(task_id=0, n_old=0, n_new=50, num_tasks=5)
         train = config_to_dict(cfg)["train"]
         del train["epochs"]  # R-DFCIL's 200 include CHR, which task 0 does not run
-        schedule = [dataclasses.asdict(p) | {"name": None} for p in method.phases(ctx)]
+        schedule = [dataclasses.asdict(p) | {"name": None} for p in method.phases(task0)]
         first[name] = (method.task0_signature(), schedule, train, cfg.model, cfg.data, cfg.seed)
     assert first["rdfcil"][1][0]["epochs"] == 160 and len(first["rdfcil"][1]) == 1
     assert all(value == first["rdfcil"] for value in first.values()), {k: v[1] for k, v in first.items()}

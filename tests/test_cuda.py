@@ -1,4 +1,4 @@
-"""CUDA code paths. Skipped without a GPU; run on the lent GPU machine by benchmarks/gpu_check.sh."""
+"""CUDA code paths. Skipped without a GPU; `bash benchmarks/gpu_check.sh tests` runs them on a GPU machine."""
 
 import json
 
@@ -85,7 +85,7 @@ def test_captured_steps_train_like_eager_steps():
         toy.weight = toy.weight.cuda()
         toy.rng = torch.Generator(device="cuda").manual_seed(1)
         toy.opt = torch.optim.SGD(toy.net.parameters(), lr=0.1, momentum=0.9, fused=True)
-        step = StepGraph(toy.compute, toy.opt, mode, torch.device("cuda"), generators=(toy.rng,), warmup=2)
+        step = StepGraph(toy.step, toy.opt, mode, torch.device("cuda"), generators=(toy.rng,), warmup=2)
         values = []
         for i, (x, y) in enumerate(batches(8)):
             if i == 5:
@@ -106,6 +106,7 @@ def test_captured_steps_train_like_eager_steps():
 
 def test_captured_inversion_follows_the_eager_inversion():
     from dfcil.models.network import build_network
+    from dfcil.runtime import Runtime
     from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 
     torch.manual_seed(0)
@@ -116,9 +117,8 @@ def test_captured_inversion_follows_the_eager_inversion():
     init = ModelInversion(teacher, cfg, 32, 8, torch.Generator(device="cuda")).generator.state_dict()
     losses = {}
     for mode in ("off", "on"):
-        inv = ModelInversion(
-            teacher, cfg, 32, 8, torch.Generator(device="cuda").manual_seed(3), fused=True, graphs=mode
-        )
+        runtime = Runtime(device=torch.device("cuda"), fused=True, graphs=mode)
+        inv = ModelInversion(teacher, cfg, 32, 8, torch.Generator(device="cuda").manual_seed(3), runtime)
         inv.generator.load_state_dict(init)
         seen = []
         inv.fit(lambda step, values, seen=seen: seen.append(values.clone()))
@@ -141,7 +141,7 @@ def test_batch_moments_on_cuda_match_the_cpu():
 
 
 def test_checkpoint_bytes_of_cuda_tensors_round_trip_to_the_host():
-    from dfcil.state import FORMAT, dumps, loads
+    from dfcil.checkpoint import FORMAT, dumps, loads
 
     g = torch.Generator(device="cuda").manual_seed(0)
     payload = {

@@ -1,7 +1,7 @@
 """The fast path (merged passes, split BN) against the reference mode (separate passes), and the precision and
 memory-format switches."""
 
-import copy
+import dataclasses
 import json
 
 import pytest
@@ -10,9 +10,10 @@ import torch
 from conftest import CONFIGS
 from dfcil.cli import main
 from dfcil.config import load_config
+from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.network import build_network
-from dfcil.progress import make_progress
+from dfcil.runtime import Runtime
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 
@@ -28,11 +29,14 @@ def _setup(merge: str, seed: int = 0, device: str = "cpu"):
         for _ in range(3):
             net(torch.randn(16, 3, 32, 32, device=device) + 0.5)
     net.expand(4)
-    ctx = TaskContext(
-        1, 4, 4, 2, net, torch.device(device), 32, 8, torch.Generator(device=device).manual_seed(5),
-        make_progress(False), merge_teacher=merge != "none", merge_student=merge == "all",
-    )  # fmt: skip
+    dev = torch.device(device)
+    x = torch.zeros(8, 32, 32, 3, dtype=torch.uint8, device=dev)  # the task's images: only their size is read
+    data = TrainBatches(x, x.new_zeros(8, dtype=torch.long), 8, Normalizer((0.5,) * 3, (0.25,) * 3, dev), None)
+    runtime = Runtime(device=dev, merge_teacher=merge != "none", merge_student=merge == "all")
+    rng = torch.Generator(device=device).manual_seed(5)
+    ctx = TaskContext(task_id=1, n_old=4, n_new=4, num_tasks=2, net=net, data=data, rng=rng, runtime=runtime)
     method.on_task_start(ctx)
+    method.synthesize(ctx)
     return method, net, ctx
 
 
@@ -87,6 +91,9 @@ def test_bf16_and_channels_last_run_and_stay_close_to_fp32():
         def __init__(self):
             self.epochs = []
 
+        def on_run_start(self, loop):
+            self.net = loop.net
+
         def on_epoch_end(self, record):
             self.epochs.append(record["loss"])
 
@@ -96,8 +103,8 @@ def test_bf16_and_channels_last_run_and_stay_close_to_fp32():
         "bf16": [("engine.precision", "bf16"), ("engine.channels_last", "true")],
     }.items():
         losses = Losses()
-        summary, net = run(load_config([SMOKE], overrides)[0], callbacks=[losses], progress=False)
-        results[name] = (summary, net, losses.epochs)
+        summary = run(load_config([SMOKE], overrides)[0], callbacks=[losses], progress=False)
+        results[name] = (summary, losses.net, losses.epochs)
     (_, _, l32), (s16, net16, l16) = results["fp32"], results["bf16"]
     conv = next(m for m in net16.modules() if isinstance(m, torch.nn.Conv2d))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last) and conv.weight.dtype == torch.float32
@@ -108,10 +115,9 @@ def test_bf16_and_channels_last_run_and_stay_close_to_fp32():
 
 def test_bf16_step_keeps_fp32_weights_and_losses():
     method, net, ctx = _setup("all")
-    ctx = copy.copy(ctx)
-    ctx.autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    ctx = dataclasses.replace(ctx, runtime=dataclasses.replace(ctx.runtime, precision="bf16"))
     x, y = torch.randn(8, 3, 32, 32), torch.randint(4, 8, (8,))
-    with ctx.autocast():
+    with ctx.runtime.autocast():
         assert net(x).logits.dtype == torch.bfloat16  # autocast is on: the network computes in bf16
         terms = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
     assert all(t.dtype == torch.float32 for t in terms.values())
@@ -147,13 +153,13 @@ def test_compile_traces_each_backbone_variant_once_for_the_whole_run(monkeypatch
             self.after[record["task"]] = counters["stats"]["unique_graphs"]
 
     monkeypatch.setattr(torch.nn.Module, "compile", compile_eagerly)
-    monkeypatch.setattr("dfcil.session.check_compiler", lambda device: None)  # the eager backend needs no compiler
+    monkeypatch.setattr("dfcil.protocol.check_compiler", lambda device: None)  # the eager backend needs no compiler
     five = [("data.num_tasks", "5"), ("engine.merge_passes", "all")]  # all: the BN groups of the merged student
     torch._dynamo.reset()
     counters.clear()
     per_task = GraphsPerTask()
-    compiled_run, _ = run(load_config([SMOKE], [*five, ("engine.compile", "default")])[0], [per_task], False)
-    eager_run, _ = run(load_config([SMOKE], five)[0], progress=False)
+    compiled_run = run(load_config([SMOKE], [*five, ("engine.compile", "default")])[0], [per_task], progress=False)
+    eager_run = run(load_config([SMOKE], five)[0], progress=False)
     assert compiled == [("CifarResNet", {"mode": None})] * 5  # the student's backbone, then each task's teacher's
     assert 4 <= per_task.after[1] <= 8
     assert per_task.after == {0: per_task.after[0], **dict.fromkeys(range(1, 5), per_task.after[1])}

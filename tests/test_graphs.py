@@ -12,6 +12,7 @@ from torch import nn
 from dfcil.engine import run
 from dfcil.graphs import GraphCaptureError, GraphSafetyError, StepGraph
 from dfcil.methods import METHODS
+from dfcil.runtime import Runtime
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 from test_methods import tiny_config
 
@@ -39,6 +40,14 @@ class Toy:
             ce = ce * torch.tensor([1.0, 1.0]).sum()
         return torch.stack([ce, self.scale * logits.pow(2).mean()])
 
+    def step(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """One optimisation step, as the engine's: zero_grad, loss terms, backward, the optimiser's step."""
+        self.opt.zero_grad(set_to_none=True)
+        values = self.compute(*inputs)
+        values.sum().backward()
+        self.opt.step()
+        return values.detach()
+
 
 def batches(n: int, seed: int = 5):
     g = torch.Generator().manual_seed(seed)
@@ -46,7 +55,7 @@ def batches(n: int, seed: int = 5):
 
 
 def train(toy: Toy, mode: str, data, generators=()) -> list[torch.Tensor]:
-    step = StepGraph(toy.compute, toy.opt, mode, warmup=1, generators=generators)
+    step = StepGraph(toy.step, toy.opt, mode, warmup=1, generators=generators)
     return [step(("phase", 0.1), x, y).clone() for x, y in data]
 
 
@@ -62,7 +71,7 @@ def test_check_mode_trains_exactly_like_the_eager_step():
 def test_a_step_without_inputs_is_recorded_once():
     toy = Toy()
     x, y = batches(1)[0]
-    step = StepGraph(lambda: toy.compute(x, y), toy.opt, "check", warmup=1)
+    step = StepGraph(lambda: toy.step(x, y), toy.opt, "check", warmup=1)
     for _ in range(5):
         step("inversion")
     assert step.captures == 1 and step.calls == 5
@@ -72,7 +81,7 @@ def test_a_graph_that_cannot_be_set_up_falls_back_to_eager_steps(caplog):
     """If a graph cannot even be set up (nothing captured yet), the run goes on eagerly, says so, and trains
     exactly as the eager engine."""
     eager, graphed = Toy(), Toy()
-    step = StepGraph(graphed.compute, graphed.opt, "check", warmup=0)
+    step = StepGraph(graphed.step, graphed.opt, "check", warmup=0)
     step.mode = "on"  # as on a GPU, with a PyTorch whose graphs cannot register generators
 
     def refuse():
@@ -90,7 +99,7 @@ def test_a_graph_that_cannot_be_set_up_falls_back_to_eager_steps(caplog):
 def test_a_capture_that_fails_once_begun_stops_with_the_way_to_go_on(monkeypatch):
     """A failed capture can leave generators and streams in capture state: no eager fallback, a clear error."""
     toy = Toy()
-    step = StepGraph(toy.compute, toy.opt, "check", warmup=0)
+    step = StepGraph(toy.step, toy.opt, "check", warmup=0)
     step.mode = "on"
     step._new_graph = object
 
@@ -117,13 +126,13 @@ def test_a_capture_that_fails_once_begun_stops_with_the_way_to_go_on(monkeypatch
 
 def test_on_mode_is_eager_off_cuda():
     toy = Toy()
-    step = StepGraph(toy.compute, toy.opt, "on", device=torch.device("cpu"))
+    step = StepGraph(toy.step, toy.opt, "on", device=torch.device("cpu"))
     assert step.mode == "off"
 
 
 def test_the_returned_terms_are_overwritten_by_the_next_step_as_a_replay_would():
     toy = Toy()
-    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
+    step = StepGraph(toy.step, toy.opt, "check", warmup=1)
     data = batches(4)
     step("k", *data[0])  # warm-up: eager
     first = step("k", *data[1])
@@ -134,7 +143,7 @@ def test_the_returned_terms_are_overwritten_by_the_next_step_as_a_replay_would()
 
 def recorded(toy: Toy, n: int, key: str = "k"):
     """A checked step after its warm-up, its recorded step and one compared step; the batches for ``n`` steps."""
-    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
+    step = StepGraph(toy.step, toy.opt, "check", warmup=1)
     data = batches(n)
     for x, y in data[:3]:
         step(key, x, y)
@@ -151,7 +160,7 @@ def test_rebinding_state_between_steps_is_caught():
 
 def test_updating_state_in_place_is_fine():
     toy = Toy()
-    step = StepGraph(toy.compute, toy.opt, "check", warmup=1)
+    step = StepGraph(toy.step, toy.opt, "check", warmup=1)
     for i, (x, y) in enumerate(batches(5)):
         toy.weight.fill_(1.0 + i)
         step("k", x, y)
@@ -172,7 +181,7 @@ def test_host_syncs_and_tensors_from_python_data_are_caught():
     for flag, message in [("sync", "synchronises with the host"), ("from_python", "from Python data")]:
         toy = Toy()
         setattr(toy, flag, True)
-        step = StepGraph(toy.compute, toy.opt, "check", warmup=0)
+        step = StepGraph(toy.step, toy.opt, "check", warmup=0)
         with pytest.raises(GraphSafetyError, match=message) as err:
             step("k", *batches(1)[0])
         assert "test_graphs.py" in str(err.value)  # names the offending line
@@ -190,14 +199,14 @@ def test_random_streams_must_be_declared():
 
 def test_a_batch_of_another_shape_under_one_key_is_an_error():
     toy = Toy()
-    step = StepGraph(toy.compute, toy.opt, "check", warmup=0)
+    step = StepGraph(toy.step, toy.opt, "check", warmup=0)
     step("k", *batches(1)[0])
     with pytest.raises(GraphSafetyError, match=r"\(16, 4\).*\(8, 4\)"):
         step("k", torch.randn(8, 4), torch.randint(0, 3, (8,)))
 
 
 def test_the_built_in_methods_are_graph_safe():
-    builtin = ["abd", "deepinversion", "dgr", "finetune", "joint", "lwf", "lwf_mc", "podnet_df", "rdfcil", "ucir_df"]
+    builtin = METHODS.names()
     assert [name for name in builtin if not METHODS.get(name).graph_safe] == []
 
 
@@ -207,9 +216,9 @@ def test_every_graph_safe_method_passes_the_check_and_trains_identically(name):
     on the CPU the result equals the eager run's bit for bit."""
     if not METHODS.get(name).graph_safe:
         pytest.skip(f"{name} is not marked graph_safe: the engine runs its steps eagerly")
-    extra = [] if name == "podnet_df" else [("train.epochs", "3"), ("train.milestones", "[2]")]
-    eager, _ = run(tiny_config(name, extra), progress=False)
-    checked, _ = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "check")]), progress=False)
+    extra = [("train.epochs", "3"), ("train.milestones", "[2]")]
+    eager = run(tiny_config(name, extra), progress=False)
+    checked = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "check")]), progress=False)
     assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
     phases = [p for t in checked["timings"] for p in t["phases"].values()]
     assert phases and all(p["cuda_graphs"] == "check" and p["captures"] >= 1 and "capture_s" not in p for p in phases)
@@ -228,13 +237,8 @@ def test_rdfcil_class_weights_rebound_at_epoch_end_would_be_caught():
 
     extra = [("train.epochs", "4"), ("method.chr_epochs", "2"), ("engine.cuda_graphs", "check")]
     cfg = tiny_config("rdfcil", extra)  # two CHR epochs, the phase that reads the weights
-    original = METHODS.get("rdfcil")
-    METHODS._items["rdfcil"] = Rebinding
-    try:
-        with pytest.raises(GraphSafetyError, match="replaced"):
-            run(cfg, progress=False)
-    finally:
-        METHODS._items["rdfcil"] = original
+    with METHODS.replaced("rdfcil", Rebinding), pytest.raises(GraphSafetyError, match="replaced"):
+        run(cfg, progress=False)
 
 
 def test_inversion_under_check_equals_the_eager_inversion():
@@ -247,7 +251,8 @@ def test_inversion_under_check_equals_the_eager_inversion():
     cfg = InversionConfig(steps=4, zdim=16)
 
     def fit(mode):
-        inv = ModelInversion(copy.deepcopy(teacher), cfg, 32, 8, torch.Generator().manual_seed(3), graphs=mode)
+        generator = torch.Generator().manual_seed(3)
+        inv = ModelInversion(copy.deepcopy(teacher), cfg, 32, 8, generator, Runtime(graphs=mode))
         torch.manual_seed(1)
         inv.generator.load_state_dict(reference_init)
         seen = []
@@ -269,13 +274,8 @@ def test_a_method_not_marked_graph_safe_runs_eagerly_with_one_warning(caplog):
     class Unmarked(Finetune):
         graph_safe = False
 
-    original = METHODS.get("finetune")
-    METHODS._items["finetune"] = Unmarked
-    try:
-        with caplog.at_level("WARNING", logger="dfcil"):
-            summary, _ = run(tiny_config("finetune", [("engine.cuda_graphs", "on")]), progress=False)
-    finally:
-        METHODS._items["finetune"] = original
+    with METHODS.replaced("finetune", Unmarked), caplog.at_level("WARNING", logger="dfcil"):
+        summary = run(tiny_config("finetune", [("engine.cuda_graphs", "on")]), progress=False)
     assert caplog.text.count("not marked graph_safe") == 1
     assert all(p["cuda_graphs"] == "off" for t in summary["timings"] for p in t["phases"].values())
 
@@ -283,18 +283,17 @@ def test_a_method_not_marked_graph_safe_runs_eagerly_with_one_warning(caplog):
 def test_a_phase_record_explains_the_mode_of_the_last_process():
     """A resumed phase's record gives the graph mode its last process ran in; a ``graph_failure`` that an earlier
     process recorded goes once this one runs its steps as graphs, and comes back if this one fails too."""
-    from dfcil.engine import _PhaseClock
+    from dfcil.callbacks import PhaseClock
 
     toy = Toy()
     earlier = {"time_s": 2.0, "images": 64, "cuda_graphs": "off", "captures": 0, "graph_failure": "no graphs"}
-    step = StepGraph(toy.compute, toy.opt, "check", warmup=0)
-    clock = _PhaseClock(earlier, step, "check")
+    step = StepGraph(toy.step, toy.opt, "check", warmup=0)
+    clock = PhaseClock(earlier)
     for x, y in batches(2):
         step("k", x, y)
-    clock.images += 16
-    clock.update()
+    clock.update(64 + 16, step, "check")  # the phase's images so far: 16 more in this process
     assert earlier["cuda_graphs"] == "check" and earlier["captures"] == 1 and "graph_failure" not in earlier
     assert earlier["images"] == 80 and earlier["time_s"] >= 2.0
     step.failure = "refused"
-    clock.update()
+    clock.update(80, step, "check")
     assert earlier["graph_failure"] == "refused"

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from conftest import CONFIGS, StopAfterEpochs
+from conftest import StopAfterEpochs, smoke_configs
 from dfcil.callbacks import Callback
 from dfcil.config import load_config
 from dfcil.data.device import Normalizer, TrainBatches
-from dfcil.engine import NonFiniteLossError, fit_task, run, train_epoch
-from dfcil.methods import METHODS, Batch, Method, Phase, TaskContext, build_method
+from dfcil.engine import Loop, NonFiniteLossError, fit_task, run
+from dfcil.methods import METHODS, Batch, Method, Phase, Task, TaskContext, build_method
 from dfcil.models.network import build_network
-from dfcil.progress import make_progress
+from dfcil.state import Position, RunState
 
 TINY = [("train.epochs", "2"), ("train.milestones", "[1]"), ("data.num_classes", "6")]
 
@@ -34,17 +34,9 @@ class Records(Callback):
         self.tasks.append(record)
 
 
-# methods whose default schedule split does not fit 2 epochs
-SMOKE_OVERRIDES = {
-    "podnet_df": [("method.ft_epochs", "1")],
-    "rdfcil": [("method.chr_epochs", "1")],
-    "dgr": [("method.zdim", "32")],
-}
-
-
 def tiny_config(name, extra=()):
-    overrides = [("method.name", name), *TINY, *SMOKE_OVERRIDES.get(name, []), *extra]
-    cfg, _ = load_config([CONFIGS / "smoke.yaml"], overrides)
+    """The method's smoke preset, shortened to 2 epochs and 6 classes."""
+    cfg, _ = load_config(smoke_configs(name), [("method.name", name), *TINY, *extra])
     return cfg
 
 
@@ -52,8 +44,8 @@ def tiny_config(name, extra=()):
 def test_two_task_run_of_every_method(name, tmp_path):
     from dfcil.cli import main
 
-    args = ["train", "--config", str(CONFIGS / "smoke.yaml"), "--out", str(tmp_path / "run"), "--no-progress"]
-    overrides = [("method.name", name), *TINY, *SMOKE_OVERRIDES.get(name, [])]
+    args = ["train", *(f"--config={c}" for c in smoke_configs(name)), "--out", str(tmp_path / "run"), "--no-progress"]
+    overrides = [("method.name", name), *TINY]
     assert main(args + [f"--{k}={v}" for k, v in overrides]) == 0  # through the command line
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert len(summary["acc_per_task"]) == 2 and summary["last_acc"] == summary["acc_per_task"][1]
@@ -85,13 +77,13 @@ def test_a_run_gives_the_process_its_random_streams_and_cudnn_switch_back():
     benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = not benchmark  # a run on CUDA sets it from engine.cudnn_benchmark
     try:
-        first, _ = run(tiny_config("rdfcil"), progress=False)  # seeds every global stream with cfg.seed
+        first = run(tiny_config("rdfcil"), progress=False)  # seeds every global stream with cfg.seed
         assert torch.backends.cudnn.benchmark is (not benchmark)
     finally:
         torch.backends.cudnn.benchmark = benchmark
     got = draws()
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
-    second, _ = run(tiny_config("rdfcil"), progress=False)  # and a second run in the process is the same run
+    second = run(tiny_config("rdfcil"), progress=False)  # and a second run in the process is the same run
     assert second["accuracy_matrix"] == first["accuracy_matrix"]
 
 
@@ -106,15 +98,22 @@ def _task1_setup(extra=(), name="rdfcil", n=24, old=3, new=3):
         for _ in range(3):
             net(torch.randn(16, 3, 32, 32))
     net.expand(new)
-    ctx = TaskContext(
-        1, old, new, 2, net, torch.device("cpu"), 32, 8, torch.Generator().manual_seed(0), make_progress(False)
-    )
     x = torch.randint(0, 256, (n, 32, 32, 3), dtype=torch.uint8)
     y = torch.randint(old, old + new, (n,))
     batches = TrainBatches(x, y, 8, Normalizer((0.5,) * 3, (0.25,) * 3, torch.device("cpu")), torch.Generator())
-    ctx.task_data = batches
+    ctx = TaskContext(
+        task_id=1, n_old=old, n_new=new, num_tasks=2, net=net, data=batches, rng=torch.Generator().manual_seed(0)
+    )
     method.on_task_start(ctx)
+    method.synthesize(ctx)
     return cfg, method, net, ctx, batches
+
+
+def fit_phases(cfg, method, ctx, phases, position=None):
+    """``fit_task`` on its own: the phases of task 1 from their start (or from ``position``), no callbacks."""
+    loop = Loop(cfg=cfg, net=ctx.net, method=method, state=RunState.new(2, cfg.seed, ctx.device))
+    loop.state.position = position or Position(1, "train")
+    fit_task(loop, ctx, phases)
 
 
 def test_rdfcil_terms_per_phase_and_switches():
@@ -134,7 +133,7 @@ def test_chr_trains_the_head_only_and_keeps_bn_statistics():
     cfg, method, net, ctx, batches = _task1_setup()
     backbone = copy.deepcopy(net.backbone.state_dict())
     head = copy.deepcopy(net.head.state_dict())
-    fit_task(net, method, ctx, batches, [Phase("chr", 2, 0.005, trainable="head")], cfg.train)
+    fit_phases(cfg, method, ctx, [Phase("chr", 2, 0.005, trainable="head")])
     for k, v in net.backbone.state_dict().items():
         assert torch.equal(v, backbone[k]), k  # weights and BN running statistics untouched
     assert any(not torch.equal(v, head[k]) for k, v in net.head.state_dict().items())
@@ -148,7 +147,7 @@ def test_rrl_updates_backbone_old_heads_and_projectors():
     cfg, method, net, ctx, batches = _task1_setup()
     before = copy.deepcopy(net.state_dict())
     proj = copy.deepcopy(method.projector.state_dict())
-    fit_task(net, method, ctx, batches, [Phase("rrl", 1, 0.1)], cfg.train)
+    fit_phases(cfg, method, ctx, [Phase("rrl", 1, 0.1)])
     after = net.state_dict()
     assert not torch.equal(after["head.blocks.0.weight"], before["head.blocks.0.weight"])  # old head moves (HKD, wd)
     assert not torch.equal(after["backbone.conv_1.weight"], before["backbone.conv_1.weight"])
@@ -165,10 +164,10 @@ def test_podnet_df_finetuning_trains_every_proxy_but_not_eta_with_a_fresh_optimi
     main, ft = method.phases(ctx)
     assert (ft.name, ft.trainable, ft.reset_optimizer, ft.lr) == ("ft", "head", True, 0.05)
     eta = net.head.eta.detach().clone()
-    fit_task(net, method, ctx, batches, [main], cfg.train)
+    fit_phases(cfg, method, ctx, [main])
     assert net.head.eta.item() != eta.item()  # η learns in the main phase
     before = copy.deepcopy(net.state_dict())
-    fit_task(net, method, ctx, batches, [ft], cfg.train)
+    fit_phases(cfg, method, ctx, [ft])
     after = net.state_dict()
     assert torch.equal(after["head.eta"], before["head.eta"])
     for i in range(2):
@@ -180,7 +179,7 @@ def test_a_phase_that_resets_the_optimiser_starts_without_momentum():
     def fit(*groups):
         cfg, method, net, ctx, batches = _task1_setup(name="finetune")
         for phases in groups:  # each fit_task call builds its own optimiser
-            fit_task(net, method, ctx, batches, phases, cfg.train)
+            fit_phases(cfg, method, ctx, phases)
         return net.state_dict()
 
     a, b = Phase("a", 1, 0.1), Phase("b", 1, 0.05)
@@ -207,23 +206,24 @@ class _NaNAtStep2(Method):
 
 def test_non_finite_losses_are_named():
     cfg, _, net, ctx, batches = _task1_setup()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    epoch_4 = Position(1, "train", 0, 4)  # 3 steps per epoch; the phase continues at its fifth epoch
     with pytest.raises(NonFiniteLossError, match=r"'broken' became non-finite in task 1, phase rrl, epoch 4, step 2"):
-        train_epoch(net, _NaNAtStep2(), batches, optimizer, ctx, Phase("rrl", 1, 0.1), epoch=4)
+        fit_phases(cfg, _NaNAtStep2(), ctx, [Phase("rrl", 5, 0.1)], epoch_4)
 
 
 @pytest.mark.parametrize("name", METHODS.names())
 def test_every_method_resumes_exactly_inside_an_incremental_task(name, tmp_path):
+    from dfcil.checkpoint import loads
     from dfcil.engine import Interrupt, RunInterrupted
     from dfcil.runner import resume, train
-    from dfcil.state import loads
 
     cfg = tiny_config(name, [("method.inversion.zdim", "32")] if "inversion" in _fields(name) else [])
     train(cfg, tmp_path / "a", progress=False)
     interrupt = Interrupt()
     # stop after the first epoch of task 1: task 0 has 2 epochs, or 1 where the last epoch of a task belongs to a
     # head-only phase (CHR, PODNet's finetuning), which task 0 does not run; resuming then starts that phase
-    stop = StopAfterEpochs(interrupt, 2 if name in ("rdfcil", "podnet_df") else 3)
+    task0 = Task(task_id=0, n_old=0, n_new=3, num_tasks=2)
+    stop = StopAfterEpochs(interrupt, sum(p.epochs for p in build_method(cfg.method, cfg.train).phases(task0)) + 1)
     with pytest.raises(RunInterrupted):
         train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[stop])
     position = loads((tmp_path / "b" / "checkpoints" / "last.pt").read_bytes())["position"]
@@ -239,34 +239,6 @@ def _fields(name):
     import dataclasses
 
     return {f.name for f in dataclasses.fields(METHODS.get(name).Config)}
-
-
-def test_an_earlier_versions_partial_epoch_converts_to_the_same_sums_and_first_bad_step():
-    """Mid-epoch checkpoints used to hold running sums and the first non-finite step per term; they still resume."""
-    from dfcil.session import EpochProgress
-
-    cfg, _, net, ctx, batches = _task1_setup()
-    perm = batches.permutation()
-    old = {"perm": perm, "step": 2, "names": ["ce", "broken"], "sums": torch.tensor([3.0, 1.0]),
-           "first_bad": torch.tensor([-1, -1])}  # fmt: skip
-    ep = EpochProgress.from_state(old, torch.device("cpu"))
-    assert ep.values[:2].sum(dim=0).tolist() == [3.0, 1.0]
-
-    class Constant(Method):
-        name = "constant"
-
-        def training_step(self, net, batch, ctx, phase):
-            return {"ce": torch.nn.functional.cross_entropy(net(batch.x).logits, batch.y) * 0 + 1.0,
-                    "broken": torch.tensor(0.0)}  # fmt: skip
-
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
-    losses = train_epoch(net, Constant(cfg.method, cfg.train), batches, optimizer, ctx, Phase("rrl", 1, 0.1), state=ep)
-    n = len(batches)
-    assert losses == pytest.approx({"ce": (3.0 + (n - 2)) / n, "broken": 1.0 / n})
-    old["first_bad"] = torch.tensor([-1, 1])
-    with pytest.raises(NonFiniteLossError, match="'broken' became non-finite .* step 1"):
-        train_epoch(net, Constant(cfg.method, cfg.train), batches, optimizer, ctx, Phase("rrl", 1, 0.1),
-                    state=EpochProgress.from_state(old, torch.device("cpu")))  # fmt: skip
 
 
 def test_student_pass_mixes_or_separates_the_bn_statistics_of_real_and_synthetic_images():
@@ -344,7 +316,7 @@ def test_replay_baselines_take_separate_bn_statistics_and_a_synthetic_dose(name)
 def test_a_parameter_unfrozen_under_a_kept_optimiser_gets_a_zero_momentum_buffer():
     """The fused SGD kernel refuses a mix of momentum buffers and missing ones; a zero buffer gives exactly the
     first step eager SGD would take."""
-    from dfcil.engine import fill_momentum
+    from dfcil.optim import fill_momentum
 
     def train(fused):
         torch.manual_seed(0)
@@ -370,9 +342,9 @@ def test_a_parameter_unfrozen_under_a_kept_optimiser_gets_a_zero_momentum_buffer
 def test_abds_persistent_generator_carries_over_tasks_and_resumes_exactly(stop, tmp_path):
     """ABD keeps one generator and its Adam state for the run: task 2 warm-starts from task 1's; a resume at the
     task boundary (the carried state) or inside task 2 (its static state) continues exactly."""
+    from dfcil.checkpoint import Checkpointer, loads
     from dfcil.engine import Interrupt, RunInterrupted
     from dfcil.runner import resume, train
-    from dfcil.state import Checkpointer, loads
 
     extra = [("data.num_tasks", "3"), ("method.inversion.zdim", "32"), ("method.inversion.persistent", "true")]
     cfg = tiny_config("abd", extra)
@@ -563,7 +535,7 @@ def test_ucir_df_imprints_new_weights_and_keeps_old_ones():
         mean = F.normalize(feats[labels == 3 + c], dim=1).mean(dim=0)
         torch.testing.assert_close(head.blocks[1].weight[c], F.normalize(mean, dim=0) * old_norm)
     before = copy.deepcopy(net.state_dict())
-    fit_task(net, method, ctx, batches, method.phases(ctx), cfg.train)
+    fit_phases(cfg, method, ctx, method.phases(ctx))
     after = net.state_dict()
     assert torch.equal(after["head.blocks.0.weight"], before["head.blocks.0.weight"])
     assert not torch.equal(after["head.blocks.1.weight"], before["head.blocks.1.weight"])
@@ -578,7 +550,7 @@ def test_a_methods_gradient_clamp_bounds_every_update():
     )
     method.grad_clip_value = 1e-4
     before = [p.detach().clone() for p in net.parameters()]
-    fit_task(net, method, ctx, batches, [Phase("a", 1, 0.5)], cfg.train)  # 3 steps
+    fit_phases(cfg, method, ctx, [Phase("a", 1, 0.5)])  # 3 steps
     moved = max((p.detach() - q).abs().max().item() for p, q in zip(net.parameters(), before, strict=True))
     assert 0 < moved <= 3 * 0.5 * 1e-4 + 1e-6  # (float32 rounding of the weights themselves)
 

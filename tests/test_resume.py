@@ -16,11 +16,11 @@ from filelock import FileLock
 
 from conftest import CONFIGS, StopAfterEpochs
 from dfcil.callbacks import Callback
+from dfcil.checkpoint import FORMAT, MAGIC, Checkpointer, CheckpointError, dumps, loads, peek_position
 from dfcil.cli import main
 from dfcil.config import load_config
 from dfcil.engine import Interrupt, RunInterrupted
 from dfcil.runner import train
-from dfcil.state import FORMAT, MAGIC, MAGIC2, Checkpointer, CheckpointError, dumps, loads, peek_position
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 # 15 steps per epoch; task 1: 40 inversion steps (checkpointed every step), 2 RRL and 3 CHR epochs
@@ -314,10 +314,10 @@ def _saved(obj):
     return buf.getvalue()
 
 
-def _crafted(layout, archive, block=b""):
+def _crafted(archive, block=b""):
     """Checkpoint bytes around ``archive`` with a valid header and digest: only the loader's own checks stand."""
-    rest = archive if layout == MAGIC else len(archive).to_bytes(8, "little") + archive + block
-    return layout + hashlib.sha256(rest).digest() + rest
+    rest = len(archive).to_bytes(8, "little") + archive + block
+    return MAGIC + hashlib.sha256(rest).digest() + rest
 
 
 def _equal(a, b):
@@ -361,17 +361,12 @@ def test_atomic_writes_get_the_modes_of_ordinary_files(tmp_path):
 def test_checkpoint_bytes_round_trip_every_dtype_shape_and_container():
     payload = _mixed_payload()
     data = dumps(payload)
-    assert data.startswith(MAGIC2)
+    assert data.startswith(MAGIC)
     back = loads(data)
     assert _equal(payload, back)
     assert back["net"]["w"].untyped_storage().data_ptr() != back["net"]["n"].untyped_storage().data_ptr()
     with pytest.raises(ValueError, match="reserved"):  # a dict that would read back as a tensor reference
         dumps({"format": FORMAT, "x": {"__dfcil_tensor__": 0}})
-
-
-def test_checkpoints_of_the_first_layout_still_load():
-    payload = _mixed_payload()
-    assert _equal(payload, loads(_crafted(MAGIC, _saved(payload))))  # DFCILCK1: the tensors inside the archive
 
 
 @pytest.mark.parametrize(
@@ -386,10 +381,10 @@ def test_checkpoints_of_the_first_layout_still_load():
 def test_a_crafted_tensor_index_is_an_error_not_a_crash(index, message):
     archive = _saved({"tensors": index, "payload": {"format": FORMAT, "w": {"__dfcil_tensor__": 0}}})
     with pytest.raises(CheckpointError, match=message):
-        loads(_crafted(MAGIC2, archive, bytes(16)))
+        loads(_crafted(archive, bytes(16)))
     archive = _saved({"tensors": [], "payload": {"format": FORMAT, "w": {"__dfcil_tensor__": 3}}})
     with pytest.raises(CheckpointError, match="refers to a tensor it does not hold"):
-        loads(_crafted(MAGIC2, archive))
+        loads(_crafted(archive))
 
 
 class _Evil:
@@ -398,15 +393,14 @@ class _Evil:
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
-@pytest.mark.parametrize("layout", [MAGIC, MAGIC2])
 @pytest.mark.parametrize("zip_format", [True, False])
-def test_a_malicious_pickle_in_a_checkpoint_never_runs(tmp_path, monkeypatch, zip_format, layout):
+def test_a_malicious_pickle_in_a_checkpoint_never_runs(tmp_path, monkeypatch, zip_format):
     import pickle
 
     monkeypatch.chdir(tmp_path)
     evil = {"format": 1, "net": _Evil()}
     body = _saved(evil) if zip_format else pickle.dumps(evil)
-    crafted = _crafted(layout, body)  # the evil object in the archive: only weights_only stops it
+    crafted = _crafted(body)  # the evil object in the archive: only weights_only stops it
     with pytest.raises(CheckpointError, match="not allowed"):
         loads(crafted)
     assert not (tmp_path / "pwned").exists()
@@ -484,7 +478,8 @@ def test_a_cut_or_deleted_metrics_log_is_not_padded_on_resume(reference, tmp_pat
 def test_optimizer_state_resumes_in_its_parameters_layout_and_kernel(kernel):
     """A channels_last conv's momentum comes back with the conv's strides (a fused kernel needs them and computes
     nonsense without), and the resumed optimiser keeps its own kernel flags, not the saved run's."""
-    from dfcil.state import FORMAT, dumps, load_optimizer_state, loads
+    from dfcil.checkpoint import FORMAT, dumps, loads
+    from dfcil.optim import load_optimizer_state
 
     def conv():
         torch.manual_seed(0)
@@ -514,7 +509,7 @@ def test_optimizer_state_resumes_in_its_parameters_layout_and_kernel(kernel):
 
 
 def test_random_streams_from_another_kind_of_device_are_refused_before_any_is_set():
-    from dfcil.state import CheckpointError, capture_rng, restore_rng
+    from dfcil.state import capture_rng, restore_rng
 
     state = capture_rng({"data": torch.Generator().manual_seed(1)})
     state["generators"]["data"] = torch.zeros(16, dtype=torch.uint8)  # a CUDA generator's state
@@ -542,11 +537,12 @@ def test_random_streams_from_another_kind_of_device_are_refused_before_any_is_se
     ],
 )
 def test_shared_first_task_key_follows_what_shapes_task_0(override, shares):
-    from dfcil.session import Session, prepare
+    from dfcil.protocol import prepare
+    from dfcil.task0 import task0_key
 
     def key(*overrides):
         cfg = load_config([SMOKE], [(k, v) for k, v in overrides])[0]
-        return Session(cfg, prepare(cfg), None, None).task0_key()
+        return task0_key(cfg, prepare(cfg))
 
     assert (key(override) == key()) is shares
 
@@ -618,10 +614,3 @@ def test_peek_position_reads_what_loads_reads_without_the_tensors():
     payload = {"format": FORMAT, "position": {"task": 2, "stage": "train"}, "net": {"w": torch.randn(3, 4)}}
     data = dumps(payload)
     assert peek_position(data) == loads(data)["position"] == {"task": 2, "stage": "train"}
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    rest = buf.getvalue()
-    first = MAGIC + hashlib.sha256(rest).digest() + rest  # the first layout: tensors inside the archive
-    assert loads(first)["position"] == payload["position"]
-    with pytest.raises(CheckpointError, match="first layout"):
-        peek_position(first)

@@ -5,7 +5,7 @@ from dfcil.data.splits import ClassIncrementalSplit, SplitError, class_order_fro
 
 
 def test_class_orders_match_abd_and_rdfcil():
-    # spec/baselines.md §1.1 and the R-DFCIL configs
+    # the orders ABD and the R-DFCIL configs give (docs/reference.md, Data and protocols)
     assert class_order_from_seed(100, 0)[:10] == [23, 8, 11, 7, 48, 13, 1, 91, 94, 54]
     assert class_order_from_seed(100, 1)[:4] == [53, 37, 65, 51]
     assert class_order_from_seed(100, 2)[:4] == [0, 76, 61, 63]

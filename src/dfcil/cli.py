@@ -181,11 +181,11 @@ def _main(argv: Sequence[str] | None) -> int:
     log.setLevel(logging.INFO)
     log.propagate = False
 
+    from dfcil.checkpoint import CheckpointError
     from dfcil.data.archive import DatasetError
     from dfcil.data.splits import SplitError
     from dfcil.engine import NonFiniteLossError
     from dfcil.registry import RegistryError
-    from dfcil.checkpoint import CheckpointError
 
     try:
         if args.command != "train" and unknown:

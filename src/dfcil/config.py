@@ -112,7 +112,7 @@ class EngineConfig:
     # pass with per-half BN statistics; auto: all on CUDA, teacher on CPU (where a 256-batch is slower than two).
     merge_passes: Literal["auto", "all", "teacher", "none"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast with fp32 master weights and fp32 loss maths
-    channels_last: bool = False  # NHWC activations (helps tensor cores on CUDA; slower on this CPU)
+    channels_last: bool = False  # NHWC activations (helps tensor cores on CUDA)
     compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"  # of the backbones, this mode
     cudnn_benchmark: bool = True  # CUDA only
     fused_optimizer: bool = True  # fused SGD/Adam kernels; CUDA only

@@ -1,14 +1,14 @@
 """THE training engine, top to bottom:
 
-* :func:`run`: prepare the protocol, build the network, the method and the run state, restore a checkpoint when
-  resuming, then :func:`run_task` for every task left;
+* :func:`run`: build the network, the method and the run state, restore a checkpoint when resuming, then
+  :func:`run_task` for every task left;
 * :func:`run_task`: grow the head, the method's task setup (inversion), :func:`fit_task`, evaluate, record;
 * :func:`fit_task`: the task's phases; per phase freeze or unfreeze, then per epoch the lr and :func:`train_epoch`;
-* :func:`train_epoch`: one pass over the batches, one :class:`TrainStep` each (zero_grad, loss terms, backward,
-  clipping, step). With ``engine.cuda_graphs`` on, a CUDA graph replays that step body (:mod:`dfcil.graphs`).
+* :func:`train_epoch`: one :class:`TrainStep` per batch (zero_grad, loss terms, backward, clipping, step); with
+  ``engine.cuda_graphs`` on, a CUDA graph replays that step body (:mod:`dfcil.graphs`).
 
-Methods supply the loss terms (:mod:`dfcil.methods`). Checkpoints, timings and logs are callbacks
-(:mod:`dfcil.callbacks`) that the engine calls at fixed points: ``loop.emit(hook, ...)``.
+Methods supply the loss terms (:mod:`dfcil.methods`); checkpoints, timings and logs are callbacks
+(:mod:`dfcil.callbacks`) the engine calls at fixed points, ``loop.emit(hook, ...)``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.graphs import StepGraph
 from dfcil.methods import Batch, Method, Phase, TaskContext, build_method
 from dfcil.models.network import IncrementalNet, build_network
-from dfcil.optim import fill_momentum, fused_kwargs, load_optimizer_state
+from dfcil.optim import fill_momentum, load_optimizer_state, sgd
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
 from dfcil.runtime import Runtime, process_state_kept, resolve_device, seed_everything
@@ -66,6 +66,8 @@ class Loop:
     method: Method
     state: RunState
     runtime: Runtime = Runtime()
+    protocol: Protocol | None = None  # the whole run's (run_task and restore need them; fit_task does not)
+    test: TestSet | None = None
     callbacks: Sequence[Callback] = ()
     interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)
     ctx: TaskContext | None = None  # the running task's
@@ -106,31 +108,31 @@ def run(
     the run finishes the step, checkpoints and raises :class:`RunInterrupted`. The process's global random
     streams and cuDNN switch are as before afterwards (:func:`dfcil.runtime.process_state_kept`).
     """
+    if resume and run_dir is None:
+        raise ValueError("resume continues a run directory's checkpoints: give run_dir")
     started = time.perf_counter()
     with process_state_kept():
         protocol = protocol or prepare(cfg)
-        loop = build(cfg, protocol, progress, interrupt or Interrupt())
-        normalizer = Normalizer(
-            protocol.dataset.mean, protocol.dataset.std, loop.runtime.device, cfg.engine.channels_last
-        )
-        test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, loop.runtime.device)
+        loop = build(cfg, protocol, progress, interrupt)
         saver = Checkpointing(run_dir, cfg) if run_dir is not None else None
         cache = Task0Cache(cfg, protocol) if cfg.task0_cache else None
         loop.callbacks = [Timer(), *callbacks, *(c for c in (saver, cache) if c is not None)]
         payload = saver.load() if resume and saver else cache.load() if cache else None
         if payload is not None:
-            restore(loop, protocol, normalizer, payload)
+            restore(loop, payload)
         loop.emit("on_run_start", loop)
+        state = loop.state
         if cache is not None and cache.loaded:  # a shared first-task model: task 0 is not trained again
-            loop.emit("on_task_end", task_record(loop, protocol, 0) | {"shared_task0": str(cache.path)})
-        for task in range(loop.state.position.task, protocol.split.num_tasks):
-            run_task(loop, protocol, test, task_context(loop, protocol, normalizer, task))
+            loop.emit("on_task_end", state.task_record(0, protocol.split) | {"shared_task0": str(cache.path)})
+        for task in range(state.position.task, protocol.split.num_tasks):
+            run_task(loop, task_context(loop, task))
+        split = protocol.split
         summary = {
             "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "dataset": protocol.dataset.name,
-            "class_order": list(protocol.split.class_order), "tasks": protocol.split.tasks,
-            "task_sizes": list(protocol.split.task_sizes), **loop.state.acc.summary(), "timings": loop.state.timings,
-            "wall_time_s": round(time.perf_counter() - started, 2), "total_time_s": round(loop.state.elapsed_s(), 2),
-            "resumed": resume, "device": str(loop.runtime.device), "seed": cfg.seed,
+            "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
+            **state.acc.summary(), "timings": state.timings, "wall_time_s": round(time.perf_counter() - started, 2),
+            "total_time_s": round(state.elapsed_s(), 2), "resumed": resume, "device": str(loop.runtime.device),
+            "seed": cfg.seed,
         }  # fmt: skip
         loop.emit("on_run_end", summary)
         return summary
@@ -149,36 +151,34 @@ def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, inte
     if cfg.engine.compile != "none":
         net.compile_backbone(mode=None if cfg.engine.compile == "default" else cfg.engine.compile)
     if cfg.engine.cuda_graphs == "on" and not method.graph_safe:
-        log.warning(
-            "%s is not marked graph_safe: its steps run eagerly (check it with cuda_graphs: check)", method.name
-        )
+        log.warning("%s is not marked graph_safe: its steps run eagerly (try cuda_graphs: check)", method.name)
     state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
-    loop = Loop(cfg=cfg, net=net, method=method, state=state, interrupt=interrupt or Interrupt())
+    loop = Loop(cfg=cfg, net=net, method=method, state=state, protocol=protocol, interrupt=interrupt or Interrupt())
     loop.runtime = Runtime.from_config(cfg.engine, device, make_progress(progress), lambda: setup_step(loop))
+    normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device, cfg.engine.channels_last)
+    loop.test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device)
     return loop
 
 
-def restore(loop: Loop, protocol: Protocol, normalizer: Normalizer, payload: dict[str, Any]) -> None:
+def restore(loop: Loop, payload: dict[str, Any]) -> None:
     """Continue from a checkpoint's payload (:meth:`Loop.snapshot`): the network, the method, then the run state."""
     for n in payload["head_sizes"][len(loop.net.head.sizes) :]:
         loop.net.expand(n)
     loop.net.load_state_dict(payload["net"])
     task = payload["position"]["task"]
-    if task < protocol.split.num_tasks:  # the last checkpoint of a finished run has no task left to continue
-        ctx = task_context(loop, protocol, normalizer, task)
-        loop.method.load_state_dict(payload["method"], ctx, payload.get("static_state") or None)
+    if task < loop.protocol.split.num_tasks:  # the last checkpoint of a finished run has no task left to continue
+        loop.method.load_state_dict(payload["method"], task_context(loop, task), payload.get("static_state") or None)
     loop.state.load_state_dict(payload)  # last: building the network and the method consumed random numbers
 
 
-def task_context(loop: Loop, protocol: Protocol, normalizer: Normalizer, task: int) -> TaskContext:
+def task_context(loop: Loop, task: int) -> TaskContext:
     """Task ``task``'s context: its classes and its training images on the device."""
-    offsets, cfg = protocol.split.offsets, loop.cfg
-    x, y = protocol.train_arrays(task, type(loop.method).train_data == "seen", cfg.data.train_per_class)
-    device = loop.runtime.device
+    split, cfg, device = loop.protocol.split, loop.cfg, loop.runtime.device
+    x, y = loop.protocol.train_arrays(task, type(loop.method).train_data == "seen", cfg.data.train_per_class)
     x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-    data = TrainBatches(x, y, cfg.train.batch_size, normalizer, loop.state.rngs["data"])
+    data = TrainBatches(x, y, cfg.train.batch_size, loop.test.normalizer, loop.state.rngs["data"])
     return TaskContext(
-        task_id=task, n_old=offsets[task], n_new=offsets[task + 1] - offsets[task], num_tasks=protocol.split.num_tasks,
+        task_id=task, n_old=split.offsets[task], n_new=split.task_sizes[task], num_tasks=split.num_tasks,
         net=loop.net, data=data, rng=loop.state.rngs["method"], runtime=loop.runtime,
     )  # fmt: skip
 
@@ -190,7 +190,7 @@ def setup_step(loop: Loop) -> None:
     loop.emit("on_setup_step")
 
 
-def run_task(loop: Loop, protocol: Protocol, test: TestSet, ctx: TaskContext) -> None:
+def run_task(loop: Loop, ctx: TaskContext) -> None:
     """One task: grow the head, the method's setup, the phases, evaluation; continues a resumed task."""
     state, task, method = loop.state, ctx.task_id, loop.method
     loop.ctx = ctx
@@ -212,41 +212,30 @@ def run_task(loop: Loop, protocol: Protocol, test: TestSet, ctx: TaskContext) ->
             raise RunInterrupted(f"interrupted after the setup of task {task}")
     fit_task(loop, ctx, phases)
     method.on_task_end(ctx)
-    batch = loop.cfg.train.eval_batch_size
+    batch, test = loop.cfg.train.eval_batch_size, loop.test
     loop.emit("on_eval_start")
     with ctx.runtime.progress(total=test.batches(task, batch), desc=f"task {task} eval") as bar, ctx.runtime.autocast():
-        correct, count = test.evaluate(loop.net, task, batch, bar)
-    state.acc.record(task, correct, count)
+        state.acc.record(task, *test.evaluate(loop.net, task, batch, bar))
     loop.emit("on_eval_end")
     state.position = Position(task + 1, "start")
-    loop.emit("on_task_end", task_record(loop, protocol, task))
+    loop.emit("on_task_end", state.task_record(task, loop.protocol.split))
     loop.ctx = None
-    if loop.interrupt.requested and task + 1 < protocol.split.num_tasks:
+    if loop.interrupt.requested and task + 1 < ctx.num_tasks:
         raise RunInterrupted(f"interrupted after task {task}")
-
-
-def task_record(loop: Loop, protocol: Protocol, task: int) -> dict[str, Any]:
-    """The record ``on_task_end`` gets (one line of ``metrics.jsonl``)."""
-    row = loop.state.acc.summary()
-    return {
-        "task": task, "n_seen": protocol.split.offsets[task + 1], "classes": protocol.split.tasks[task],
-        "acc": row["acc_per_task"][task], "acc_task_avg": row["acc_per_task_task_avg"][task],
-        "acc_row": row["accuracy_matrix"][task][: task + 1], "new_acc": row["new_acc"][task],
-        "old_acc": row["old_acc"][task], "correct_row": row["correct_matrix"][task][: task + 1],
-        "count_row": row["count_matrix"][task][: task + 1], "timing": loop.state.timings[task],
-    }  # fmt: skip
 
 
 def set_trainable(net: IncrementalNet, extra: Sequence[nn.Module], trainable: str) -> None:
     """Train everything, or only the head with the backbone frozen in eval mode (BN running stats fixed)."""
-    if trainable not in ("all", "head"):
+    if trainable == "all":
+        for m in (net, *extra):
+            m.train().requires_grad_(True)
+    elif trainable == "head":
+        net.backbone.eval().requires_grad_(False)
+        net.head.train().requires_grad_(True)
+        for m in extra:
+            m.requires_grad_(False)
+    else:
         raise ValueError(f"unknown trainable set {trainable!r}")
-    for m in (net, *extra):
-        m.train()
-        m.requires_grad_(trainable == "all")
-    if trainable == "head":
-        net.backbone.eval()
-        net.head.requires_grad_(True)
 
 
 def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
@@ -259,10 +248,7 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
     for index, phase in enumerate(phases[start.phase :], start=start.phase):
         first_epoch = start.epoch if index == start.phase else 0
         if state.optimizer is None or (phase.reset_optimizer and first_epoch == 0):
-            state.optimizer = torch.optim.SGD(
-                params, lr=phase.lr, momentum=train.momentum, weight_decay=train.weight_decay,
-                **fused_kwargs(params, ctx.runtime.fused),
-            )  # fmt: skip
+            state.optimizer = sgd(params, phase.lr, train, ctx.runtime.fused)
             if state.resumed_optimizer is not None:
                 load_optimizer_state(state.optimizer, state.resumed_optimizer)
                 state.resumed_optimizer = None
@@ -274,16 +260,15 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
         fill_momentum(state.optimizer)
         step = TrainStep(method, ctx, phase, state.optimizer)
         graphs = ctx.runtime.graphs if method.graph_safe or ctx.runtime.graphs == "check" else "off"
-        loop.graph = (
-            None
-            if graphs == "off"
-            else StepGraph(step, state.optimizer, graphs, ctx.device, (ctx.rng, ctx.data.generator))
-        )
+        if graphs != "off":  # the step body captured and replayed (on), or checked for it (check)
+            loop.graph = StepGraph(step, state.optimizer, graphs, ctx.device, (ctx.rng, ctx.data.generator))
         state.position = Position(ctx.task_id, "train", index, first_epoch, start.step if index == start.phase else 0)
         loop.emit("on_phase_start", phase)
-        steps = phase.epochs * len(ctx.data)
-        with ctx.runtime.progress(total=steps, desc=f"task {ctx.task_id} {phase.name}", unit="step",
-                                  initial=first_epoch * len(ctx.data) + state.position.step) as bar:  # fmt: skip
+        done = first_epoch * len(ctx.data) + state.position.step
+        bar = ctx.runtime.progress(
+            total=phase.epochs * len(ctx.data), desc=f"task {ctx.task_id} {phase.name}", unit="step", initial=done
+        )
+        with bar:
             for epoch in range(first_epoch, phase.epochs):
                 lr = phase.lr * train.gamma ** sum(epoch >= m for m in phase.milestones)
                 for group in state.optimizer.param_groups:
@@ -304,7 +289,7 @@ class TrainStep:
 
     def __init__(self, method: Method, ctx: TaskContext, phase: Phase, optimizer: torch.optim.Optimizer) -> None:
         self.method, self.ctx, self.phase, self.optimizer = method, ctx, phase, optimizer
-        self.names: list[str] | None = None  # the loss terms' names, from the first step on
+        self.names: list[str] = []  # the loss terms' names
 
     def __call__(self, idx: Tensor) -> Tensor:
         ctx, optimizer = self.ctx, self.optimizer
@@ -312,12 +297,7 @@ class TrainStep:
         x, y = ctx.data.load(idx)
         with ctx.runtime.autocast():
             terms = self.method.training_step(ctx.net, Batch(x, y), ctx, self.phase)
-        if self.names is None:
-            self.names = list(terms)
-        elif list(terms) != self.names:
-            raise RuntimeError(
-                f"{self.method.name} changed its loss terms within a phase: {self.names} → {list(terms)}"
-            )
+        self.names = list(terms)  # set by eager steps; a graph's replays keep the names its capture had
         losses = torch.stack([v.float() for v in terms.values()])
         losses.sum().backward()
         if self.method.grad_clip_value is not None:
@@ -328,7 +308,7 @@ class TrainStep:
 
 def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar: Any = None) -> dict[str, float]:
     """One pass over the task's batches (continuing ``loop.state.epoch`` after a mid-epoch resume); emits
-    ``on_epoch_end`` with the mean of each loss term, summed on the device and read once, at the end.
+    ``on_epoch_end`` with the mean of each loss term, kept on the device and read at the end.
 
     Raises:
         NonFiniteLossError: naming the first non-finite term, with task, phase, epoch and step.
@@ -346,29 +326,22 @@ def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar
         if loop.interrupt.requested and ep.step < len(data):
             state.position = dataclasses.replace(state.position, step=ep.step)
             stop(loop, f"in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")
-    means = epoch_means(ep, ctx.task_id, phase.name, epoch)
+    bad = ep.first_non_finite()  # (step, term): later ones usually follow from it
+    if bad is not None:
+        raise NonFiniteLossError(
+            f"loss term {bad[1]!r} became non-finite in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, step "
+            f"{bad[0]}. Lower the learning rate or this term's weight; the run directory keeps the checkpoint of the "
+            f"last good epoch."
+        )
+    means = ep.means()
     loop.method.on_epoch_end(ctx, phase)
     state.epoch, state.position = None, dataclasses.replace(state.position, epoch=epoch + 1, step=0)
     dt = time.perf_counter() - t0
     if bar is not None:
         bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
-    record = {"task": ctx.task_id, "phase": phase.name, "epoch": epoch, "epochs": phase.epochs, "lr": lrs[0],
-              "loss": means, "time_s": round(dt, 3), "images_per_s": (len(data) - done_before) * data.batch_size / dt}  # fmt: skip
+    record = {
+        "task": ctx.task_id, "phase": phase.name, "epoch": epoch, "epochs": phase.epochs, "lr": lrs[0], "loss": means,
+        "time_s": round(dt, 3), "images_per_s": (len(data) - done_before) * data.batch_size / dt,
+    }  # fmt: skip
     loop.emit("on_epoch_end", record)
     return means
-
-
-def epoch_means(ep: EpochProgress, task: int, phase: str, epoch: int) -> dict[str, float]:
-    """Each loss term's mean over the epoch's steps; the one host sync of an epoch."""
-    if ep.names is None:
-        return {}
-    done = ep.values[: ep.step]
-    bad = (~torch.isfinite(done)).nonzero().tolist()  # (step, term), in step order
-    if bad:  # name the term that went wrong first; later ones usually follow from it
-        at, i = bad[0]
-        raise NonFiniteLossError(
-            f"loss term {ep.names[i]!r} became non-finite in task {task}, phase {phase}, epoch {epoch}, step {at}. "
-            f"Lower the learning rate or this term's weight; the run directory keeps the checkpoint of the last good "
-            f"epoch."
-        )
-    return dict(zip(ep.names, (done.sum(dim=0) / ep.step).tolist(), strict=True))

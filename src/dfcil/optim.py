@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from dfcil.config import TrainConfig
+
 _KERNEL_FLAGS = ("fused", "foreach", "capturable", "differentiable")  # how an optimiser computes, not its state
 
 
@@ -14,6 +16,14 @@ def fused_kwargs(params: Sequence[torch.Tensor], fused: bool) -> dict[str, bool]
     """``{"fused": True}`` when asked for and every parameter is a floating CUDA tensor, else nothing."""
     ok = fused and params and all(p.is_cuda and p.is_floating_point() for p in params)
     return {"fused": True} if ok else {}
+
+
+def sgd(params: Sequence[torch.Tensor], lr: float, train: TrainConfig, fused: bool) -> torch.optim.SGD:
+    """The network's optimiser: SGD with the run's momentum and weight decay (on every parameter), fused on CUDA
+    when ``fused``."""
+    return torch.optim.SGD(
+        params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay, **fused_kwargs(params, fused)
+    )
 
 
 def fill_momentum(optimizer: torch.optim.SGD) -> None:

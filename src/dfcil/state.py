@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from dfcil.checkpoint import CheckpointError
+from dfcil.data.splits import ClassIncrementalSplit
 from dfcil.metrics import AccuracyMatrix
 
 
@@ -50,9 +51,25 @@ class EpochProgress:
         if self.names is None:
             self.names, self.values = names, losses.new_zeros(steps, len(names))
         elif names != self.names:
-            raise RuntimeError(f"the loss terms changed within an epoch: {self.names} → {names}")
+            raise RuntimeError(
+                f"the loss terms changed within an epoch, from {self.names} to {names}: a method's training_step "
+                f"must return the same terms at every step of a phase"
+            )
         self.values[self.step].copy_(losses)  # the step's only bookkeeping on the device: one copy
         self.step += 1
+
+    def first_non_finite(self) -> tuple[int, str] | None:
+        """(step, term name) of the first non-finite loss term, in step order, or None."""
+        if self.names is None:
+            return None
+        bad = (~torch.isfinite(self.values[: self.step])).nonzero().tolist()
+        return (bad[0][0], self.names[bad[0][1]]) if bad else None
+
+    def means(self) -> dict[str, float]:
+        """Each loss term's mean over the steps done."""
+        if self.names is None:
+            return {}
+        return dict(zip(self.names, (self.values[: self.step].sum(dim=0) / self.step).tolist(), strict=True))
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -88,6 +105,17 @@ class RunState:
     def elapsed_s(self) -> float:
         """Seconds of work this run has kept: earlier processes up to their checkpoints plus this process."""
         return self.elapsed_before + time.monotonic() - self.started
+
+    def task_record(self, task: int, split: ClassIncrementalSplit) -> dict[str, Any]:
+        """What a finished task's line of ``metrics.jsonl`` holds: its accuracy row and its timings."""
+        row = self.acc.summary()
+        return {
+            "task": task, "n_seen": split.offsets[task + 1], "classes": split.tasks[task],
+            "acc": row["acc_per_task"][task], "acc_task_avg": row["acc_per_task_task_avg"][task],
+            "acc_row": row["accuracy_matrix"][task][: task + 1], "new_acc": row["new_acc"][task],
+            "old_acc": row["old_acc"][task], "correct_row": row["correct_matrix"][task][: task + 1],
+            "count_row": row["count_matrix"][task][: task + 1], "timing": self.timings[task],
+        }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         return {

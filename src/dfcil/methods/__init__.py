@@ -1,6 +1,9 @@
-"""Registered methods. Each module registers itself on import; the list is explicit (no folder scanning)."""
+"""Registered methods. Every module of this package is imported here, in name order, and each method module
+registers its method (``@register_method``): adding a built-in method is adding its file."""
 
-from dfcil.methods import abd, deepinversion, dgr, finetune, joint, lwf, lwf_mc, podnet_df, rdfcil, ucir_df  # noqa: F401
+import importlib
+import pkgutil
+
 from dfcil.methods.base import (
     METHODS,
     Batch,
@@ -13,6 +16,8 @@ from dfcil.methods.base import (
     unregister_method,
 )
 
-__all__ = [
-    "METHODS", "Batch", "Method", "Phase", "Task", "TaskContext", "build_method", "register_method", "unregister_method",
-]  # fmt: skip
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
+
+__all__ = ["METHODS", "Batch", "Method", "Phase", "Task", "TaskContext", "build_method", "register_method"]
+__all__ += ["unregister_method"]

@@ -23,7 +23,7 @@ class ABDConfig(MethodConfig):
     name: str = "abd"
     mu: NonNegativeFloat = 0.1  # weight of the importance-weighted feature KD
     # BN statistics of the student's real + synthetic batch: "mixed" (one batch, shared statistics: ABD's code) or
-    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    # "separate" (each part its own, as R-DFCIL's code; docs/reference.md, Replay BN statistics)
     replay_bn: ReplayBN = "mixed"
     inversion: InversionConfig = dataclasses.field(default_factory=lambda: InversionConfig(persistent=True))
 

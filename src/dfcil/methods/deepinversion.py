@@ -24,7 +24,7 @@ class DeepInversionConfig(MethodConfig):
     lambda_kd: NonNegativeFloat = 1.0  # μ of both KD terms
     temperature: PositiveFloat = 2.0  # T (no T² factor, as ABD)
     # BN statistics of the student's real + synthetic batch: "mixed" (one batch, shared statistics: ABD's code) or
-    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    # "separate" (each part its own, as R-DFCIL's code; docs/reference.md, Replay BN statistics)
     replay_bn: ReplayBN = "mixed"
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
 

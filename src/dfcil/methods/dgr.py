@@ -26,7 +26,7 @@ class DGRConfig(MethodConfig):
     temperature: PositiveFloat = 2.0
     zdim: PositiveInt = 1024  # VAE latent size (ABD: 1024)
     # BN statistics of the student's real + replayed batch: "mixed" (one batch, shared statistics: ABD's DGR) or
-    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    # "separate" (each part its own, as R-DFCIL's code; docs/reference.md, Replay BN statistics)
     replay_bn: ReplayBN = "mixed"
 
 

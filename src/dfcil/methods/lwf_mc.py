@@ -24,7 +24,7 @@ class LwFMC(Method):
     """LwF.MC (Rebuffi et al., 2017): per-class sigmoid BCE, the old classes' targets from the old model.
 
     The target is the one-hot label with its old-class entries replaced by the old model's sigmoid outputs; binary
-    CE over the seen classes (ABD's ``LWF_MC``; spec/baselines.md §5).
+    CE over the seen classes (ABD's ``LWF_MC``; docs/reference.md, LwF and LwF.MC).
     """
 
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)

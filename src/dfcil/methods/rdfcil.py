@@ -1,7 +1,7 @@
 """R-DFCIL (Gao et al., ECCV 2022): relation-guided representation learning (RRL), then classification-head
 refinement (CHR) with a class-balanced global CE, on synthetic replay from a freshly inverted generator.
 
-Follows the authors' code (spec/reference-implementation.md §4–8); where it differs from the paper the code wins
+Follows the authors' code (docs/reference.md, R-DFCIL training); where it differs from the paper the code wins
 and the difference is a switch (``chr_hkd``).
 """
 

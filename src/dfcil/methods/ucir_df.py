@@ -1,5 +1,5 @@
 """UCIR-DF: UCIR (Hou et al., CVPR 2019) with its exemplars replaced by synthetic images from the shared
-synthesizer, as the R-DFCIL paper compares against (spec/baselines.md §8.2; R-DFCIL released no code for it)."""
+synthesizer, as the R-DFCIL paper compares against; R-DFCIL released no code for it (docs/reference.md, Baselines)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ class UCIRDFConfig(MethodConfig):
     margin: NonNegativeFloat = 0.5  # margin ranking m
     hard_negatives: PositiveInt = 2  # K new-class scores per old-class sample
     # BN statistics of the student's real + synthetic batch: "mixed" (one batch, shared statistics: ABD's code) or
-    # "separate" (each part its own, as R-DFCIL's code; spec/baselines.md §11.4)
+    # "separate" (each part its own, as R-DFCIL's code; docs/reference.md, Replay BN statistics)
     replay_bn: ReplayBN = "mixed"
     # synthetic images per step: 0 = one per real image (1:1, as ABD and R-DFCIL); k > 0 = k per old class per
-    # epoch, the exemplar-equivalent dose (UCIR and PODNet keep 20 exemplars per class; spec/baselines.md §8.2)
+    # epoch, the exemplar-equivalent dose (UCIR and PODNet keep 20 exemplars per class; docs/reference.md)
     synthetic_per_class: NonNegativeInt = 0
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
 

@@ -52,9 +52,9 @@ class IncrementalNet(nn.Module):
 
         The backbone, not the whole network: its graphs do not change as the head grows, so a run compiles each
         way of calling it (train or eval mode, gradients or not, BN groups or recorded statistics, batch size)
-        once, whatever its number of tasks. Compiling the network compiled every variant again for every task
-        and hit dynamo's recompile limit (8) in task 3 of a 5-task smoke run, after which it silently ran eagerly.
-        A frozen copy's parameters are the graph's inputs, so teachers share the student's graphs.
+        once, whatever its number of tasks. The whole network's graphs would change with every task, and dynamo
+        stops compiling (runs eagerly) after its recompile limit. A frozen copy's parameters are the graph's
+        inputs, so teachers share the student's graphs.
         """
         self.compile_options = options
         self.backbone.compile(**options)

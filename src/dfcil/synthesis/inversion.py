@@ -62,8 +62,9 @@ class ModelInversion:
         image_size: int,
         batch_size: int,
         rng: torch.Generator,
-        runtime: Runtime = Runtime(),
+        runtime: Runtime | None = None,
     ) -> None:
+        runtime = runtime or Runtime()
         self.teacher = teacher
         self.cfg = cfg
         self.batch_size = batch_size

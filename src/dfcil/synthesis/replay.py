@@ -2,8 +2,8 @@
 
 Every synthetic-replay method (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF) holds one :class:`Replay`, calls
 :meth:`Replay.begin` from ``on_task_start`` and :meth:`Replay.fit` from ``synthesize``; the checkpoint logic
-(partial inversion, frozen state) lives here once. With ``InversionConfig.persistent`` (ABD) the generator and its Adam state carry over to the next task
-and are warm-started there, instead of a fresh generator per task (R-DFCIL).
+(partial inversion, frozen state) lives here once. With ``InversionConfig.persistent`` (ABD) the generator and its
+Adam state carry over to the next task and are warm-started there, instead of a fresh generator per task (R-DFCIL).
 """
 
 from __future__ import annotations

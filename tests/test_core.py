@@ -1,0 +1,196 @@
+"""The shape of the core: small, readable pieces; no import cycle; a method is found through the registry alone."""
+
+import ast
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import CONFIGS, REPO
+from dfcil.callbacks import Callback
+from dfcil.config import load_config
+from dfcil.engine import Interrupt, RunInterrupted
+from dfcil.methods import METHODS, unregister_method
+
+SRC = REPO / "src" / "dfcil"
+CORE = ["engine", "state", "callbacks", "protocol", "runtime", "task0", "checkpoint", "optim", "graphs", "runner"]
+
+
+def _python(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def test_the_config_layer_does_not_import_the_methods():
+    out = _python("""
+        import sys
+        import dfcil.config
+        print("dfcil.methods" in sys.modules)
+        cfg, _ = dfcil.config.load_config([], [("method.name", "lwf")])  # a lookup registers the built-in methods
+        print(cfg.method.name, "dfcil.methods" in sys.modules)
+    """)
+    assert out.split() == ["False", "lwf", "True"]
+
+
+def test_nothing_below_the_engine_imports_the_checkpoints_or_the_engine():
+    below = ["dfcil.methods", "dfcil.synthesis.replay", "dfcil.synthesis.inversion", "dfcil.models.network"]
+    below += ["dfcil.data.datasets", "dfcil.data.device", "dfcil.losses.distillation", "dfcil.metrics"]
+    out = _python(f"""
+        import sys
+        for name in {below!r}:
+            __import__(name)
+        print(sorted(m for m in sys.modules if m in ("dfcil.checkpoint", "dfcil.engine", "dfcil.callbacks")))
+    """)
+    assert out.strip() == "[]"
+
+
+def _functions(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args
+            params = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg not in ("self", "cls")]
+            yield node.name, node.end_lineno - node.lineno + 1, len(params)
+
+
+def test_the_core_is_small():
+    assert len((SRC / "engine.py").read_text().splitlines()) <= 350
+    assert not (SRC / "session.py").exists()
+    too_big = [
+        (module, name, lines, params)
+        for module in CORE
+        for name, lines, params in _functions(SRC / f"{module}.py")
+        if lines > 60 or params > 8
+    ]
+    assert too_big == []
+
+
+def test_no_file_sends_readers_to_files_the_repository_does_not_hold():
+    """spec/ is the project's private notes: the repository states what it relies on in docs/ instead."""
+    files = [REPO / "README.md", *REPO.glob("docs/**/*.md"), *SRC.rglob("*.py"), *REPO.glob("configs/**/*.yaml")]
+    files += [*REPO.glob("benchmarks/*"), *(f for f in REPO.glob("tests/*.py") if f.name != "test_core.py")]
+    assert [str(f.relative_to(REPO)) for f in files if f.is_file() and "spec/" in f.read_text()] == []
+
+
+def test_relative_links_in_the_readme_and_docs_resolve():
+    import re
+
+    broken = []
+    for doc in [REPO / "README.md", *REPO.glob("docs/**/*.md")]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (doc.parent / target).exists():
+                broken.append(f"{doc.relative_to(REPO)} -> {target}")
+    assert broken == []
+
+
+def test_loss_terms_that_change_within_an_epoch_are_an_error():
+    import torch
+
+    from dfcil.state import EpochProgress
+
+    ep = EpochProgress(torch.arange(4))
+    ep.record(torch.ones(2), ["a", "b"], 4)
+    with pytest.raises(RuntimeError, match=r"changed within an epoch, from \['a', 'b'\] to \['a'\]"):
+        ep.record(torch.ones(1), ["a"], 4)
+
+
+class _StopInSetup(Callback):
+    """Ask the run to stop after ``n`` steps of a task's setup (the inversion)."""
+
+    def __init__(self, interrupt, n):
+        self.interrupt, self.n = interrupt, n
+
+    def on_setup_step(self):
+        self.n -= 1
+        if self.n == 0:
+            self.interrupt.requested = True
+
+
+def test_a_method_starts_each_task_once_even_when_resumed_inside_its_setup(tmp_path):
+    """on_task_start runs once per task; a run resumed inside the inversion restores the method's state and goes
+    on with synthesize, and ends exactly as an uninterrupted run."""
+    from dfcil.methods.rdfcil import RDFCIL
+    from dfcil.runner import resume, train
+
+    starts = []
+
+    class Counting(RDFCIL):
+        def on_task_start(self, ctx):
+            starts.append(ctx.task_id)
+            super().on_task_start(ctx)
+
+    cfg = load_config([CONFIGS / "smoke.yaml"], [("method.inversion.steps", "6"), ("checkpoint_interval_s", "0")])[0]
+    with METHODS.replaced("rdfcil", Counting):
+        reference = train(cfg, tmp_path / "a", progress=False)
+        assert starts == [0, 1]
+        starts.clear()
+        interrupt = Interrupt()
+        with pytest.raises(RunInterrupted, match="setup"):
+            train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[_StopInSetup(interrupt, 3)])
+        assert starts == [0, 1]
+        resumed = resume(tmp_path / "b", progress=False)
+    assert starts == [0, 1]  # not again in the resumed process
+    assert resumed["correct_matrix"] == reference["correct_matrix"]
+
+
+TOY = '''
+import torch.nn.functional as F
+
+from dfcil.config import MethodConfig, PositiveFloat, configclass
+from dfcil.methods import Method, register_method
+
+
+@configclass
+class ToyConfig(MethodConfig):
+    name: str = "toy"
+    scale: PositiveFloat = 1.0
+
+
+@register_method("toy")
+class Toy(Method):
+    """A toy method: scaled CE on the task's data."""
+
+    graph_safe = True
+    Config = ToyConfig
+
+    def training_step(self, net, batch, ctx, phase):
+        return {"ce": self.cfg.scale * F.cross_entropy(net(batch.x).logits, batch.y)}
+'''
+
+
+@pytest.fixture
+def toy_method(tmp_path, monkeypatch):
+    """A method defined in a module of its own, outside the package, registered by importing it."""
+    (tmp_path / "toy_method.py").write_text(TOY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = importlib.util.spec_from_file_location("toy_method", tmp_path / "toy_method.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    yield "toy"
+    unregister_method("toy")
+
+
+def test_registering_a_method_is_enough_for_the_smoke_graph_and_preset_machinery(toy_method, tmp_path, capsys):
+    from dfcil.cli import main
+    from test_graphs import test_every_graph_safe_method_passes_the_check_and_trains_identically as graph_check
+    from test_methods import test_every_method_resumes_exactly_inside_an_incremental_task as resume_check
+    from test_methods import test_two_task_run_of_every_method as smoke
+
+    assert main(["methods"]) == 0 and "A toy method" in capsys.readouterr().out
+    smoke(toy_method, tmp_path / "smoke")
+    graph_check(toy_method)
+    resume_check(toy_method, tmp_path / "resume")
+    spec = importlib.util.spec_from_file_location("make_presets", CONFIGS / "make_presets.py")
+    make_presets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_presets)
+    files = {path.relative_to(CONFIGS).as_posix(): text for path, text in make_presets.presets().items()}
+    assert {"cifar100/toy_n5.yaml", "cifar100/toy_b50_n26.yaml", "cifar100-mini/toy.yaml"} <= set(files)
+    preset = tmp_path / "toy_n5.yaml"
+    preset.write_text(files["cifar100/toy_n5.yaml"])
+    cfg = load_config([preset])[0]
+    assert cfg.method.name == "toy" and cfg.data.num_tasks == 5 and cfg.train.epochs == 160
+    assert yaml.safe_load(files["cifar100-mini/toy.yaml"]) == {"method": {"name": "toy"}}
