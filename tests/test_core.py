@@ -194,3 +194,16 @@ def test_registering_a_method_is_enough_for_the_smoke_graph_and_preset_machinery
     cfg = load_config([preset])[0]
     assert cfg.method.name == "toy" and cfg.data.num_tasks == 5 and cfg.train.epochs == 160
     assert yaml.safe_load(files["cifar100-mini/toy.yaml"]) == {"method": {"name": "toy"}}
+
+
+def test_the_public_api_trains_and_resumes_a_run_directory(tmp_path):
+    import dfcil
+    from dfcil.config import ConfigError
+
+    assert dfcil.__all__ == ["__version__", "list_methods", "load_config", "resume", "train"]
+    cfg, _ = dfcil.load_config([CONFIGS / "smoke.yaml"], [("train.epochs", "2"), ("train.milestones", "[1]")])
+    summary = dfcil.train(cfg, tmp_path / "run")
+    assert len(summary["acc_per_task"]) == 2 and (tmp_path / "run" / "summary.json").exists()
+    with pytest.raises(ConfigError, match="is complete"):
+        dfcil.resume(tmp_path / "run")
+    assert "rdfcil" in dfcil.list_methods()

@@ -3,15 +3,19 @@
 Public API::
 
     cfg, _ = dfcil.load_config(["configs/smoke.yaml"], [("train.epochs", "2")])
-    summary = dfcil.run(cfg, "runs/smoke")
+    summary = dfcil.train(cfg, "runs/smoke")      # as `dfcil train`: a new run directory
+    summary = dfcil.resume("runs/smoke")           # as `dfcil resume`: an unfinished one
     dfcil.list_methods()
+
+The training loop itself is :func:`dfcil.engine.run`, which the two above call with the run directory's
+loggers and checkpoints.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "list_methods", "load_config", "run"]
+__all__ = ["__version__", "list_methods", "load_config", "resume", "train"]
 
 
 def load_config(paths=(), overrides=()):
@@ -25,11 +29,18 @@ def load_config(paths=(), overrides=()):
     return _load(paths, overrides)
 
 
-def run(cfg, out, progress=None):
+def train(cfg, out, progress=None):
     """Train ``cfg`` into the new run directory ``out``; returns the summary dict (also ``out/summary.json``)."""
-    from dfcil.runner import train
+    from dfcil.runner import train as _train
 
-    return train(cfg, out, progress=progress)
+    return _train(cfg, out, progress=progress)
+
+
+def resume(run_dir, progress=None):
+    """Continue the unfinished run in ``run_dir`` from its newest checkpoint; returns the summary dict."""
+    from dfcil.runner import resume as _resume
+
+    return _resume(run_dir, progress=progress)
 
 
 def list_methods() -> list[str]:
