@@ -6,7 +6,7 @@ Counts the aten operators of one step (forward, loss terms, backward, optimiser 
 with ResNet-32 on the CPU, for the eager engine (``engine.cuda_graphs: off``) and what stays eager under ``on``:
 copying the batch's indices into the graph's buffer and the step's loss terms into the epoch's record. On a GPU
 each operator is at least one kernel launch plus its Python and dispatcher overhead, which is what bounds ResNet-32
-steps (docs/results.md §3).
+steps in eager mode (docs/notes/measurements.md).
 """
 
 from __future__ import annotations

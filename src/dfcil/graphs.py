@@ -271,7 +271,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
-        if self.paused or func.namespace == "profiler":  # the optimiser's update; profiler markers around it
+        if self.paused or func.name().startswith("profiler::"):  # the optimiser's update; profiler markers
             return func(*args, **kwargs)
         name = func.overloadpacket.__name__
         if name in _HOST_SYNC:
