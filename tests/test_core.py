@@ -207,3 +207,54 @@ def test_the_public_api_trains_and_resumes_a_run_directory(tmp_path):
     with pytest.raises(ConfigError, match="is complete"):
         dfcil.resume(tmp_path / "run")
     assert "rdfcil" in dfcil.list_methods()
+
+
+class _FailsOnInterrupt(Callback):
+    def on_interrupt(self):
+        raise OSError("a logger's disk is full")
+
+
+def test_a_failing_callback_never_costs_the_checkpoint(tmp_path):
+    """Every callback sees every hook: one that raises on an interrupt still lets the checkpoint be written, and
+    its error is raised afterwards."""
+    from conftest import StopAfterEpochs
+    from dfcil.checkpoint import Checkpointer, loads
+    from dfcil.runner import train
+
+    cfg = load_config([CONFIGS / "smoke.yaml"])[0]
+    interrupt = Interrupt()
+    stop = StopAfterEpochs(interrupt, 3)  # task 0 has 2 epochs: after the first RRL epoch of task 1
+    with pytest.raises(OSError, match="disk is full"):
+        train(cfg, tmp_path / "run", progress=False, interrupt=interrupt, callbacks=[stop, _FailsOnInterrupt()])
+    position = loads(Checkpointer(tmp_path / "run").last.read_bytes())["position"]
+    assert position == {"task": 1, "stage": "train", "phase": 0, "epoch": 1, "step": 0}
+
+
+class _BackboneAtEvaluation(Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_run_start(self, loop):
+        self.loop = loop
+
+    def on_eval_start(self):
+        backbone = self.loop.net.backbone
+        self.seen.append((backbone.training, any(p.requires_grad for p in backbone.parameters())))
+
+
+def test_a_run_resumed_at_a_phase_end_finishes_the_task_as_an_uninterrupted_one(tmp_path):
+    """Stopped right after CHR (a head-only phase), resumed: the method's task end and the evaluation see the
+    backbone frozen in eval mode, as they do without the stop."""
+    from conftest import StopAfterEpochs
+    from dfcil.runner import resume, train
+
+    cfg = load_config([CONFIGS / "smoke.yaml"])[0]
+    plain = _BackboneAtEvaluation()
+    reference = train(cfg, tmp_path / "a", progress=False, callbacks=[plain])
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted, match="end of phase chr"):  # task 0: 2 epochs; task 1: 2 RRL, 1 CHR
+        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 5)])
+    resumed = _BackboneAtEvaluation()
+    summary = resume(tmp_path / "b", progress=False, callbacks=[resumed])
+    assert plain.seen == [(True, True), (False, False)] and resumed.seen == [(False, False)]
+    assert summary["correct_matrix"] == reference["correct_matrix"]

@@ -1,7 +1,8 @@
 """Callbacks: what happens around the training loop (logs, metric records, timings, checkpoints) without living in
 it. The engine calls every hook of every callback in order, at fixed points (``loop.emit``); records are plain
-JSON-able dicts. :class:`Timer` runs first and :class:`Checkpointing` last, so that a checkpoint holds what the
-other callbacks did at the same point (a metrics line, a timing)."""
+JSON-able dicts. :class:`Timer` runs first and :class:`Checkpointing` after the user's callbacks (only the shared
+first-task cache follows it), so that a checkpoint holds what the others did at the same point (a metrics line,
+a timing)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,9 @@ class Callback:
         """A task is trained and evaluated: its accuracy row and timings (a line of metrics.jsonl)."""
 
     def on_interrupt(self) -> None:
-        """The run stops on request at a consistent point (mid-epoch, epoch end or inside a setup)."""
+        """A stop was requested and the run stops at a point no other hook checkpoints: inside a setup, mid-epoch,
+        or at an epoch end inside a phase. At the end of a setup, a phase or a task the run stops right after that
+        hook (:meth:`on_setup_end`, :meth:`on_phase_end`, :meth:`on_task_end`) instead."""
 
     def on_run_end(self, summary: dict[str, Any]) -> None: ...
 
@@ -242,7 +245,9 @@ class Checkpointing(Callback):
     """Writes the run's checkpoints (:mod:`dfcil.checkpoint`): after each task's setup, at the end of every phase
     and task, and on an interrupt; at epoch ends at most every ``epoch_checkpoint_interval_s`` (0: every epoch);
     inside a setup at most every ``checkpoint_interval_s``. :meth:`load` finds the newest usable checkpoint to
-    resume from, and ``metrics.jsonl`` is then cut back to its length at that checkpoint."""
+    resume from (the engine restores the run from it, :func:`dfcil.engine.restore`); what is about the files
+    stays here: the task's static-state file it refers to, and ``metrics.jsonl``, cut back to its length at that
+    checkpoint."""
 
     def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
         self.files = Checkpointer(run_dir)
@@ -285,14 +290,19 @@ class Checkpointing(Callback):
     def on_setup_end(self) -> None:
         self.save()
 
+    def on_phase_start(self, phase: Phase) -> None:
+        self.trained = False  # whether this process trained an epoch of the phase
+
     def on_epoch_end(self, record: dict[str, Any]) -> None:
         # the phase's last epoch is saved by on_phase_end, an interrupted one by on_interrupt
+        self.trained = True
         last = record["epoch"] + 1 == record["epochs"]
         if not last and not self.loop.interrupt.requested and self._due(self.cfg.epoch_checkpoint_interval_s):
             self.save()
 
     def on_phase_end(self, phase: Phase) -> None:
-        self.save()
+        if self.trained:  # a phase finished before a resume has its checkpoint already
+            self.save()
 
     def on_task_end(self, record: dict[str, Any]) -> None:
         self.save()

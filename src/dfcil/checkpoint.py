@@ -9,7 +9,8 @@ tensor index is checked against the block.
 Layout of ``<run>/checkpoints``: ``last.pt`` (newest), ``prev.pt`` (the one before, the fallback), and
 ``task<t>-static.pt`` (per-task state that never changes after the task's setup: frozen teacher and generator),
 written once and referenced by digest so that per-epoch checkpoints stay small. What a checkpoint holds is
-:func:`dfcil.engine.snapshot`'s payload.
+:meth:`dfcil.engine.Loop.snapshot` plus the static file's reference and ``metrics.jsonl``'s length
+(:class:`dfcil.callbacks.Checkpointing`).
 """
 
 from __future__ import annotations

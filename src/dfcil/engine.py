@@ -65,8 +65,8 @@ class Loop:
     net: IncrementalNet
     method: Method
     state: RunState
-    runtime: Runtime = Runtime()
-    protocol: Protocol | None = None  # the whole run's (run_task and restore need them; fit_task does not)
+    runtime: Runtime = Runtime()  # build() sets the run's; the default computes eagerly on the CPU
+    protocol: Protocol | None = None  # set by build(): run_task and restore need them, fit_task does not
     test: TestSet | None = None
     callbacks: Sequence[Callback] = ()
     interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)
@@ -74,8 +74,16 @@ class Loop:
     graph: StepGraph | None = None  # the running phase's step graph (engine.cuda_graphs on or check)
 
     def emit(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every callback, in order. If one raises, the rest still run (a failing logger never
+        costs a checkpoint) and the first error is raised afterwards."""
+        error: Exception | None = None
         for callback in self.callbacks:
-            getattr(callback, hook)(*args)
+            try:
+                getattr(callback, hook)(*args)
+            except Exception as err:  # noqa: BLE001 - re-raised below, once every callback has run
+                error = error or err
+        if error is not None:
+            raise error
 
     def snapshot(self) -> dict[str, Any]:
         """What a checkpoint holds, besides the method's static state: :func:`restore` continues from it."""
@@ -115,17 +123,20 @@ def run(
         protocol = protocol or prepare(cfg)
         loop = build(cfg, protocol, progress, interrupt)
         saver = Checkpointing(run_dir, cfg) if run_dir is not None else None
-        cache = Task0Cache(cfg, protocol) if cfg.task0_cache else None
+        cache = Task0Cache(cfg, protocol, loop.method) if cfg.task0_cache else None
         loop.callbacks = [Timer(), *callbacks, *(c for c in (saver, cache) if c is not None)]
-        payload = saver.load() if resume and saver else cache.load() if cache else None
-        if payload is not None:
-            restore(loop, payload)
+        payload = None
+        if resume:
+            payload = saver.load()
+        elif cache is not None:  # a shared first-task model, if one is stored: task 0 is not trained again
+            payload = cache.load()
+        ctx = restore(loop, payload) if payload is not None else None  # the context of the task to continue
         loop.emit("on_run_start", loop)
         state = loop.state
-        if cache is not None and cache.loaded:  # a shared first-task model: task 0 is not trained again
+        if cache is not None and cache.loaded:
             loop.emit("on_task_end", state.task_record(0, protocol.split) | {"shared_task0": str(cache.path)})
         for task in range(state.position.task, protocol.split.num_tasks):
-            run_task(loop, task_context(loop, task))
+            run_task(loop, ctx if ctx is not None and ctx.task_id == task else task_context(loop, task))
         split = protocol.split
         summary = {
             "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "dataset": protocol.dataset.name,
@@ -160,15 +171,18 @@ def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, inte
     return loop
 
 
-def restore(loop: Loop, payload: dict[str, Any]) -> None:
-    """Continue from a checkpoint's payload (:meth:`Loop.snapshot`): the network, the method, then the run state."""
+def restore(loop: Loop, payload: dict[str, Any]) -> TaskContext | None:
+    """Continue from a checkpoint's payload (:meth:`Loop.snapshot`): the network, the method, then the run state.
+    Returns the context of the task the run continues (None when no task is left)."""
     for n in payload["head_sizes"][len(loop.net.head.sizes) :]:
         loop.net.expand(n)
     loop.net.load_state_dict(payload["net"])
-    task = payload["position"]["task"]
+    task, ctx = payload["position"]["task"], None
     if task < loop.protocol.split.num_tasks:  # the last checkpoint of a finished run has no task left to continue
-        loop.method.load_state_dict(payload["method"], task_context(loop, task), payload.get("static_state") or None)
+        ctx = task_context(loop, task)
+        loop.method.load_state_dict(payload["method"], ctx, payload.get("static_state") or None)
     loop.state.load_state_dict(payload)  # last: building the network and the method consumed random numbers
+    return ctx
 
 
 def task_context(loop: Loop, task: int) -> TaskContext:
@@ -224,20 +238,6 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
         raise RunInterrupted(f"interrupted after task {task}")
 
 
-def set_trainable(net: IncrementalNet, extra: Sequence[nn.Module], trainable: str) -> None:
-    """Train everything, or only the head with the backbone frozen in eval mode (BN running stats fixed)."""
-    if trainable == "all":
-        for m in (net, *extra):
-            m.train().requires_grad_(True)
-    elif trainable == "head":
-        net.backbone.eval().requires_grad_(False)
-        net.head.train().requires_grad_(True)
-        for m in extra:
-            m.requires_grad_(False)
-    else:
-        raise ValueError(f"unknown trainable set {trainable!r}")
-
-
 def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
     """Run the phases of one task with one SGD optimiser (momentum carries over unless a phase resets it),
     from ``loop.state.position`` on (a resumed task continues where its checkpoint stood)."""
@@ -252,9 +252,7 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
             if state.resumed_optimizer is not None:
                 load_optimizer_state(state.optimizer, state.resumed_optimizer)
                 state.resumed_optimizer = None
-        if first_epoch == phase.epochs:  # done before a resume: only its optimiser carries over
-            continue
-        set_trainable(ctx.net, extra, phase.trainable)
+        ctx.net.set_trainable(phase.trainable, extra)  # "head": the backbone frozen in eval mode
         for part in method.frozen(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             part.requires_grad_(False)
         fill_momentum(state.optimizer)
@@ -297,7 +295,11 @@ class TrainStep:
         x, y = ctx.data.load(idx)
         with ctx.runtime.autocast():
             terms = self.method.training_step(ctx.net, Batch(x, y), ctx, self.phase)
-        self.names = list(terms)  # set by eager steps; a graph's replays keep the names its capture had
+        if self.names and list(terms) != self.names:  # eager steps; a graph replays its capture's terms
+            raise RuntimeError(
+                f"{self.method.name} changed its loss terms within a phase: {self.names} → {list(terms)}"
+            )
+        self.names = list(terms)
         losses = torch.stack([v.float() for v in terms.values()])
         losses.sum().backward()
         if self.method.grad_clip_value is not None:

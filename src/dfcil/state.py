@@ -1,4 +1,4 @@
-"""The run state: everything about a run that changes as it trains, besides the network and the method.
+"""The engine's run state: everything about a run that changes as it trains, besides the network and the method.
 
 :class:`RunState` holds the position, the accuracy matrix, the timings, the random streams, the partly done epoch
 and the running task's optimiser. Every checkpoint saves its :meth:`RunState.state_dict` and a resume restores it
@@ -81,7 +81,8 @@ class EpochProgress:
 
 @dataclasses.dataclass
 class RunState:
-    """All mutable state of a run besides the network and the method, saved by every checkpoint."""
+    """All mutable state of a run besides the network and the method. Every checkpoint saves it, but for the
+    process's own start time and a restored optimiser state not yet handed to an optimiser."""
 
     acc: AccuracyMatrix
     rngs: dict[str, torch.Generator]  # "data": shuffling and augmentation; "method": the method's latent codes

@@ -19,7 +19,7 @@ from dfcil.callbacks import Callback
 from dfcil.checkpoint import FORMAT, CheckpointError, dumps, loads
 from dfcil.config import RunConfig, config_to_dict
 from dfcil.io import write_atomic
-from dfcil.methods import METHODS, Task, build_method
+from dfcil.methods import METHODS, Method, Task, build_method
 from dfcil.protocol import Protocol
 from dfcil.runtime import resolve_device
 
@@ -29,10 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("dfcil")
 
 
-def task0_key(cfg: RunConfig, protocol: Protocol) -> str | None:
+def task0_key(cfg: RunConfig, protocol: Protocol, method: Method | None = None) -> str | None:
     """Digest of everything that shapes the model and random state at the end of task 0, or None when the method
-    does not share its first task. Methods with the same task-0 recipe share the file."""
-    method = build_method(cfg.method, cfg.train)
+    (the run's, or one built from ``cfg``) does not share its first task. Methods with the same task-0 recipe share
+    the file."""
+    method = method or build_method(cfg.method, cfg.train)
     signature = method.task0_signature()
     if signature is None:
         return None
@@ -62,8 +63,8 @@ def task0_key(cfg: RunConfig, protocol: Protocol) -> str | None:
 class Task0Cache(Callback):
     """Loads a shared first-task model instead of training task 0 (:meth:`load`), or stores this run's."""
 
-    def __init__(self, cfg: RunConfig, protocol: Protocol) -> None:
-        key = task0_key(cfg, protocol) if cfg.task0_cache else None
+    def __init__(self, cfg: RunConfig, protocol: Protocol, method: Method) -> None:
+        key = task0_key(cfg, protocol, method) if cfg.task0_cache else None
         self.path = Path(cfg.task0_cache) / f"task0-{key}.pt" if key else None
         self.loaded = False  # this run starts from the shared model
         self.unusable = False  # the shared model exists but could not be read: replace it

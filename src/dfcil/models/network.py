@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from torch import Tensor, nn
@@ -45,6 +46,20 @@ class IncrementalNet(nn.Module):
         self.backbone.reset_parameters()
         for block in self.head.blocks:
             self.head.init_block(block)
+
+    def set_trainable(self, trainable: str, extra: Sequence[nn.Module] = ()) -> None:
+        """Train everything (``"all"``), or only the head (``"head"``) with the backbone frozen in eval mode (its BN
+        running statistics fixed) and the ``extra`` modules trained alongside (projectors) frozen too."""
+        if trainable == "all":
+            for m in (self, *extra):
+                m.train().requires_grad_(True)
+        elif trainable == "head":
+            self.backbone.eval().requires_grad_(False)
+            self.head.train().requires_grad_(True)
+            for m in extra:
+                m.requires_grad_(False)
+        else:
+            raise ValueError(f"unknown trainable set {trainable!r}")
 
     def compile_backbone(self, **options: Any) -> None:
         """``torch.compile`` the backbone (``options`` as for :meth:`nn.Module.compile`), and the backbone of every
