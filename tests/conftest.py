@@ -28,6 +28,14 @@ def shared_cifar_root() -> Path | None:
     return None
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _decoded_images_in_a_temporary_cache(tmp_path_factory):
+    """Datasets decoded without a data.cache go to a temporary directory, not the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DFCIL_CACHE", str(tmp_path_factory.mktemp("dfcil-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     torch.manual_seed(0)

@@ -28,7 +28,11 @@ def test_defaults_are_the_reference_values():
         5e-4,
         (80, 120),
     )
-    assert cfg.seed == 1 and cfg.model.backbone == "resnet32" and cfg.model.head_init_std == 0.001
+    assert cfg.seed == 1 and cfg.model.backbone == "auto" and cfg.model.head_init_std == 0.001
+    from dfcil.models.network import backbone_for
+
+    assert [backbone_for("auto", size) for size in (32, 64, 224)] == ["resnet32", "resnet32", "resnet18"]
+    assert backbone_for("resnet20", 224) == "resnet20"  # an explicit backbone wins
 
 
 def test_yaml_roundtrip_is_exact():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from dfcil.config import DataConfig
 from dfcil.data import datasets as ds
 from dfcil.data.archive import DatasetError, safe_extract
 from dfcil.data.datasets import ImageArrays, build_dataset, read_npz
@@ -97,20 +98,20 @@ def _write_npz(folder, n_per_class=2, dtype=np.uint8):
 
 def test_prepared_npz_layout(tmp_path):
     _write_npz(tmp_path / "cifar100")
-    d = build_dataset("cifar100", tmp_path)
+    d = build_dataset(DataConfig(root=str(tmp_path)))
     assert d.train.x.shape == (200, 32, 32, 3) and d.test.y.dtype == np.int64 and d.num_classes == 100
     assert d.mean == (0.5071, 0.4867, 0.4408)
 
 
 def test_missing_dataset_says_how_to_fix(tmp_path):
     with pytest.raises(DatasetError, match=r"CIFAR-100 not found under data root .*--data.download true"):
-        build_dataset("cifar100", tmp_path)
+        build_dataset(DataConfig(root=str(tmp_path)))
 
 
 def test_root_from_environment(tmp_path, monkeypatch):
     _write_npz(tmp_path / "cifar100")
     monkeypatch.setenv("DFCIL_DATA", str(tmp_path))
-    assert build_dataset("cifar100", None).source == str(tmp_path / "cifar100")
+    assert build_dataset(DataConfig()).source == str(tmp_path / "cifar100")
 
 
 @pytest.mark.parametrize(
@@ -132,7 +133,7 @@ def test_corrupt_npz_is_reported_with_the_file(tmp_path, corrupt, match):
     path = tmp_path / "cifar100" / "train.npz"
     corrupt(path)
     with pytest.raises(DatasetError, match=match) as err:
-        build_dataset("cifar100", tmp_path)
+        build_dataset(DataConfig(root=str(tmp_path)))
     assert "train.npz" in str(err.value) and "prepare it again" in str(err.value)  # the problem and the fix
     assert "allow_pickle" not in str(err.value)
 
@@ -145,14 +146,14 @@ def test_an_unreadable_npz_is_a_permission_problem_not_a_corrupt_file(tmp_path, 
 
     monkeypatch.setattr(np, "load", denied)
     with pytest.raises(DatasetError, match=r"train.npz cannot be read \(permission denied\); check its permissions"):
-        build_dataset("cifar100", tmp_path)
+        build_dataset(DataConfig(root=str(tmp_path)))
 
 
 def test_a_missing_half_of_the_prepared_arrays_is_called_missing(tmp_path):
     _write_npz(tmp_path / "cifar100")
     (tmp_path / "cifar100" / "test.npz").unlink()
     with pytest.raises(DatasetError, match=r"test.npz is missing \(found train.npz beside it\): prepare it too"):
-        build_dataset("cifar100", tmp_path)
+        build_dataset(DataConfig(root=str(tmp_path)))
 
 
 def _official_folder(root, n=3):
@@ -171,7 +172,7 @@ def _official_folder(root, n=3):
 
 def test_official_python_folder(tmp_path):
     _, data = _official_folder(tmp_path)
-    d = build_dataset("cifar100", tmp_path)
+    d = build_dataset(DataConfig(root=str(tmp_path)))
     x, labels = data["train"]
     assert d.train.x.shape == (300, 32, 32, 3)
     np.testing.assert_array_equal(d.train.x[5], x[5].reshape(3, 32, 32).transpose(1, 2, 0))  # CHW rows → HWC
@@ -188,7 +189,7 @@ def test_official_files_are_unpickled_without_running_code(tmp_path, monkeypatch
     (folder / "train").write_bytes(pickle.dumps({"data": _Evil(), "fine_labels": []}))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(DatasetError, match="refusing to load"):
-        build_dataset("cifar100", tmp_path)
+        build_dataset(DataConfig(root=str(tmp_path)))
     assert not (tmp_path / "pwned").exists()
 
 
@@ -216,10 +217,10 @@ def test_download_is_checksummed_and_extracted(tmp_path, monkeypatch):
         shutil.copyfile(archive, output_file)
 
     root = tmp_path / "root"
-    d = ds.cifar100(root, download=True, downloader=local_downloader)
+    d = ds.cifar100(root, DataConfig(download=True), downloader=local_downloader)
     assert calls == [ds.CIFAR100_URL] and d.train.x.shape == (300, 32, 32, 3)
     assert (root / "cifar-100-python" / "train").is_file()
-    ds.cifar100(root, download=True, downloader=local_downloader)
+    ds.cifar100(root, DataConfig(download=True), downloader=local_downloader)
     assert len(calls) == 1  # the extracted folder is reused
 
 
@@ -229,7 +230,7 @@ def test_download_with_a_bad_checksum_fails_and_leaves_nothing(tmp_path):
     archive = _tar_of(src, "cifar.tar.gz")
     root = tmp_path / "root"
     with pytest.raises(DatasetError, match="checksum"):
-        ds.cifar100(root, download=True, downloader=lambda url, out, p: shutil.copyfile(archive, out))
+        ds.cifar100(root, DataConfig(download=True), downloader=lambda url, out, p: shutil.copyfile(archive, out))
     assert not (root / "cifar-100-python").exists() and not (root / ds.CIFAR100_ARCHIVE).exists()
 
 
@@ -272,14 +273,14 @@ def test_safe_extract_refuses_writing_through_a_link_of_the_archive(tmp_path):
 
 
 def test_fake_dataset_is_deterministic_and_learnable_shaped():
-    a, b = build_dataset("fake", None), build_dataset("fake", None, num_classes=4)
+    a, b = build_dataset(DataConfig(name="fake")), build_dataset(DataConfig(name="fake", num_classes=4))
     assert a.train.x.shape == (480, 32, 32, 3) and b.num_classes == 4 and b.test.y.max() == 3
-    np.testing.assert_array_equal(a.train.x, build_dataset("fake", None).train.x)
+    np.testing.assert_array_equal(a.train.x, build_dataset(DataConfig(name="fake")).train.x)
 
 
 def test_read_npz_of_real_cifar(cifar_root):
     train = read_npz(cifar_root / "cifar100" / "train.npz", 100, 32)
     assert train.x.shape == (50000, 32, 32, 3) and train.y[:5].tolist() == [19, 29, 0, 11, 1]
     assert np.bincount(train.y).tolist() == [500] * 100
-    d = build_dataset("cifar100", cifar_root)
+    d = build_dataset(DataConfig(root=str(cifar_root)))
     assert d.test.x.shape == (10000, 32, 32, 3)

@@ -24,7 +24,7 @@ def test_resnet32_structure_matches_reference():
     assert sum(p.numel() for p in body.parameters()) == pytest.approx(0.46e6, rel=0.05)
 
 
-@pytest.mark.parametrize("name", BACKBONES.names())
+@pytest.mark.parametrize("name", [n for n in BACKBONES.names() if n != "resnet18"])
 def test_forward_shapes(name):
     net = build_network(name)
     net.expand(7)
@@ -36,6 +36,31 @@ def test_forward_shapes(name):
     assert out.logits.shape == (4, 7) and out.features.shape == (4, 64)
     assert [f.shape[1:] for f in out.fmaps] == [(16, 32, 32), (32, 16, 16), (64, 8, 8), (64, 8, 8)]
     assert out.features.min() < 0  # pre-activation features: no ReLU after the last addition
+
+
+def test_the_imagenet_resnet18_is_the_references():
+    """3×3 stride-1 stem and max-pool: stages at 112, 56, 28, 14 pixels for 224; no ReLU after the last block of a
+    stage (pre-activation outputs), ReLU after the others; zero-initialised last BN; 11.2 M parameters."""
+    from dfcil.models.resnet import Block
+
+    net = build_network("resnet18")
+    net.expand(10)
+    body = net.backbone
+    assert sum(p.numel() for p in body.parameters()) == pytest.approx(11.2e6, rel=0.01)
+    blocks = [b for b in body.modules() if isinstance(b, Block)]
+    assert len(blocks) == 8 and all(torch.all(b.bn_b.weight == 0) for b in blocks)
+    assert [b.last_relu for b in blocks] == [True, False] * 4
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.fill_(1.0)
+        net.eval()
+        x = torch.randn(2, 3, 224, 224)
+        out = net(x)
+        first = blocks[0](torch.nn.functional.max_pool2d(torch.relu(body.bn_1(body.conv_1(x))), 3, 2, 1))
+    assert [f.shape[1:] for f in out.fmaps] == [(64, 112, 112), (128, 56, 56), (256, 28, 28), (512, 14, 14)]
+    assert out.features.shape == (2, 512) and out.logits.shape == (2, 10) and net.feature_dim == 512
+    assert first.min() >= 0 and out.fmaps[0].min() < 0  # ReLU after the first block, none after a stage's last
 
 
 def test_head_grows_without_touching_old_classes():

@@ -82,10 +82,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _print_protocol(cfg: RunConfig) -> None:
     from dfcil.methods import Task, build_method
+    from dfcil.progress import make_progress
     from dfcil.protocol import prepare
     from dfcil.runtime import resolve_device
 
-    protocol = prepare(cfg)
+    protocol = prepare(cfg, make_progress(None))
     split, ds = protocol.split, protocol.dataset
     method = build_method(cfg.method, cfg.train)
     print(f"method:      {cfg.method.name}")
@@ -96,9 +97,12 @@ def _print_protocol(cfg: RunConfig) -> None:
     for t, classes in enumerate(split.tasks):
         task = Task(task_id=t, n_old=split.offsets[t], n_new=len(classes), num_tasks=split.num_tasks)
         phases = ", ".join(f"{p.name} {p.epochs} ep @ lr {p.lr:g}" for p in method.phases(task))
+        named = (
+            f" ({', '.join(ds.classes[c] for c in classes[:5])}{', ...' * (len(classes) > 5)})" if ds.classes else ""
+        )
         print(
             f"  task {t}: {len(classes)} classes, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
-            f"images; {phases}; classes {classes}"
+            f"images; {phases}; classes {classes}{named}"
         )
 
 

@@ -72,11 +72,21 @@ class DataConfig:
     num_classes: PositiveInt | None = None  # keep only the first K classes of the order (mini protocols)
     train_per_class: PositiveInt | None = None  # cap on training images per class (first n in file order)
     test_per_class: PositiveInt | None = None  # cap on test images per class (first n in file order)
+    # side of the (square) images in pixels; None: the dataset's own (CIFAR-100 32, Tiny-ImageNet 64, ImageNet-100
+    # 224); `folder` needs it. Decoded datasets are resized and centre-cropped to it, as the reference does.
+    image_size: PositiveInt | None = None
+    # per-channel normalisation of x / 255; None: the dataset's (the reference's constants, or computed from the
+    # training images of `folder` and `arrays` datasets and cached)
+    mean: tuple[Float, Float, Float] | None = None
+    std: tuple[PositiveFloat, PositiveFloat, PositiveFloat] | None = None
+    cache: str | None = None  # decoded datasets' cache; None: $DFCIL_CACHE, else ~/.cache/dfcil/prepared; runtime
+    workers: PositiveInt | None = None  # processes that decode images; None: every core; runtime only
 
 
 @configclass
 class ModelConfig:
-    backbone: str = "resnet32"  # registered backbone (reference: cl-lite/PODNet CIFAR ResNet-32)
+    # registered backbone; auto: by image size, the reference's ResNet-32 up to 64 pixels, else its ResNet-18
+    backbone: str = "auto"
     head_init_std: PositiveFloat = 0.001  # std of the N(0, std²) init of every new classifier block
 
 
@@ -165,7 +175,7 @@ def with_absolute_paths(cfg: RunConfig) -> RunConfig:
     def absolute(path: str | None) -> str | None:
         return None if path is None else str(Path(path).expanduser().absolute())
 
-    data = dataclasses.replace(cfg.data, root=absolute(cfg.data.root))
+    data = dataclasses.replace(cfg.data, root=absolute(cfg.data.root), cache=absolute(cfg.data.cache))
     return dataclasses.replace(cfg, data=data, task0_cache=absolute(cfg.task0_cache))
 
 
@@ -183,7 +193,7 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
 RUNTIME_KEYS = frozenset(
     {
         "device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache", "engine.cuda_graphs",
-        "data.root", "data.download",
+        "data.root", "data.download", "data.cache", "data.workers",
     }
 )  # fmt: skip
 

@@ -29,7 +29,7 @@ from dfcil.config import RunConfig, config_to_dict
 from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.graphs import StepGraph
 from dfcil.methods import Batch, Method, Phase, TaskContext, build_method
-from dfcil.models.network import IncrementalNet, build_network
+from dfcil.models.network import IncrementalNet, backbone_for, build_network
 from dfcil.optim import fill_momentum, load_optimizer_state, sgd
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
@@ -120,7 +120,7 @@ def run(
         raise ValueError("resume continues a run directory's checkpoints: give run_dir")
     started = time.perf_counter()
     with process_state_kept():
-        protocol = protocol or prepare(cfg)
+        protocol = protocol or prepare(cfg, make_progress(progress))
         loop = build(cfg, protocol, progress, interrupt)
         saver = Checkpointing(run_dir, cfg) if run_dir is not None else None
         cache = Task0Cache(cfg, protocol, loop.method) if cfg.task0_cache else None
@@ -143,7 +143,7 @@ def run(
             "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
             **state.acc.summary(), "timings": state.timings, "wall_time_s": round(time.perf_counter() - started, 2),
             "total_time_s": round(state.elapsed_s(), 2), "resumed": resume, "device": str(loop.runtime.device),
-            "seed": cfg.seed,
+            "seed": cfg.seed, **({"class_names": list(protocol.dataset.classes)} if protocol.dataset.classes else {}),
         }  # fmt: skip
         loop.emit("on_run_end", summary)
         return summary
@@ -154,7 +154,8 @@ def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, inte
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
     method = build_method(cfg.method, cfg.train)
-    net = build_network(cfg.model.backbone, type(method).head, cfg.model.head_init_std).to(device)
+    backbone = backbone_for(cfg.model.backbone, protocol.dataset.image_size)
+    net = build_network(backbone, type(method).head, cfg.model.head_init_std).to(device)
     if cfg.engine.channels_last:
         net.to(memory_format=torch.channels_last)
     if device.type == "cuda":
@@ -188,8 +189,7 @@ def restore(loop: Loop, payload: dict[str, Any]) -> TaskContext | None:
 def task_context(loop: Loop, task: int) -> TaskContext:
     """Task ``task``'s context: its classes and its training images on the device."""
     split, cfg, device = loop.protocol.split, loop.cfg, loop.runtime.device
-    x, y = loop.protocol.train_arrays(task, type(loop.method).train_data == "seen", cfg.data.train_per_class)
-    x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    x, y = loop.protocol.train_tensors(task, type(loop.method).train_data == "seen", cfg.data.train_per_class, device)
     data = TrainBatches(x, y, cfg.train.batch_size, loop.test.normalizer, loop.state.rngs["data"])
     return TaskContext(
         task_id=task, n_old=split.offsets[task], n_new=split.task_sizes[task], num_tasks=split.num_tasks,

@@ -14,13 +14,15 @@ import torch
 
 from dfcil.config import ConfigError, RunConfig
 from dfcil.data.datasets import ImageDataset, build_dataset
-from dfcil.data.device import Normalizer, select_classes
+from dfcil.data.device import Normalizer, class_indices, to_device
 from dfcil.data.splits import ClassIncrementalSplit, SplitError
 from dfcil.io import check_creatable_dir
 from dfcil.methods import build_method
+from dfcil.models.generator import generator_layout
 from dfcil.models.heads import HEADS
-from dfcil.models.network import IncrementalNet
+from dfcil.models.network import IncrementalNet, backbone_for
 from dfcil.models.resnet_cifar import BACKBONES
+from dfcil.progress import ProgressFactory
 from dfcil.runtime import check_compiler, resolve_device
 
 
@@ -33,17 +35,22 @@ class Protocol:
     train_images: tuple[int, ...]  # training images per task
     test_images: tuple[int, ...]  # test images per task
 
-    def train_arrays(self, task: int, seen: bool, per_class: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """The training images and labels (order positions) of ``task``, or of tasks 0..task when ``seen``."""
-        offsets = self.split.offsets
+    def train_tensors(
+        self, task: int, seen: bool, per_class: int | None, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training images (uint8) and labels (order positions) of ``task``, or of tasks 0..task when ``seen``,
+        on ``device``: only those classes' images are read."""
+        offsets, lut = self.split.offsets, self.split.label_map(self.dataset.num_classes)
         labels = range(0 if seen else offsets[task], offsets[task + 1])
-        return select_classes(self.dataset.train, self.split.label_map(self.dataset.num_classes), labels, per_class)
+        return to_device(self.dataset.train, lut, class_indices(self.dataset.train, lut, labels, per_class), device)
 
 
-def prepare(cfg: RunConfig) -> Protocol:
-    """Load the data and build the protocol, raising a clear error for anything that cannot run."""
+def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
+    """Load the data (decoding and caching image files the first time, with ``progress`` bars) and build the
+    protocol, raising a clear error for anything that cannot run."""
     method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
-    BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
+    if cfg.model.backbone != "auto":
+        BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
     HEADS.get(type(method).head)
     device = resolve_device(cfg.device)
     if cfg.engine.compile != "none":
@@ -54,7 +61,7 @@ def prepare(cfg: RunConfig) -> Protocol:
         except ValueError as err:
             raise ConfigError(str(err)) from None
     d = cfg.data
-    dataset = build_dataset(d.name, d.root, download=d.download, num_classes=d.num_classes)
+    dataset = build_dataset(d, progress=progress)
     split = ClassIncrementalSplit.build(
         dataset.num_classes, d.num_tasks, d.base_classes, d.class_order, d.class_order_seed, d.num_classes
     )
@@ -62,8 +69,8 @@ def prepare(cfg: RunConfig) -> Protocol:
     train_n, test_n = [], []
     for t in range(split.num_tasks):
         labels = range(offsets[t], offsets[t + 1])
-        train_n.append(len(select_classes(dataset.train, lut, labels, d.train_per_class)[1]))
-        test_n.append(len(select_classes(dataset.test, lut, labels, d.test_per_class)[1]))
+        train_n.append(len(class_indices(dataset.train, lut, labels, d.train_per_class)))
+        test_n.append(len(class_indices(dataset.test, lut, labels, d.test_per_class)))
     for t, n in enumerate(train_n):
         if n < cfg.train.batch_size:
             raise SplitError(
@@ -72,6 +79,12 @@ def prepare(cfg: RunConfig) -> Protocol:
             )
     if min(test_n) == 0:
         raise SplitError(f"a task has no test images (per task: {test_n}); check data.test_per_class")
+    backbone_for(cfg.model.backbone, dataset.image_size)
+    if hasattr(cfg.method, "inversion"):  # a synthesizer for this image size (refused with the sizes it takes)
+        try:
+            generator_layout(dataset.image_size)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     return Protocol(dataset, split, tuple(train_n), tuple(test_n))
 
 
@@ -88,12 +101,13 @@ class TestSet:
     @classmethod
     def build(cls, protocol: Protocol, per_class: int | None, normalizer: Normalizer, device: torch.device) -> TestSet:
         split, ds = protocol.split, protocol.dataset
-        x, y = select_classes(ds.test, split.label_map(ds.num_classes), range(split.num_classes), per_class)
-        order = np.argsort(y, kind="stable")
-        x, y = x[order], y[order]
-        seen = np.searchsorted(y, split.offsets[1:])
+        lut = split.label_map(ds.num_classes)
+        idx = class_indices(ds.test, lut, range(split.num_classes), per_class)
+        idx = idx[np.argsort(lut[ds.test.y[idx]], kind="stable")]  # by label, file order within a label
+        x, y = to_device(ds.test, lut, idx, device)
+        seen = np.searchsorted(y.cpu().numpy(), split.offsets[1:])
         labels = torch.as_tensor(split.task_of_label(), device=device)
-        return cls(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device), seen, labels, normalizer)
+        return cls(x, y, seen, labels, normalizer)
 
     def batches(self, task: int, batch_size: int) -> int:
         """Forward passes :meth:`evaluate` makes after ``task``."""

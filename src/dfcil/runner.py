@@ -45,7 +45,8 @@ from dfcil.config import (
 from dfcil.engine import Interrupt, Loop, RunInterrupted, run
 from dfcil.io import check_creatable_dir, write_atomic, write_json
 from dfcil.methods import METHODS
-from dfcil.models.network import IncrementalNet, build_network
+from dfcil.models.network import IncrementalNet, backbone_for, build_network
+from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, prepare
 from dfcil.runtime import resolve_device
 
@@ -140,7 +141,7 @@ def train(
         runtime = {key: functools.reduce(getattr, key.split("."), cfg) for key in RUNTIME_KEYS}
         return resume(out, runtime, progress, argv, callbacks, interrupt)
     check_new_run_dir(out)
-    protocol = protocol or prepare(cfg)
+    protocol = protocol or prepare(cfg, make_progress(progress))
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +197,7 @@ def resume(
             f"cannot change {', '.join(changed)} when resuming {run_dir}: these keys shape the protocol or the "
             f"model. Only {', '.join(sorted(RUNTIME_KEYS))} may change; start a new run for the rest"
         )
-    protocol = prepare(cfg)
+    protocol = prepare(cfg, make_progress(progress))
     with locked(run_dir):
         has_checkpoint = Checkpointer(run_dir).exists()
         if not has_checkpoint:  # stopped before its first checkpoint: start over in place
@@ -257,10 +258,11 @@ class SaveModel(Callback):
         self.loop = loop
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
-        save_model(self.path, self.loop.net, self.cfg)
+        backbone = backbone_for(self.cfg.model.backbone, self.loop.protocol.dataset.image_size)
+        save_model(self.path, self.loop.net, self.cfg, backbone)
 
 
-def save_model(path: Path, net: IncrementalNet, cfg: RunConfig) -> None:
+def save_model(path: Path, net: IncrementalNet, cfg: RunConfig, backbone: str) -> None:
     """The final network: weights, head block sizes and the backbone name, in the safe checkpoint format."""
     write_atomic(
         path,
@@ -270,7 +272,7 @@ def save_model(path: Path, net: IncrementalNet, cfg: RunConfig) -> None:
                 "net": net.state_dict(),
                 "head_sizes": net.head.sizes,
                 "head": METHODS.get(cfg.method.name).head,
-                "backbone": cfg.model.backbone,
+                "backbone": backbone,
             }
         ),
     )

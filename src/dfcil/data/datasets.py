@@ -1,8 +1,9 @@
-"""Datasets as in-memory uint8 arrays, behind a registry.
+"""Datasets as uint8 arrays, behind a registry.
 
-Every dataset is a pair of arrays per split: images ``x`` uint8 ``[N, H, W, 3]`` (HWC, RGB) and labels ``y``
-int64 ``[N]``, plus the normalisation constants of the reference code. The fast path reads prepared
-``<root>/<name>/{train,test}.npz`` files; official formats are read (or downloaded) where a dataset has one.
+Every dataset is a pair of arrays per split: images ``x`` uint8 ``[N, H, W, 3]`` (HWC, RGB; in memory, or
+memory-mapped from a decoded cache, :mod:`dfcil.data.images`) and labels ``y`` int64 ``[N]``, plus the
+normalisation constants of the reference code. A builder is registered by name and called with the data root and
+the ``data`` section of the config; official formats are read (or downloaded) where a dataset has one.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import pickle
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from dfcil.config import DataConfig
 from dfcil.data.archive import DatasetError, Downloader, fetch, safe_extract
 from dfcil.registry import Registry
 
@@ -36,10 +39,17 @@ class ImageDataset:
     train: ImageArrays
     test: ImageArrays
     source: str  # where it was read from, for the log
+    classes: tuple[str, ...] = ()  # the classes' names by raw label (wnids, folder names); () where unnamed
+
+    def normalised_by(self, cfg: DataConfig) -> ImageDataset:
+        """This dataset with the configured normalisation constants, where the config gives them."""
+        mean, std = cfg.mean or self.mean, cfg.std or self.std
+        return dataclasses.replace(self, mean=tuple(mean), std=tuple(std))
 
 
+# A builder: (data root, the config's data section, progress factory, downloader) -> ImageDataset
 DatasetBuilder = Callable[..., ImageDataset]
-DATASETS: Registry[DatasetBuilder] = Registry("dataset")
+DATASETS: Registry[DatasetBuilder] = Registry("dataset", builtins="dfcil.data.builtin")
 
 
 def default_data_root() -> Path:
@@ -53,29 +63,48 @@ def default_data_root() -> Path:
 
 
 def resolve_root(root: str | os.PathLike | None) -> Path:
-    return Path(root).expanduser() if root is not None else default_data_root()
+    """The data root, absolute (``~`` expanded): ``root``, else :func:`default_data_root`."""
+    return Path(os.path.abspath(Path(root).expanduser() if root is not None else default_data_root()))
 
 
-def build_dataset(name: str, root: str | os.PathLike | None, download: bool = False, **kwargs) -> ImageDataset:
-    """Load the registered dataset ``name`` from ``root`` (see :func:`resolve_root`)."""
-    return DATASETS.get(name)(resolve_root(root), download=download, **kwargs)
+def build_dataset(
+    cfg: DataConfig, progress: Callable[..., Any] | None = None, downloader: Downloader | None = None
+) -> ImageDataset:
+    """Load the dataset ``cfg.name`` from ``cfg.root`` (see :func:`resolve_root`), decoding and caching its images
+    the first time where it has image files (``progress``: a tqdm-like factory for that)."""
+    dataset = DATASETS.get(cfg.name)(resolve_root(cfg.root), cfg, progress=progress, downloader=downloader)
+    return dataset.normalised_by(cfg)
 
 
-def check_arrays(x: np.ndarray, y: np.ndarray, num_classes: int, image_size: int, source: str) -> ImageArrays:
-    """Validate image/label arrays; raise a :class:`DatasetError` naming ``source`` if they are malformed."""
-    shape = (image_size, image_size, 3)
+def check_arrays(
+    x: np.ndarray, y: np.ndarray, num_classes: int | None, image_size: int | None, source: str
+) -> ImageArrays:
+    """Validate image/label arrays (``num_classes`` and ``image_size`` where known); raise a :class:`DatasetError`
+    naming ``source`` if they are malformed."""
+    size = image_size or (x.shape[1] if x.ndim == 4 else 0)
+    shape = (size, size, 3)
     if x.dtype != np.uint8 or x.ndim != 4 or tuple(x.shape[1:]) != shape:
-        raise DatasetError(f"{source}: images must be uint8 [N, {', '.join(map(str, shape))}], got {x.dtype} {x.shape}")
+        want = ", ".join(map(str, shape)) if image_size else "S, S, 3"
+        raise DatasetError(f"{source}: images must be uint8 [N, {want}], got {x.dtype} {x.shape}")
     if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
         raise DatasetError(f"{source}: labels must be an integer vector of length {len(x)}, got {y.dtype} {y.shape}")
-    if len(y) and (y.min() < 0 or y.max() >= num_classes):
-        raise DatasetError(f"{source}: labels must lie in 0..{num_classes - 1}, found {y.min()}..{y.max()}")
+    top = num_classes - 1 if num_classes else np.iinfo(np.int64).max
+    if len(y) and (y.min() < 0 or y.max() > top):
+        raise DatasetError(
+            f"{source}: labels must lie in 0..{top if num_classes else 'C-1'}, found {y.min()}..{y.max()}"
+        )
     return ImageArrays(np.ascontiguousarray(x), y.astype(np.int64))
 
 
 def read_npz(path: Path, num_classes: int, image_size: int) -> ImageArrays:
-    """Read a prepared ``{x, y}`` archive (no pickle)."""
-    fix = f"Delete {path} and prepare it again (uint8 x [N,{image_size},{image_size},3], int64 y [N])."
+    """Read a prepared ``{x, y}`` archive of a dataset of known size (no pickle)."""
+    return read_arrays(path, num_classes, image_size)
+
+
+def read_arrays(path: Path, num_classes: int | None = None, image_size: int | None = None) -> ImageArrays:
+    """Read an ``{x, y}`` archive: uint8 images ``[N, S, S, 3]`` and integer labels (no pickle)."""
+    size = f"{image_size},{image_size}" if image_size else "S,S"
+    fix = f"Delete {path} and prepare it again (uint8 x [N,{size},3], int64 y [N])."
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = {"x", "y"} - set(data.files)
@@ -88,7 +117,7 @@ def read_npz(path: Path, num_classes: int, image_size: int) -> ImageArrays:
         others = sorted(p.name for p in path.parent.glob("*.npz"))
         raise DatasetError(
             f"{path} is missing (found {', '.join(others) or 'no .npz'} beside it): prepare it too "
-            f"(uint8 x [N,{image_size},{image_size},3], int64 y [N]), or remove {path.parent} to use another source"
+            f"(uint8 x [N,{size},3], int64 y [N]), or remove {path.parent} to use another source"
         ) from None
     except PermissionError:
         raise DatasetError(f"{path} cannot be read (permission denied); check its permissions") from None
@@ -153,7 +182,7 @@ def read_cifar100_python(folder: Path, split: str) -> ImageArrays:
 
 
 @DATASETS.register("cifar100")
-def cifar100(root: Path, download: bool = False, downloader: Downloader | None = None, **_) -> ImageDataset:
+def cifar100(root: Path, cfg: DataConfig, downloader: Downloader | None = None, **_: Any) -> ImageDataset:
     """CIFAR-100 from ``root``: ``cifar100/{train,test}.npz`` (fast path), else ``cifar-100-python/``, else a
     checksummed download of the official archive when ``download`` is set."""
     prepared, official = root / "cifar100", root / "cifar-100-python"
@@ -162,7 +191,7 @@ def cifar100(root: Path, download: bool = False, downloader: Downloader | None =
         source = str(prepared)
     else:
         if not official.is_dir():
-            if not download:
+            if not cfg.download:
                 raise DatasetError(
                     f"CIFAR-100 not found under data root {root}: expected {prepared}/{{train,test}}.npz or "
                     f"{official}/. Point --data.root (or $DFCIL_DATA) to a folder holding one of them, or pass "
@@ -174,7 +203,17 @@ def cifar100(root: Path, download: bool = False, downloader: Downloader | None =
                 raise DatasetError(f"{archive} did not contain cifar-100-python/. Delete it and download again.")
         train, test = (read_cifar100_python(official, s) for s in ("train", "test"))
         source = str(official)
+    check_image_size(cfg, 32, "cifar100")
     return ImageDataset("cifar100", 100, 32, CIFAR100_MEAN, CIFAR100_STD, train, test, source)
+
+
+def check_image_size(cfg: DataConfig, size: int, name: str) -> None:
+    """Refuse a configured image size that a dataset of fixed size cannot give."""
+    if cfg.image_size is not None and cfg.image_size != size:
+        raise DatasetError(
+            f"data.image_size {cfg.image_size}: {name} images are {size}×{size}; leave data.image_size unset (or "
+            f"set it to {size})"
+        )
 
 
 # ------------------------------------------------------------------------------------------------- generated
@@ -194,10 +233,12 @@ def make_fake_arrays(num_classes: int, per_class: int, image_size: int, seed: in
 
 
 @DATASETS.register("fake")
-def fake(root: Path, download: bool = False, num_classes: int | None = None, **_) -> ImageDataset:
-    """A tiny generated 32×32 dataset (10 classes unless ``num_classes``; 48 train / 16 test per class) for tests
-    and smoke runs. Needs no files."""
-    n = num_classes or 10
-    train = make_fake_arrays(n, 48, 32, seed=0)
-    test = make_fake_arrays(n, 16, 32, seed=1)
-    return ImageDataset("fake", n, 32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), train, test, "generated")
+def fake(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
+    """A tiny generated dataset (10 classes unless ``data.num_classes``; 48 train / 16 test per class; 32×32
+    unless ``data.image_size``, a multiple of 4) for tests and smoke runs. Needs no files."""
+    n, size = cfg.num_classes or 10, cfg.image_size or 32
+    if size % 4:
+        raise DatasetError(f"data.image_size {size}: the fake dataset needs a multiple of 4")
+    train = make_fake_arrays(n, 48, size, seed=0)
+    test = make_fake_arrays(n, 16, size, seed=1)
+    return ImageDataset("fake", n, size, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), train, test, "generated")

@@ -21,14 +21,11 @@ from torch import Tensor
 from dfcil.data.datasets import ImageArrays
 
 
-def select_classes(
+def class_indices(
     arrays: ImageArrays, label_map: np.ndarray, labels: Sequence[int], per_class: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Images whose remapped label is in ``labels`` (at most ``per_class`` each, first in file order).
-
-    Returns:
-        (x, y) with y the remapped labels (order positions).
-    """
+) -> np.ndarray:
+    """Indices, in file order, of the images whose remapped label is in ``labels`` (at most ``per_class`` each,
+    the first in file order). Reads the labels only, so a memory-mapped dataset stays on disk."""
     mapped = label_map[arrays.y]
     keep = np.isin(mapped, np.asarray(labels))
     if per_class is not None:
@@ -38,7 +35,30 @@ def select_classes(
             members = mapped[idx] == label
             ranks[members] = np.arange(members.sum())
         keep[idx[ranks >= per_class]] = False
-    return arrays.x[keep], mapped[keep]
+    return np.flatnonzero(keep)
+
+
+def select_classes(
+    arrays: ImageArrays, label_map: np.ndarray, labels: Sequence[int], per_class: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Images whose remapped label is in ``labels`` (at most ``per_class`` each, first in file order).
+
+    Returns:
+        (x, y) with y the remapped labels (order positions).
+    """
+    idx = class_indices(arrays, label_map, labels, per_class)
+    return arrays.x[idx], label_map[arrays.y[idx]]
+
+
+def to_device(
+    arrays: ImageArrays, label_map: np.ndarray, idx: np.ndarray, device: torch.device, chunk: int = 2048
+) -> tuple[Tensor, Tensor]:
+    """Images ``idx`` (uint8) and their remapped labels as tensors on ``device``, copied ``chunk`` images at a
+    time: a memory-mapped dataset never holds more than a chunk in host memory beyond the result."""
+    x = torch.empty((len(idx), *arrays.x.shape[1:]), dtype=torch.uint8, device=device)
+    for i in range(0, len(idx), chunk):
+        x[i : i + chunk].copy_(torch.from_numpy(np.ascontiguousarray(arrays.x[idx[i : i + chunk]])))
+    return x, torch.from_numpy(label_map[arrays.y[idx]]).to(device)
 
 
 class Normalizer:

@@ -65,5 +65,24 @@ def imagenet_generator(zdim: int = 1000) -> Generator:
     return Generator(zdim, init_size=7, init_channels=64, widths=(64,) * 5)
 
 
+def generator_layout(image_size: int) -> tuple[int, int]:
+    """(starting side, upsamplings) of the generator for ``image_size``: a start of 4 to 8 pixels doubled at least
+    twice. Raises ``ValueError`` naming the sizes that work."""
+    ups = 0
+    while image_size % 2 ** (ups + 1) == 0 and image_size // 2 ** (ups + 1) >= 4:
+        ups += 1
+    if ups < 2 or image_size // 2**ups > 8:
+        raise ValueError(
+            f"no generator for {image_size}-pixel images: the size must be a start of 4 to 8 pixels doubled at "
+            f"least twice (e.g. 16, 24, 32, 48, 64, 96, 128, 192, 224, 256); set data.image_size to such a size"
+        )
+    return image_size // 2**ups, ups
+
+
 def build_generator(image_size: int, zdim: int = 1000) -> Generator:
-    return GENERATORS.get(str(image_size))(zdim=zdim)
+    """The reference's generator for 32, 64 and 224 pixels; for another size the same design
+    (:func:`generator_layout`), widths 128 down to 64."""
+    if str(image_size) in GENERATORS:
+        return GENERATORS.get(str(image_size))(zdim=zdim)
+    start, ups = generator_layout(image_size)
+    return Generator(zdim, init_size=start, init_channels=128, widths=(128,) * (ups - 1) + (64,))

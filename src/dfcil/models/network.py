@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor, nn
 
+from dfcil.models import resnet  # noqa: F401 - registers the ImageNet ResNet-18
 from dfcil.models.batchnorm import BNMode
 from dfcil.models.heads import HEADS
 from dfcil.models.resnet_cifar import BACKBONES
@@ -87,6 +88,15 @@ class IncrementalNet(nn.Module):
         twin.eval()
         twin.requires_grad_(False)
         return twin
+
+
+def backbone_for(name: str, image_size: int) -> str:
+    """The backbone ``name`` (``model.backbone``) stands for at ``image_size`` pixels. ``auto``: the reference's
+    choice, the CIFAR ResNet-32 up to 64 pixels (CIFAR-100, Tiny-ImageNet), its ResNet-18 above (ImageNet)."""
+    if name == "auto":
+        name = "resnet32" if image_size <= 64 else "resnet18"
+    BACKBONES.get(name)
+    return name
 
 
 def build_network(backbone: str, head: str = "linear", head_init_std: float = 0.001) -> IncrementalNet:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from dfcil.models.batchnorm import BatchNorm2d, BNMode
 from dfcil.registry import Registry
 
-BACKBONES: Registry = Registry("backbone")
+BACKBONES: Registry = Registry("backbone", builtins="dfcil.models.network")  # which imports every backbone
 
 
 class BasicBlock(nn.Module):

@@ -1,0 +1,128 @@
+"""Your own data: a folder of images per class (``folder``), or prepared arrays (``arrays``).
+
+``folder``: ``<root>/train/<class>/<image>`` and ``<root>/test/<class>/<image>`` (or ``val/``), the ImageFolder
+convention. Classes are the training folder's subfolders in sorted order (their names are saved with the run);
+images are the files with an image suffix, in sorted order. They are resized (shorter side) and centre-cropped
+to ``data.image_size``, decoded once into the cache (:mod:`dfcil.data.images`); the normalisation is the
+training images' per-channel mean and std unless the config gives it.
+
+``arrays``: ``<root>/train.npz`` and ``<root>/test.npz``, each with uint8 ``x`` ``[N, S, S, 3]`` and integer ``y``
+(labels 0..C-1, every class in both splits): the CIFAR-100 fast path for any class count and image size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dfcil.config import DataConfig
+from dfcil.data.archive import DatasetError
+from dfcil.data.datasets import DATASETS, ImageArrays, ImageDataset, read_arrays
+from dfcil.data.images import (
+    IMAGE_SUFFIXES,
+    BaseTransform,
+    ImageFile,
+    Split,
+    cache_dir,
+    channel_stats,
+    fingerprint_files,
+    load_or_prepare,
+)
+
+
+def class_folders(split_dir: Path) -> dict[str, list[Path]]:
+    """Each class folder of ``split_dir`` (sorted) and its image files (sorted); a class without images is an
+    error naming it."""
+    classes = {}
+    for folder in sorted(p for p in split_dir.iterdir() if p.is_dir()):
+        files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise DatasetError(
+                f"class folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)}); add its images or remove it"
+            )
+        classes[folder.name] = files
+    if not classes:
+        raise DatasetError(f"{split_dir} holds no class folders: expected {split_dir}/<class>/<image> files")
+    return classes
+
+
+def check_same_classes(train: list[str], test: list[str], test_dir: Path) -> None:
+    if train != test:
+        only_train, only_test = sorted(set(train) - set(test)), sorted(set(test) - set(train))
+        raise DatasetError(
+            f"the training and test classes differ (only in train: {only_train[:5] or 'none'}; only in "
+            f"{test_dir.name}: {only_test[:5] or 'none'}): every class needs images in both"
+        )
+
+
+@DATASETS.register("folder")
+def folder(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> ImageDataset:
+    """Your own images: <root>/train/<class>/*, <root>/test/<class>/* (or val/), resized to data.image_size."""
+    if cfg.image_size is None:
+        raise DatasetError(
+            "data.image_size is needed for the folder dataset (e.g. 64): its images are resized (shorter side) and "
+            "centre-cropped to that size"
+        )
+    train_dir = root / "train"
+    test_dir = next((root / name for name in ("test", "val") if (root / name).is_dir()), root / "test")
+    for d in (train_dir, test_dir):
+        if not d.is_dir():
+            raise DatasetError(
+                f"{d} is missing: the folder dataset reads <root>/train/<class>/<image> and <root>/test/<class>/"
+                f"<image> (or val/); point --data.root to such a folder"
+            )
+    train, test = class_folders(train_dir), class_folders(test_dir)
+    classes = list(train)
+    check_same_classes(classes, list(test), test_dir)
+
+    def split(files: dict[str, list[Path]]) -> Split:
+        images = [ImageFile(str(f)) for c in classes for f in files[c]]
+        return Split(images, np.repeat(np.arange(len(classes)), [len(files[c]) for c in classes]))
+
+    size = cfg.image_size
+    every = [f for files in (train, test) for c in classes for f in files[c]]
+    identity = {"dataset": "folder", "source": str(root), "fingerprint": fingerprint_files(root, every)}
+    identity["classes"] = classes
+    transform = BaseTransform(short=size, size=size, min_side=size)  # smaller images are refused, not enlarged
+    path = cache_dir(cfg.cache, "folder", root, size)
+    arrays, manifest = load_or_prepare(
+        path, identity, lambda: {"train": split(train), "test": split(test)}, transform, cfg.workers, progress
+    )
+    stats = manifest["stats"]
+    return ImageDataset(
+        "folder", len(classes), size, tuple(stats["mean"]), tuple(stats["std"]), ImageArrays(*arrays["train"]),
+        ImageArrays(*arrays["test"]), f"{root} (cache {path})", tuple(classes),
+    )  # fmt: skip
+
+
+@DATASETS.register("arrays")
+def arrays(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
+    """Your own arrays: <root>/train.npz and <root>/test.npz (uint8 x [N,S,S,3], integer y in 0..C-1)."""
+    train, test = (read_arrays(root / f"{split}.npz") for split in ("train", "test"))
+    size = train.x.shape[1]
+    if test.x.shape[1:] != train.x.shape[1:]:
+        raise DatasetError(
+            f"{root}/test.npz holds {test.x.shape[1]}×{test.x.shape[2]} images and train.npz {size}×{size}: both "
+            f"splits need images of one size"
+        )
+    if cfg.image_size is not None and cfg.image_size != size:
+        raise DatasetError(
+            f"data.image_size {cfg.image_size}: the arrays in {root} hold {size}×{size} images, which the arrays "
+            f"dataset does not resize; leave data.image_size unset or prepare the arrays at that size"
+        )
+    num_classes = int(max(train.y.max(), test.y.max())) + 1
+    every = set(range(num_classes))
+    missing = [
+        f"{name}: {sorted(every - set(np.unique(a.y).tolist()))[:8]}"
+        for name, a in (("train", train), ("test", test))
+        if set(np.unique(a.y).tolist()) != every
+    ]
+    if missing:
+        raise DatasetError(
+            f"the labels of {root} must be 0..{num_classes - 1} with every class in both splits; classes without "
+            f"images in {'; '.join(missing)}"
+        )
+    stats = channel_stats(train.x)
+    return ImageDataset("arrays", num_classes, size, tuple(stats["mean"]), tuple(stats["std"]), train, test, str(root))

@@ -1,0 +1,365 @@
+"""Image files decoded once into a cache of uint8 arrays, which later runs memory-map.
+
+A prepared dataset is a directory holding, per split, ``<split>_x.npy`` (uint8 ``[N, S, S, 3]``, RGB) and
+``<split>_y.npy`` (int64 ``[N]``), and a ``manifest.json`` that says what it was built from (the source's path
+and fingerprint), how (the base transform, the cache format) and what it holds (class names, counts, statistics).
+
+Preparation decodes with Pillow in a pool of processes, a chunk of images per task, with a progress bar, into
+memory-mapped files in a hidden ``.<name>.partial`` directory beside the cache; the directory is renamed into
+place once every image is decoded, so a cache is whole or absent. An interrupted preparation (Ctrl-C, a kill)
+continues where it stopped the next time; images that cannot be decoded fail it, naming them, and leave nothing.
+Host memory stays bounded by the chunks in flight, whatever the dataset's size.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import shutil
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dfcil.data.archive import DatasetError
+from dfcil.io import fsync_dir, write_atomic
+from dfcil.progress import make_progress
+
+CACHE_FORMAT = 1  # raise it when the layout or the decoding changes: older caches are then refused
+CHUNK = 64  # images per task of the decoding pool
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFile:
+    """One image to decode: a file, or a member of the zip archive ``archive``."""
+
+    path: str
+    archive: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.archive}:{self.path}" if self.archive else self.path
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseTransform:
+    """The reference's base transform: ``Resize(short)`` (the shorter side to ``short`` pixels, bilinear, as
+    torchvision on a PIL image), then ``CenterCrop(size)``. ``min_side``: refuse images whose shorter side is
+    smaller (0: any size, enlarged like torchvision does)."""
+
+    short: int
+    size: int
+    min_side: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def decode(data: bytes, transform: BaseTransform) -> np.ndarray:
+    """Encoded image bytes → uint8 ``[size, size, 3]`` RGB (greyscale, palette, CMYK and alpha images converted)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        img.load()  # a truncated or corrupt file fails here, not later
+        w, h = img.size
+        if min(w, h) < transform.min_side:
+            raise ValueError(f"{w}×{h} pixels, smaller than the {transform.min_side} the dataset needs")
+        rgb = img.convert("RGB")
+    short, long = (w, h) if w <= h else (h, w)
+    if short != transform.short:  # torchvision's Resize(int): the shorter side to `short`, the longer in proportion
+        new_long = int(transform.short * long / short)
+        size = (transform.short, new_long) if w <= h else (new_long, transform.short)
+        rgb = rgb.resize(size, Image.BILINEAR)
+    w, h = rgb.size
+    top, left = int(round((h - transform.size) / 2.0)), int(round((w - transform.size) / 2.0))  # CenterCrop
+    if top or left or w != transform.size or h != transform.size:
+        rgb = rgb.crop((left, top, left + transform.size, top + transform.size))
+    return np.asarray(rgb, dtype=np.uint8)
+
+
+def read_bytes(image: ImageFile, archives: dict[str, zipfile.ZipFile]) -> bytes:
+    if image.archive is None:
+        return Path(image.path).read_bytes()
+    if image.archive not in archives:
+        archives[image.archive] = zipfile.ZipFile(image.archive)
+    return archives[image.archive].read(image.path)
+
+
+def decode_chunk(images: Sequence[ImageFile], transform: BaseTransform) -> tuple[np.ndarray, list[str]]:
+    """Decode ``images`` (a worker's task): the arrays, and one ``"file: reason"`` per image that failed."""
+    out = np.zeros((len(images), transform.size, transform.size, 3), dtype=np.uint8)
+    bad: list[str] = []
+    archives: dict[str, zipfile.ZipFile] = {}
+    try:
+        for i, image in enumerate(images):
+            try:
+                out[i] = decode(read_bytes(image, archives), transform)
+            except Exception as err:  # noqa: BLE001 - every failure is reported with its file, none is skipped
+                bad.append(f"{image}: {type(err).__name__}: {err}")
+    finally:
+        for archive in archives.values():
+            archive.close()
+    return out, bad
+
+
+def fingerprint_file(path: Path) -> str:
+    """SHA-256 of a file's bytes (an archive the cache is built from)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return "sha256:" + digest.hexdigest()
+
+
+def fingerprint_files(root: Path, files: Sequence[Path]) -> str:
+    """A digest of ``files``' paths relative to ``root``, sizes and modification times: a folder of images changes
+    its fingerprint when a file is added, removed, replaced or edited, without reading every image."""
+    digest = hashlib.sha256()
+    for f in sorted(files):
+        st = f.stat()
+        digest.update(f"{f.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return "stat-sha256:" + digest.hexdigest()
+
+
+def default_cache_root() -> Path:
+    """``$DFCIL_CACHE`` if set, else the per-user cache directory (e.g. ``~/.cache/dfcil/prepared``)."""
+    env = os.environ.get("DFCIL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("dfcil")) / "prepared"
+
+
+def cache_dir(cache_root: str | os.PathLike | None, dataset: str, source: Path, size: int) -> Path:
+    """Where the cache of ``dataset`` read from ``source`` at ``size`` pixels lives: one per source location."""
+    root = Path(cache_root).expanduser() if cache_root else default_cache_root()
+    where = hashlib.sha256(os.path.abspath(source.expanduser()).encode()).hexdigest()[:10]
+    return root / f"{dataset}-{size}px-{where}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """What one split of a prepared dataset holds: its images in order, and their labels."""
+
+    images: Sequence[ImageFile]
+    labels: np.ndarray  # (N,) int64
+
+    def __post_init__(self) -> None:
+        if len(self.images) != len(self.labels):
+            raise ValueError("one label per image")
+
+
+def load_cache(path: Path, identity: dict[str, Any]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict]:
+    """The splits of a prepared dataset (images memory-mapped) and its manifest; ``identity``: what the manifest
+    must say about the source and the preparation, else the cache is refused (built from another source or by
+    another version)."""
+    manifest_path = path / "manifest.json"
+    fix = f"delete {path} to prepare it again from the source"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"{manifest_path} cannot be read ({err}); {fix}") from None
+    if manifest.get("cache_format") != CACHE_FORMAT:
+        raise DatasetError(
+            f"{path} was prepared by another version of dfcil (cache format {manifest.get('cache_format')}, this one "
+            f"reads {CACHE_FORMAT}); {fix}"
+        )
+    for key, want in identity.items():
+        if manifest.get(key) != want:
+            what = "another source" if key in ("source", "fingerprint") else "other settings"
+            raise DatasetError(
+                f"{path} was prepared from {what} ({key}: {manifest.get(key)!r}, expected {want!r}): the source "
+                f"changed since; {fix} (or set data.cache to another directory)"
+            )
+    splits = {}
+    for name, count in manifest["counts"].items():
+        try:
+            x = np.load(path / f"{name}_x.npy", mmap_mode="r", allow_pickle=False)
+            y = np.load(path / f"{name}_y.npy", allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise DatasetError(f"{path}: the {name} arrays are missing or corrupt ({err}); {fix}") from None
+        size = manifest["transform"]["size"]
+        if x.shape != (count, size, size, 3) or x.dtype != np.uint8 or y.shape != (count,):
+            raise DatasetError(f"{path}: the {name} arrays do not match the manifest; {fix}")
+        splits[name] = (x, y)
+    return splits, manifest
+
+
+@dataclasses.dataclass
+class _Partial:
+    """An unfinished preparation: its directory, and which chunks of each split are decoded."""
+
+    path: Path
+    done: dict[str, np.ndarray]
+
+    def save(self) -> None:
+        for name, mask in self.done.items():
+            np.save(self.path / f"{name}_done.npy", mask)
+
+
+def prepare_cache(
+    path: Path,
+    splits: dict[str, Split],
+    transform: BaseTransform,
+    manifest: dict[str, Any],
+    workers: int | None = None,
+    progress: Callable[..., Any] | None = None,
+) -> None:
+    """Decode ``splits`` into the cache directory ``path`` (which must not exist), continuing an interrupted
+    preparation with the same ``manifest``. Raises :class:`DatasetError` naming the images that cannot be decoded
+    (and removes the unfinished cache)."""
+    manifest = {"cache_format": CACHE_FORMAT, **manifest, "transform": transform.as_dict()}
+    manifest["counts"] = {name: len(split.images) for name, split in splits.items()}
+    partial = _open_partial(path, splits, transform, manifest)
+    bad: list[str] = []
+    total = sum(len(s.images) for s in splits.values())
+    done = sum(int(partial.done[n].sum()) * CHUNK for n in splits)
+    bar_factory = progress or make_progress(False)
+    with bar_factory(total=total, desc=f"preparing {path.name}", unit="img", initial=min(done, total)) as bar:
+        for name, split in splits.items():
+            x = np.load(partial.path / f"{name}_x.npy", mmap_mode="r+")
+            try:
+                for start, images, bad_here in _decode_all(split, partial.done[name], transform, workers, x):
+                    bad += bad_here
+                    partial.done[name][start // CHUNK] = True
+                    bar.update(len(images))
+                    if start // CHUNK % 32 == 0:  # a kill loses at most 32 chunks' work
+                        x.flush()
+                        partial.save()
+            finally:  # an interrupt keeps what is decoded: the next preparation continues from it
+                x.flush()
+                del x
+                partial.save()
+    if bad:
+        shutil.rmtree(partial.path, ignore_errors=True)
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise DatasetError(
+            f"{len(bad)} of {total} images cannot be used: {shown}. Replace or remove them and run again "
+            f"(nothing was cached)"
+        )
+    _finish(partial, splits, path, manifest)
+
+
+def _open_partial(path: Path, splits: dict[str, Split], transform: BaseTransform, manifest: dict) -> _Partial:
+    tmp = path.parent / f".{path.name}.partial"
+    marker = tmp / "manifest.json"
+    if tmp.exists():
+        try:
+            same = json.loads(marker.read_text()) == manifest
+        except (OSError, ValueError):
+            same = False
+        if same:  # an interrupted preparation of the same thing: continue it
+            try:
+                done = {n: np.load(tmp / f"{n}_done.npy") for n in splits}
+                return _Partial(tmp, done)
+            except (OSError, ValueError):
+                pass
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for name, split in splits.items():
+        n = len(split.images)
+        np.lib.format.open_memmap(
+            tmp / f"{name}_x.npy", mode="w+", dtype=np.uint8, shape=(n, transform.size, transform.size, 3)
+        )
+        np.save(tmp / f"{name}_y.npy", np.asarray(split.labels, dtype=np.int64))
+    partial = _Partial(tmp, {n: np.zeros(-(-len(s.images) // CHUNK), dtype=bool) for n, s in splits.items()})
+    partial.save()
+    write_atomic(marker, json.dumps(manifest, indent=1))
+    return partial
+
+
+def _decode_all(
+    split: Split, done: np.ndarray, transform: BaseTransform, workers: int | None, x: np.ndarray
+) -> Iterator[tuple[int, Sequence[ImageFile], list[str]]]:
+    """Decode the chunks not yet ``done`` into ``x``, a bounded number in flight; yields each finished chunk."""
+    starts = [i * CHUNK for i in range(len(done)) if not done[i]]
+    workers = workers or os.cpu_count() or 1
+    if workers == 1:  # no pool: simpler to debug, and what a single core gets anyway
+        for start in starts:
+            images = split.images[start : start + CHUNK]
+            out, bad = decode_chunk(images, transform)
+            x[start : start + len(images)] = out
+            yield start, images, bad
+        return
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+        pending: dict[concurrent.futures.Future, int] = {}
+        queue = iter(starts)
+        for start in queue:
+            pending[pool.submit(decode_chunk, split.images[start : start + CHUNK], transform)] = start
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                start = pending.pop(future)
+                out, bad = future.result()
+                images = split.images[start : start + CHUNK]
+                x[start : start + len(images)] = out
+                yield start, images, bad
+                nxt = next(queue, None)
+                if nxt is not None:
+                    pending[pool.submit(decode_chunk, split.images[nxt : nxt + CHUNK], transform)] = nxt
+
+
+def channel_stats(x: np.ndarray, chunk: int = 1024) -> dict[str, list[float]]:
+    """Per-channel mean and (population) std of ``x / 255`` over every pixel, read ``chunk`` images at a time."""
+    total = np.zeros(3)
+    squares = np.zeros(3)
+    for i in range(0, len(x), chunk):
+        part = np.asarray(x[i : i + chunk], dtype=np.float64) / 255.0
+        total += part.sum(axis=(0, 1, 2))
+        squares += np.square(part).sum(axis=(0, 1, 2))
+    n = max(len(x) * x.shape[1] * x.shape[2], 1)
+    mean = total / n
+    std = np.sqrt(np.maximum(squares / n - mean**2, 0.0))
+    return {"mean": [round(float(v), 6) for v in mean], "std": [round(float(v), 6) for v in std]}
+
+
+def _finish(partial: _Partial, splits: dict[str, Split], path: Path, manifest: dict) -> None:
+    """Statistics into the manifest, the bookkeeping files out, every file synced, then the rename into place."""
+    if "train" in splits:
+        manifest = manifest | {"stats": channel_stats(np.load(partial.path / "train_x.npy", mmap_mode="r"))}
+    for name in splits:
+        (partial.path / f"{name}_done.npy").unlink()
+    for f in partial.path.iterdir():
+        with open(f, "rb+") as handle:
+            os.fsync(handle.fileno())
+    write_atomic(partial.path / "manifest.json", json.dumps(manifest, indent=1))
+    os.replace(partial.path, path)
+    fsync_dir(path.parent)
+
+
+def load_or_prepare(
+    path: Path,
+    identity: dict[str, Any],
+    list_splits: Callable[[], dict[str, Split]],
+    transform: BaseTransform,
+    workers: int | None = None,
+    progress: Callable[..., Any] | None = None,
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict]:
+    """The cached splits at ``path`` (memory-mapped) and their manifest; the first time, ``list_splits()`` names
+    the images, which are decoded into the cache. ``identity`` (source, fingerprint, classes, ...) must match an
+    existing cache's manifest."""
+    identity = identity | {"transform": transform.as_dict()}
+    if not (path / "manifest.json").exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            probe = path.parent / f".{path.name}.write-test"
+            probe.touch()
+            probe.unlink()
+        except OSError as err:
+            raise DatasetError(
+                f"cannot write the decoded-image cache in {path.parent} ({err.strerror or err}); set data.cache (or "
+                f"$DFCIL_CACHE) to a writable directory"
+            ) from None
+        if path.exists():  # a directory without a manifest is not a cache: an interrupted rename cannot leave one
+            raise DatasetError(f"{path} exists but holds no manifest.json; delete it to prepare the cache again")
+        prepare_cache(path, list_splits(), transform, identity, workers, progress)
+    return load_cache(path, identity)

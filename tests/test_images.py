@@ -1,0 +1,443 @@
+"""Image datasets: decoding, the cache, and the folder, arrays, Tiny-ImageNet and ImageNet-100 datasets, on image
+files the tests make (and on the real Tiny-ImageNet subset where it is present)."""
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import REPO
+from dfcil.config import DataConfig
+from dfcil.data import images as img
+from dfcil.data.archive import DatasetError
+from dfcil.data.datasets import build_dataset
+from dfcil.data.images import BaseTransform, decode
+
+TINY_SUBSET = REPO.parent / "shared" / "data" / "tiny-imagenet-200" / "tiny-imagenet-200-sub100.zip"
+
+
+def encode(array: np.ndarray, fmt: str = "PNG", mode: str | None = None) -> bytes:
+    image = Image.fromarray(array)
+    if mode is not None:
+        image = image.convert(mode)
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def pattern(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A smooth colour pattern (JPEG keeps it close), different per seed."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    rgb = [(np.sin(xx / (5 + seed) + c) + np.cos(yy / (7 + c)) + 2) * 60 for c in range(3)]
+    return np.stack(rgb, axis=-1).astype(np.uint8)
+
+
+# ------------------------------------------------------------------------------------------------- decoding
+
+
+def test_decode_resizes_the_shorter_side_then_crops_the_centre_as_torchvision():
+    array = pattern(50, 100)
+    out = decode(encode(array), BaseTransform(short=32, size=32))
+    want = Image.fromarray(array).resize((64, 32), Image.BILINEAR).crop((16, 0, 48, 32))  # Resize(32), CenterCrop(32)
+    np.testing.assert_array_equal(out, np.asarray(want))
+    assert decode(encode(pattern(64, 64)), BaseTransform(64, 64)).tolist() == pattern(64, 64).tolist()  # untouched
+    odd = decode(encode(pattern(37, 37)), BaseTransform(short=37, size=32))  # crop offset round(2.5) = 2, as torch
+    np.testing.assert_array_equal(odd, pattern(37, 37)[2:34, 2:34])
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "RGBA", "P"])
+def test_decode_gives_rgb_for_every_colour_mode(mode):
+    fmt = "JPEG" if mode in ("L", "CMYK") else "PNG"
+    data = encode(pattern(40, 40), fmt, mode)
+    out = decode(data, BaseTransform(32, 32))
+    assert out.shape == (32, 32, 3) and out.dtype == np.uint8
+    want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB").resize((32, 32), Image.BILINEAR))
+    np.testing.assert_array_equal(out, want)
+
+
+def test_decode_refuses_an_image_below_the_minimum_side():
+    with pytest.raises(ValueError, match="20×30 pixels, smaller than the 32"):
+        decode(encode(pattern(30, 20)), BaseTransform(32, 32, min_side=32))
+
+
+# ------------------------------------------------------------------------------------------------- folder
+
+
+def write_folder(root: Path, classes=("cat", "dog", "eel"), train=4, test=2, size=40, grey=True) -> Path:
+    for split, n in (("train", train), ("test", test)):
+        for c, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                array = pattern(size, size + 8, seed=c * 10 + i)
+                if grey and i == 0:
+                    (folder / f"{i}.jpg").write_bytes(encode(array, "JPEG", "L"))
+                elif i == 1:
+                    (folder / f"{i}.jpeg").write_bytes(encode(array, "JPEG", "CMYK"))
+                else:
+                    (folder / f"{i}.png").write_bytes(encode(array))
+    (root / "train" / classes[0] / "notes.txt").write_text("not an image: ignored")
+    return root
+
+
+def folder_config(root: Path, tmp_path: Path, **extra) -> DataConfig:
+    return DataConfig(name="folder", root=str(root), image_size=32, cache=str(tmp_path / "cache"), workers=1, **extra)
+
+
+def test_a_folder_dataset_is_decoded_once_and_read_from_the_cache(tmp_path, monkeypatch):
+    root = write_folder(tmp_path / "data")
+    d = build_dataset(folder_config(root, tmp_path))
+    assert (d.name, d.num_classes, d.image_size, d.classes) == ("folder", 3, 32, ("cat", "dog", "eel"))
+    assert d.train.x.shape == (12, 32, 32, 3) and d.test.x.shape == (6, 32, 32, 3)
+    assert d.train.y.tolist() == [0] * 4 + [1] * 4 + [2] * 4 and isinstance(d.train.x, np.memmap)
+    np.testing.assert_array_equal(d.train.x[3], decode((root / "train/cat/3.png").read_bytes(), BaseTransform(32, 32)))
+    x = d.train.x.astype(np.float64) / 255  # the normalisation: the training images' own statistics
+    np.testing.assert_allclose(d.mean, x.mean(axis=(0, 1, 2)), atol=1e-6)
+    np.testing.assert_allclose(d.std, x.std(axis=(0, 1, 2)), atol=1e-6)
+    monkeypatch.setattr(img, "decode_chunk", lambda *a: pytest.fail("decoded again"))
+    again = build_dataset(folder_config(root, tmp_path, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2)))
+    np.testing.assert_array_equal(again.test.x, d.test.x)
+    assert again.mean == (0.5, 0.5, 0.5) and again.std == (0.2, 0.2, 0.2)  # the config's normalisation wins
+
+
+def test_preparing_with_several_processes_gives_the_same_cache(tmp_path):
+    root = write_folder(tmp_path / "data", train=70)  # more than one chunk of images per class
+    one = build_dataset(folder_config(root, tmp_path / "one"))
+    two = build_dataset(DataConfig(**{**folder_config(root, tmp_path / "two").__dict__, "workers": 2}))
+    np.testing.assert_array_equal(one.train.x, two.train.x)
+    np.testing.assert_array_equal(one.train.y, two.train.y)
+
+
+def test_an_interrupted_preparation_continues_where_it_stopped(tmp_path, monkeypatch):
+    root = write_folder(tmp_path / "data", train=70)  # 210 training images: 4 chunks, and 1 of test images
+    calls, original = [], img.decode_chunk
+
+    def flaky(images, transform):
+        calls.append(len(images))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return original(images, transform)
+
+    monkeypatch.setattr(img, "decode_chunk", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        build_dataset(folder_config(root, tmp_path))
+    assert not list((tmp_path / "cache").glob("folder-*px-*"))  # no cache yet, only the hidden partial one
+    assert len(list((tmp_path / "cache").glob(".folder-*.partial"))) == 1
+    calls.clear()
+    monkeypatch.setattr(
+        img, "decode_chunk", lambda images, transform: calls.append(len(images)) or original(images, transform)
+    )
+    resumed = build_dataset(folder_config(root, tmp_path))
+    assert sum(calls) == 216 - 2 * 64  # the two chunks decoded before the interrupt are not decoded again
+    fresh = build_dataset(folder_config(root, tmp_path / "fresh"))
+    np.testing.assert_array_equal(resumed.train.x, fresh.train.x)
+    assert not list((tmp_path / "cache").glob(".*.partial"))
+
+
+def test_corrupt_images_are_named_counted_and_nothing_is_cached(tmp_path):
+    root = write_folder(tmp_path / "data")
+    (root / "train" / "dog" / "2.png").write_bytes(b"\x89PNG not really")
+    (root / "test" / "eel" / "0.jpg").write_bytes(encode(pattern(40, 48), "JPEG")[:200])  # truncated
+    with pytest.raises(DatasetError, match=r"2 of 18 images cannot be used: .*dog/2.png.*eel/0.jpg") as err:
+        build_dataset(folder_config(root, tmp_path))
+    assert "nothing was cached" in str(err.value)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda r: (r / "test").rename(r / "elsewhere"), "test is missing"),
+        (lambda r: [f.unlink() for f in (r / "train" / "dog").iterdir()], "class folder .*dog holds no images"),
+        (
+            lambda r: (r / "test" / "eel").rename(r / "test" / "emu"),
+            r"only in train: \['eel'\]; only in test: \['emu'\]",
+        ),
+        (lambda r: (r / "train" / "cat" / "big.png").write_bytes(encode(pattern(20, 30))), "30.20 pixels, smaller"),
+    ],
+    ids=["no-test-split", "empty-class", "other-classes", "small-image"],
+)
+def test_a_bad_folder_gets_one_clear_error_and_leaves_no_cache(tmp_path, damage, message):
+    root = write_folder(tmp_path / "data")
+    damage(root)
+    with pytest.raises(DatasetError, match=message):
+        build_dataset(folder_config(root, tmp_path))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_the_folder_dataset_needs_an_image_size_and_reads_val_as_test(tmp_path):
+    root = write_folder(tmp_path / "data")
+    with pytest.raises(DatasetError, match="data.image_size is needed"):
+        build_dataset(DataConfig(name="folder", root=str(root), cache=str(tmp_path / "c")))
+    (root / "test").rename(root / "val")
+    assert build_dataset(folder_config(root, tmp_path)).test.x.shape[0] == 6
+
+
+def test_a_changed_source_or_an_older_cache_is_refused_with_the_fix(tmp_path):
+    root = write_folder(tmp_path / "data")
+    d = build_dataset(folder_config(root, tmp_path))
+    cache = Path(d.source.split("(cache ")[1].rstrip(")"))
+    (root / "train" / "cat" / "9.png").write_bytes(encode(pattern(40, 40, seed=9)))
+    with pytest.raises(DatasetError, match=r"prepared from another source .*delete .* to prepare it again"):
+        build_dataset(folder_config(root, tmp_path))
+    (root / "train" / "cat" / "9.png").unlink()
+    manifest = json.loads((cache / "manifest.json").read_text())
+    (cache / "manifest.json").write_text(json.dumps(manifest | {"cache_format": 0}))
+    with pytest.raises(DatasetError, match="prepared by another version of dfcil"):
+        build_dataset(folder_config(root, tmp_path))
+
+
+def test_an_unwritable_cache_is_a_clear_error(tmp_path):
+    root = write_folder(tmp_path / "data")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache directory should be")
+    with pytest.raises(DatasetError, match="set data.cache .* to a writable directory"):
+        build_dataset(DataConfig(name="folder", root=str(root), image_size=32, cache=str(blocked / "c"), workers=1))
+
+
+# ------------------------------------------------------------------------------------------------- arrays
+
+
+def write_arrays(root: Path, sizes=(16, 16), classes=(4, 4), n=5) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split, size, c in zip(("train", "test"), sizes, classes, strict=True):
+        y = np.repeat(np.arange(c), n)
+        np.savez(root / f"{split}.npz", x=rng.integers(0, 256, (len(y), size, size, 3), dtype=np.uint8), y=y)
+    return root
+
+
+def test_an_arrays_dataset_takes_any_class_count_and_size(tmp_path):
+    d = build_dataset(DataConfig(name="arrays", root=str(write_arrays(tmp_path / "a"))))
+    assert (d.num_classes, d.image_size, d.train.x.shape) == (4, 16, (20, 16, 16, 3))
+    np.testing.assert_allclose(d.mean, (d.train.x / 255).mean(axis=(0, 1, 2)), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("layout", "config", "message"),
+    [
+        ({"sizes": (16, 24)}, {}, "both splits need images of one size"),
+        ({"classes": (4, 3)}, {}, r"classes without images in test: \[3\]"),
+        ({}, {"image_size": 32}, "does not resize"),
+    ],
+)
+def test_bad_arrays_are_refused(tmp_path, layout, config, message):
+    root = write_arrays(tmp_path / "a", **layout)
+    with pytest.raises(DatasetError, match=message):
+        build_dataset(DataConfig(name="arrays", root=str(root), **config))
+
+
+# ------------------------------------------------------------------------------------------------- Tiny-ImageNet
+
+
+def tiny_wnids() -> list[str]:
+    return [f"n{9000000 - 37 * i:08d}" for i in range(200)]  # unsorted, as the release's wnids.txt
+
+
+def write_tiny_zip(path: Path, per_class=2, damage=None) -> Path:
+    """A Tiny-ImageNet-shaped zip: 200 classes, ``per_class`` 64-pixel training images each, one validation image
+    per class (greyscale for every tenth), ``damage`` applied to the member names and contents first."""
+    wnids = tiny_wnids()
+    members = {"tiny-imagenet-200/wnids.txt": "\n".join(wnids) + "\n"}
+    lines = []
+    for c, w in enumerate(wnids):
+        for i in range(per_class):
+            members[f"tiny-imagenet-200/train/{w}/images/{w}_{i}.JPEG"] = encode(pattern(64, 64, c % 7 + i), "JPEG")
+        members[f"tiny-imagenet-200/val/images/val_{c}.JPEG"] = encode(
+            pattern(64, 64, c % 5), "JPEG", "L" if c % 10 == 0 else None
+        )
+        lines.append(f"val_{c}.JPEG\t{w}\t0\t0\t63\t63")
+    members["tiny-imagenet-200/val/val_annotations.txt"] = "\n".join(lines) + "\n"
+    if damage:
+        damage(members)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+def tiny_config(root: Path, tmp_path: Path, **extra) -> DataConfig:
+    return DataConfig(name="tiny_imagenet200", root=str(root), cache=str(tmp_path / "cache"), workers=1, **extra)
+
+
+def test_tiny_imagenet_from_its_zip_or_its_folder(tmp_path):
+    archive = write_tiny_zip(tmp_path / "data" / "tiny-imagenet-200.zip")
+    d = build_dataset(tiny_config(tmp_path / "data", tmp_path))
+    assert (d.num_classes, d.image_size, d.train.x.shape, d.test.x.shape) == (
+        200,
+        64,
+        (400, 64, 64, 3),
+        (200, 64, 64, 3),
+    )
+    wnids = sorted(tiny_wnids())
+    assert d.classes == tuple(wnids) and d.mean == (0.4803, 0.4481, 0.3976)
+    first = wnids[0]  # label 0: the first wnid in sorted order, its images in name order
+    with zipfile.ZipFile(archive) as z:
+        want = decode(z.read(f"tiny-imagenet-200/train/{first}/images/{first}_0.JPEG"), BaseTransform(64, 64))
+    np.testing.assert_array_equal(d.train.x[0], want)
+    assert d.train.y.tolist()[:4] == [0, 0, 1, 1]
+    assert d.test.y[0] == wnids.index(tiny_wnids()[0])  # val_0 belongs to the first wnid of wnids.txt
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(tmp_path / "extracted")
+    folder = build_dataset(tiny_config(tmp_path / "extracted", tmp_path))
+    np.testing.assert_array_equal(folder.train.x, d.train.x)
+    np.testing.assert_array_equal(folder.test.y, d.test.y)
+    direct = build_dataset(tiny_config(archive, tmp_path))  # --data.root may be the zip itself
+    assert direct.source == d.source
+
+
+def _drop_annotation_wnid(members):
+    text = members["tiny-imagenet-200/val/val_annotations.txt"].splitlines()
+    text[3] = text[3].replace(text[3].split("\t")[1], "n00000001")
+    members["tiny-imagenet-200/val/val_annotations.txt"] = "\n".join(text)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda m: m.pop("tiny-imagenet-200/wnids.txt"), "has no tiny-imagenet-200/wnids.txt: it is not a whole"),
+        (_drop_annotation_wnid, r"line 4 of tiny-imagenet-200/val/val_annotations.txt names an unknown class"),
+        (
+            lambda m: [m.pop(k) for k in [k for k in m if "/train/n08999963/" in k]],
+            "no training images for 1 classes",
+        ),
+        (lambda m: m.pop("tiny-imagenet-200/val/images/val_7.JPEG"), "names val_7.JPEG, which is missing"),
+    ],
+    ids=["no-wnids", "unknown-wnid", "class-without-images", "missing-val-image"],
+)
+def test_a_damaged_tiny_imagenet_release_is_named_and_nothing_is_cached(tmp_path, damage, message):
+    write_tiny_zip(tmp_path / "data" / "tiny-imagenet-200.zip", per_class=1, damage=damage)
+    with pytest.raises(DatasetError, match=message):
+        build_dataset(tiny_config(tmp_path / "data", tmp_path))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_a_truncated_tiny_imagenet_zip_says_to_download_it_again(tmp_path):
+    archive = write_tiny_zip(tmp_path / "data" / "tiny-imagenet-200.zip", per_class=1)
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    with pytest.raises(DatasetError, match="not a readable zip archive .* download it again"):
+        build_dataset(tiny_config(tmp_path / "data", tmp_path))
+    with pytest.raises(DatasetError, match="Tiny-ImageNet-200 not found .* --data.download true"):
+        build_dataset(tiny_config(tmp_path / "nothing", tmp_path))
+
+
+def test_tiny_imagenet_download_is_checksummed(tmp_path, monkeypatch):
+    import hashlib
+    import shutil
+
+    from dfcil.data import tiny_imagenet
+
+    archive = write_tiny_zip(tmp_path / "made" / "t.zip", per_class=1)
+    root = tmp_path / "root"
+    cfg = tiny_config(root, tmp_path, download=True)
+    copy = lambda url, out, pooch: shutil.copyfile(archive, out)  # noqa: E731 - the "network"
+    monkeypatch.setattr(tiny_imagenet, "TINY_MD5", "0" * 32)
+    with pytest.raises(DatasetError, match="failed its checksum"):
+        tiny_imagenet.tiny_imagenet200(root, cfg, downloader=copy)
+    assert not (root / "tiny-imagenet-200.zip").exists()
+    monkeypatch.setattr(tiny_imagenet, "TINY_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    d = tiny_imagenet.tiny_imagenet200(root, cfg, downloader=copy)
+    assert d.train.x.shape[0] == 200 and (root / "tiny-imagenet-200.zip").exists()
+
+
+@pytest.mark.skipif(not TINY_SUBSET.exists(), reason="the Tiny-ImageNet subset (../shared/data) is not here")
+def test_the_real_tiny_imagenet_subset_parses(tmp_path):
+    """The shared subset in the release's layout: 200 classes, the first 100 training images of each, the whole
+    validation set; every listed image decodes (a sample is decoded here; a run decodes them all)."""
+    from dfcil.data.tiny_imagenet import _Source, list_splits
+
+    source = _Source(TINY_SUBSET)
+    wnids = sorted(source.read_text("tiny-imagenet-200/wnids.txt").split())
+    splits = list_splits(source, wnids)
+    assert len(splits["train"].images) == 20000 and len(splits["test"].images) == 10000
+    assert np.bincount(splits["train"].labels).tolist() == [100] * 200
+    assert np.bincount(splits["test"].labels).tolist() == [50] * 200
+    sample = list(splits["test"].images[:64]) + list(splits["train"].images[:64])
+    out, bad = img.decode_chunk(sample, BaseTransform(64, 64))
+    assert bad == [] and out.shape == (128, 64, 64, 3)
+    assert source.fingerprint() == "sha256:d5234617047421d5ffa92607ccf556ed73a4c90637c619ed42fe0e30f6c67f15"
+
+
+# ------------------------------------------------------------------------------------------------- ImageNet-100
+
+
+def imagenet_wnids() -> list[str]:
+    """n01440764 … n01855672, in sorted order, as ImageNet-100's."""
+    return [f"n01{440764 + 4191 * i:06d}" for i in range(99)] + ["n01855672"]
+
+
+def write_imagenet(root: Path, extra_classes: int = 2) -> Path:
+    """An ILSVRC-2012-shaped folder: the 100 classes (and ``extra_classes`` later ones, as the full release has),
+    two training images and one validation image each, of assorted sizes and colour modes."""
+    wnids = imagenet_wnids() + [f"n02{i:06d}" for i in range(extra_classes)]
+    for c, w in enumerate(wnids):
+        for split, n in (("train", 2), ("val", 1)):
+            folder = root / split / w
+            folder.mkdir(parents=True)
+            for i in range(n):
+                array = pattern(30 + c % 3, 44, seed=c % 9 + i)
+                mode = {0: "L", 1: "CMYK"}.get(c % 11) if split == "train" and i == 0 else None
+                (folder / f"{w}_{i}.JPEG").write_bytes(encode(array, "JPEG", mode))
+    return root
+
+
+def imagenet_config(root: Path, tmp_path: Path, **extra) -> DataConfig:
+    return DataConfig(
+        name="imagenet100", root=str(root), image_size=32, cache=str(tmp_path / "cache"), workers=1, **extra
+    )
+
+
+def test_imagenet100_takes_the_first_100_wnids_and_scales_the_reference_transform(tmp_path):
+    from dfcil.data.imagenet import reference_class_order
+
+    root = write_imagenet(tmp_path / "ilsvrc")
+    d = build_dataset(imagenet_config(root, tmp_path))
+    assert (d.num_classes, d.image_size, d.train.x.shape, d.test.x.shape) == (
+        100,
+        32,
+        (200, 32, 32, 3),
+        (100, 32, 32, 3),
+    )
+    assert d.classes == tuple(imagenet_wnids()) and d.mean == (0.485, 0.456, 0.406)
+    w = imagenet_wnids()[5]
+    want = decode((root / "train" / w / f"{w}_0.JPEG").read_bytes(), BaseTransform(short=37, size=32))  # 256/224
+    np.testing.assert_array_equal(d.train.x[10], want)
+    assert reference_class_order()[:5] == [68, 56, 78, 8, 23]
+
+
+def test_imagenet100_from_the_split_files(tmp_path):
+    root = write_imagenet(tmp_path / "ilsvrc", extra_classes=0)
+    for split, name in (("train", "train_100.txt"), ("val", "val_100.txt")):
+        lines = [f"{split}/{w}/{f.name} {label}" for label, w in enumerate(imagenet_wnids())
+                 for f in sorted((root / split / w).iterdir())]  # fmt: skip
+        (root / name).write_text("\n".join(lines) + "\n")
+    from_files = build_dataset(imagenet_config(root, tmp_path / "a"))
+    (root / "train_100.txt").rename(root / "unused.txt")
+    from_folders = build_dataset(imagenet_config(root, tmp_path / "b"))
+    np.testing.assert_array_equal(from_files.train.x, from_folders.train.x)
+    assert from_files.classes == from_folders.classes
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda r: __import__("shutil").rmtree(r / "val" / imagenet_wnids()[40]), r"val/n01608\d+ is missing"),
+        (lambda r: __import__("shutil").rmtree(r / "train" / imagenet_wnids()[0]), "does not hold the ImageNet-100"),
+        (
+            lambda r: (r / "train" / imagenet_wnids()[3] / "bad.JPEG").write_bytes(b"\xff\xd8 not a jpeg"),
+            "cannot be used",
+        ),
+    ],
+    ids=["missing-class-folder", "other-classes", "corrupt-image"],
+)
+def test_a_damaged_imagenet_folder_is_named_and_nothing_is_cached(tmp_path, damage, message):
+    root = write_imagenet(tmp_path / "ilsvrc", extra_classes=0)
+    damage(root)
+    with pytest.raises(DatasetError, match=message):
+        build_dataset(imagenet_config(root, tmp_path))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())

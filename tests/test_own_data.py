@@ -1,0 +1,71 @@
+"""The user's own data (`folder` and `arrays` datasets) through every method, the half-base protocol, --dry-run and
+resume."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import StopAfterEpochs
+from dfcil.cli import main
+from dfcil.engine import Interrupt, RunInterrupted, run
+from dfcil.methods import METHODS
+from test_images import encode, pattern
+from test_methods import tiny_config
+
+
+@pytest.fixture(scope="module")
+def own_data(tmp_path_factory):
+    """Six classes of 32-pixel images, as a class folder tree and as arrays: 16 training and 4 test images each."""
+    root = tmp_path_factory.mktemp("own")
+    rng = np.random.default_rng(0)
+    xs = {"train": [], "test": []}
+    for split, n in (("train", 16), ("test", 4)):
+        for c in range(6):
+            folder = root / "folder" / split / f"class_{c}"
+            folder.mkdir(parents=True)
+            for i in range(n):
+                array = np.clip(pattern(32, 32, seed=c) + rng.integers(-20, 20, (32, 32, 3)), 0, 255).astype(np.uint8)
+                (folder / f"{i:02d}.png").write_bytes(encode(array))
+                xs[split].append(array)
+    (root / "arrays").mkdir()
+    for split, arrays in xs.items():
+        y = np.repeat(np.arange(6), len(arrays) // 6)
+        np.savez(root / "arrays" / f"{split}.npz", x=np.stack(arrays), y=y)
+    return root
+
+
+def data_overrides(own_data, kind):
+    extra = [("data.name", kind), ("data.root", str(own_data / kind)), ("data.cache", str(own_data / "cache"))]
+    return extra + ([("data.image_size", "32"), ("data.workers", "1")] if kind == "folder" else [])
+
+
+@pytest.mark.parametrize("kind", ["folder", "arrays"])
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_method_runs_on_your_own_data(own_data, kind, name):
+    summary = run(tiny_config(name, data_overrides(own_data, kind)), progress=False)
+    assert len(summary["acc_per_task"]) == 2 and summary["dataset"] == kind
+    assert summary.get("class_names") == ([f"class_{c}" for c in range(6)] if kind == "folder" else None)
+
+
+@pytest.mark.parametrize("kind", ["folder", "arrays"])
+def test_your_own_data_in_the_half_base_protocol_and_the_dry_run(own_data, kind, capsys):
+    args = ["train", "--config", "configs/smoke.yaml", "--dry-run", "--data.num_tasks", "3", "--data.base_classes", "4"]
+    args += ["--train.batch_size", "8"]
+    assert main(args + [f"--{k}={v}" for k, v in data_overrides(own_data, kind)]) == 0
+    out = capsys.readouterr().out
+    assert "classes per task [4, 1, 1]" in out and f"dataset:     {kind} (6 classes, 32x32)" in out
+    assert ("(class_" in out) is (kind == "folder")  # a folder's classes are named
+
+
+def test_a_run_on_a_folder_resumes_exactly(own_data, tmp_path):
+    from dfcil.runner import resume, train
+
+    cfg = tiny_config("rdfcil", data_overrides(own_data, "folder"))
+    train(cfg, tmp_path / "a", progress=False)
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted):
+        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 2)])
+    resume(tmp_path / "b", progress=False)
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert a["correct_matrix"] == b["correct_matrix"] and b["class_names"] == a["class_names"]
