@@ -328,8 +328,130 @@ def mini_overlays() -> dict[str, dict]:
     return {k: {"method": m} | ({"train": {"epochs": 12}} if k == "rdfcil_no_chr" else {}) for k, m in overlays.items()}
 
 
+# ------------------------------------------------------------------------------------------------ other datasets
+# The paper's Tiny-ImageNet-200 (Tables 3 and 4) and ImageNet-100 (Table 5) protocols, for the methods it reports
+# there (R-DFCIL, ABD as the R-DFCIL authors ran it, the upper bound) and fine-tuning as the floor. Schedules are
+# the reference's per dataset (docs/reference.md, R-DFCIL training); every method but R-DFCIL trains its RRL epochs.
+OTHER = {
+    "tiny_imagenet200": {
+        "label": "Tiny-ImageNet-200",
+        "settings": {
+            "n5": (5, 0, "5 equal tasks of 40 classes", 3),
+            "n10": (10, 0, "10 equal tasks of 20 classes", 3),
+            "n20": (20, 0, "20 equal tasks of 10 classes", 3),
+            "b100_n6": (6, 100, "100 base classes then 5 tasks of 20 (N = 6)", 4),
+            "b100_n11": (11, 100, "100 base classes then 10 tasks of 10 (N = 11)", 4),
+            "b100_n26": (26, 100, "100 base classes then 25 tasks of 4 (N = 26)", 4),
+        },
+        "data": {"name": "tiny_imagenet200", "class_order_seed": 0},
+        "backbone": "resnet32",
+        "schedule": {"epochs": 160, "batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0002}
+        | {"milestones": [80, 120], "gamma": 0.1},
+        "chr_epochs": 40,
+        "inversion_steps": 5000,
+        "orders": "mean ± std over class orders 0, 1, 2",
+        "command": "seed-0 class order; --data.class_order_seed 1 and 2 for the other two orders",
+        "shared": "Shared with R-DFCIL (docs/reference.md): 64×64 images, CIFAR ResNet-32 (cl-lite variant, 16×16\n"
+        "final map), SGD lr 0.1 momentum 0.9 batch 128, pad-4 crop + flip, training seed 1; the Tiny-ImageNet\n"
+        "generator.",
+        "numbers": {
+            "rdfcil": {
+                "n5": ("35.89 ± 0.75", "48.96 ± 0.40"),
+                "n10": ("29.58 ± 0.51", "44.36 ± 0.18"),
+                "n20": ("24.43 ± 0.82", "39.34 ± 0.18"),
+                "b100_n6": ("40.44 ± 0.11", "48.91 ± 0.29"),
+                "b100_n11": ("38.19 ± 0.08", "47.60 ± 0.50"),
+                "b100_n26": ("27.29 ± 0.24", "40.85 ± 0.28"),
+            },
+            "abd": {
+                "n5": ("30.56 ± 0.22", "45.30 ± 0.50"),
+                "n10": ("22.87 ± 0.67", "41.05 ± 0.54"),
+                "n20": ("15.20 ± 1.01", "34.74 ± 0.91"),
+                "b100_n6": ("33.18 ± 0.46", "44.55 ± 0.13"),
+                "b100_n11": ("27.34 ± 0.44", "41.64 ± 0.46"),
+                "b100_n26": ("16.46 ± 0.34", "34.47 ± 0.29"),
+            },
+            "joint": {k: ("55.39 ± 0.33", None) for k in ("n5", "n10", "n20")},
+        },
+    },
+    "imagenet100": {
+        "label": "ImageNet-100",
+        "settings": {
+            "n5": (5, 0, "5 equal tasks of 20 classes", 5),
+            "n10": (10, 0, "10 equal tasks of 10 classes", 5),
+            "n20": (20, 0, "20 equal tasks of 5 classes", 5),
+        },
+        # the reference's one order: np.random.seed(1993); np.random.shuffle(range(100))
+        "data": {"name": "imagenet100", "class_order": None},
+        "backbone": "resnet18",
+        "schedule": {"epochs": 90, "batch_size": 64, "lr": 0.1, "momentum": 0.9, "weight_decay": 0.0001}
+        | {"milestones": [30, 60], "gamma": 0.1},
+        "chr_epochs": 30,
+        "inversion_steps": 10000,
+        "orders": "one run, the reference's class order",
+        "command": "in the reference's class order, np.random.seed(1993), which data.class_order gives",
+        "shared": "Shared with R-DFCIL (docs/reference.md): Resize 256 + CenterCrop 224, the reference's ResNet-18\n"
+        "(3×3 stride-1 stem, 14×14 final map), SGD lr 0.1 momentum 0.9 batch 64, pad-4 crop + flip, training\n"
+        "seed 1; the ImageNet generator.",
+        "numbers": {
+            "rdfcil": {"n5": ("53.10", "68.15"), "n10": ("42.28", "59.10"), "n20": ("30.28", "47.33")},
+            "abd": {"n5": ("51.46", "67.42"), "n10": ("35.96", "57.76"), "n20": ("22.40", "44.89")},
+            "joint": {k: ("77.46", None) for k in ("n5", "n10", "n20")},
+        },
+    },
+}
+
+
+def other_rows(d: dict) -> dict[str, tuple]:
+    """(method section, train overrides, paper row, notes) of each method the other datasets' presets run."""
+    inversion = INVERSION | {"steps": d["inversion_steps"]}
+    rd = PAPER_ROWS["rdfcil"][0] | {"chr_epochs": d["chr_epochs"], "inversion": inversion}
+    rrl_and_chr = d["schedule"]["epochs"] + d["chr_epochs"]
+    synth = f"the shared synthesizer, a fresh generator per task, {d['inversion_steps']} Adam steps at lr 1e-3"
+    return {
+        "rdfcil": (rd, {"epochs": rrl_and_chr}, "R-DFCIL",
+                   f"{rrl_and_chr} epochs per task = {d['schedule']['epochs']} RRL + {d['chr_epochs']} CHR (task 0: "
+                   f"{d['schedule']['epochs']} epochs of CE), CHR lr 0.005 with HKD kept on."),
+        "abd": ({"name": "abd", "mu": 0.1, "inversion": inversion}, {}, "ABD as implemented by the R-DFCIL authors",
+                f"'Same synthesizer and schedule as R-DFCIL': {synth}."),
+        "joint": ({"name": "joint", "from_scratch": True, "last_only": True}, {}, "Upper Bound",
+                  "Trains once, in the last task, on all classes (last_only): only A_N is meaningful.\nNot "
+                  "data-free: it uses all real data."),
+        "finetune": ({"name": "finetune"}, {}, "fine-tuning (the lower bound; no row in the paper)", ""),
+    }  # fmt: skip
+
+
+def other_presets() -> dict[Path, str]:
+    from dfcil.data.imagenet import reference_class_order
+
+    files = {}
+    for dataset, d in OTHER.items():
+        for key, (method, train, row, notes) in other_rows(d).items():
+            for setting, (tasks, base, desc, tab) in d["settings"].items():
+                name = f"{key}_{setting}.yaml"
+                schedule = d["schedule"] | train
+                head = [
+                    f"{row} on {d['label']}, {desc} (the protocol of R-DFCIL's Table {tab}).",
+                    f"Paper ({d['orders']}): {numbers(d['numbers'].get(key, {}).get(setting))}.",
+                    "",
+                    f"Command ({d['command']}):",
+                    f"  dfcil train --config configs/{dataset}/{name} --data.root DATA --out runs/{dataset}-{key}_{setting}",
+                    "",
+                    d["shared"],
+                    f"This preset: {schedule['epochs']} epochs per task, lr x0.1 at epochs "
+                    f"{' and '.join(map(str, schedule['milestones']))}, wd {schedule['weight_decay']:g}; bias-free "
+                    f"linear head.",
+                ] + ([notes] if notes else [])
+                data = d["data"] | {"num_tasks": tasks, "base_classes": base}
+                if "class_order" in data:
+                    data["class_order"] = reference_class_order()
+                body = {"method": method, "data": data, "model": {"backbone": d["backbone"]}, "train": schedule}
+                files[HERE / dataset / name] = text([ln for b in head for ln in b.split("\n")], body | {"seed": 1})
+    return files
+
+
 def main() -> None:
-    for path, content in presets().items():
+    for path, content in (presets() | other_presets()).items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
 

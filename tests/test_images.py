@@ -371,12 +371,12 @@ def imagenet_wnids() -> list[str]:
     return [f"n01{440764 + 4191 * i:06d}" for i in range(99)] + ["n01855672"]
 
 
-def write_imagenet(root: Path, extra_classes: int = 2) -> Path:
+def write_imagenet(root: Path, extra_classes: int = 2, per_class: int = 2) -> Path:
     """An ILSVRC-2012-shaped folder: the 100 classes (and ``extra_classes`` later ones, as the full release has),
-    two training images and one validation image each, of assorted sizes and colour modes."""
+    ``per_class`` training images and one validation image each, of assorted sizes and colour modes."""
     wnids = imagenet_wnids() + [f"n02{i:06d}" for i in range(extra_classes)]
     for c, w in enumerate(wnids):
-        for split, n in (("train", 2), ("val", 1)):
+        for split, n in (("train", per_class), ("val", 1)):
             folder = root / split / w
             folder.mkdir(parents=True)
             for i in range(n):

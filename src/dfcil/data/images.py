@@ -174,9 +174,10 @@ def load_cache(path: Path, identity: dict[str, Any]) -> tuple[dict[str, tuple[np
     for key, want in identity.items():
         if manifest.get(key) != want:
             what = "another source" if key in ("source", "fingerprint") else "other settings"
+            found, want = (repr(v) if len(repr(v)) < 90 else repr(v)[:80] + "...]" for v in (manifest.get(key), want))
             raise DatasetError(
-                f"{path} was prepared from {what} ({key}: {manifest.get(key)!r}, expected {want!r}): the source "
-                f"changed since; {fix} (or set data.cache to another directory)"
+                f"{path} was prepared from {what} ({key}: {found}, expected {want}): the source changed since; "
+                f"{fix} (or set data.cache to another directory)"
             )
     splits = {}
     for name, count in manifest["counts"].items():
@@ -308,14 +309,16 @@ def _decode_all(
                     pending[pool.submit(decode_chunk, split.images[nxt : nxt + CHUNK], transform)] = nxt
 
 
-def channel_stats(x: np.ndarray, chunk: int = 1024) -> dict[str, list[float]]:
-    """Per-channel mean and (population) std of ``x / 255`` over every pixel, read ``chunk`` images at a time."""
+def channel_stats(x: np.ndarray, budget: int = 2**24) -> dict[str, list[float]]:
+    """Per-channel mean and (population) std of ``x / 255`` over every pixel, read about ``budget`` values (64 MB
+    as float32) at a time, summed in float64."""
     total = np.zeros(3)
     squares = np.zeros(3)
+    chunk = max(1, budget // max(int(np.prod(x.shape[1:])), 1))
     for i in range(0, len(x), chunk):
-        part = np.asarray(x[i : i + chunk], dtype=np.float64) / 255.0
-        total += part.sum(axis=(0, 1, 2))
-        squares += np.square(part).sum(axis=(0, 1, 2))
+        part = np.asarray(x[i : i + chunk], dtype=np.float32) / 255.0
+        total += part.sum(axis=(0, 1, 2), dtype=np.float64)
+        squares += np.square(part).sum(axis=(0, 1, 2), dtype=np.float64)
     n = max(len(x) * x.shape[1] * x.shape[2], 1)
     mean = total / n
     std = np.sqrt(np.maximum(squares / n - mean**2, 0.0))
