@@ -2,6 +2,8 @@
 
 dfcil train --config FILE.yaml [--config MORE.yaml] [--section.key VALUE ...] [--out DIR]
             [--device DEV] [--print-config] [--dry-run] [--progress | --no-progress]
+dfcil sweep --config FILE.yaml[+MORE.yaml] [--config ...] [--grid KEY=V1,V2 ...] [--section.key VALUE ...]
+            --out DIR [--jobs K] [--dry-run] [--launcher local|slurm] [--slurm.KEY VALUE ...] [--no-wait]
 dfcil methods
 dfcil datasets
 """
@@ -75,9 +77,59 @@ def _build_parser() -> argparse.ArgumentParser:
     bars = resume.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    _add_sweep_parser(sub)
     sub.add_parser("methods", help="list the registered methods")
     sub.add_parser("datasets", help="list the registered datasets")
     return parser
+
+
+SWEEP_EPILOG = """\
+Each --config is one row of runs (several files of one run: a.yaml+b.yaml, merged in order); each --grid multiplies
+the runs; other --section.key VALUE options apply to every run, as in dfcil train. Example, the three class orders of
+two presets:
+  dfcil sweep --config configs/cifar100/rdfcil_n5.yaml --config configs/cifar100/abd_n5.yaml \\
+      --grid data.class_order_seed=0,1,2 --data.root DATA --out runs/t1-n5
+Running the same command again skips finished runs, resumes unfinished ones and retries failed ones.
+"""
+
+
+def _add_sweep_parser(sub) -> None:
+    from dfcil.sweep import SLURM_OPTIONS
+
+    sweep = sub.add_parser(
+        "sweep", help="many runs from one command: configs x grid, restartable", epilog=SWEEP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    sweep.add_argument("--config", action="append", default=[], metavar="FILE[+FILE]", help="a row of runs")
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2", help="values to sweep")
+    sweep.add_argument("--out", required=True, metavar="DIR", help="the sweep directory (runs, sweep.json, logs)")
+    sweep.add_argument(
+        "--jobs", type=int, metavar="K", help="runs at once (default: 1 on the CPU, else from GPU memory)"
+    )
+    sweep.add_argument("--device", help="auto, cpu, cuda (as --device in the config), for every run")
+    sweep.add_argument("--dry-run", action="store_true", help="print the runs and their states, run nothing")
+    sweep.add_argument("--launcher", choices=("local", "slurm"), default="local", help="processes here, or SLURM")
+    sweep.add_argument("--no-wait", dest="wait", action="store_false", help="slurm: submit and return")
+    for key, (kind, _, text) in SLURM_OPTIONS.items():
+        sweep.add_argument(f"--slurm.{key}", dest=f"slurm_{key}", type=kind, help=text)
+    sweep.add_argument(
+        "--slurm.array", dest="slurm_array", type=lambda v: v.lower() in ("1", "true", "yes"), default=True,
+        help="one job array (default true) or one job per run (false)",
+    )  # fmt: skip
+    sweep.add_argument("--slurm.cluster", dest="slurm_cluster", help=argparse.SUPPRESS)  # "local": submitit's local
+
+
+def _sweep(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Sequence[str]) -> int:
+    from dfcil.sweep import SLURM_OPTIONS, parse_grid, sweep
+
+    if args.device:
+        overrides.append(("device", args.device))
+    slurm = {key: getattr(args, f"slurm_{key}") for key in (*SLURM_OPTIONS, "array", "cluster")}
+    groups = [part.split("+") for part in args.config]
+    return sweep(
+        groups, parse_grid(args.grid), overrides, args.out, jobs=args.jobs, dry_run=args.dry_run,
+        launcher=args.launcher, slurm=slurm, wait=args.wait, command=["dfcil", *argv],
+    )  # fmt: skip
 
 
 def _print_protocol(cfg: RunConfig) -> None:
@@ -192,7 +244,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from dfcil.registry import RegistryError
 
     try:
-        if args.command != "train" and unknown:
+        if args.command not in ("train", "sweep") and unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if args.command == "methods":
             from dfcil.methods import METHODS
@@ -212,6 +264,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return 0
         if args.command == "resume":
             return _resume(args, argv)
+        if args.command == "sweep":
+            return _sweep(args, _split_overrides(unknown), argv)
         return _train(args, _split_overrides(unknown), argv)
     except (ConfigError, SplitError, DatasetError, RegistryError, CheckpointError) as err:
         print(f"dfcil: error: {err}", file=sys.stderr)

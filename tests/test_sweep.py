@@ -1,0 +1,135 @@
+"""dfcil sweep: planning, naming, GPU packing, restarts (skip, resume, retry) and the SLURM path (submitit's local
+executor)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import StopAfterEpochs
+from dfcil.cli import main
+from dfcil.config import ConfigError, load_config
+from dfcil.engine import Interrupt, RunInterrupted
+from dfcil.runner import train
+from dfcil.sweep import SweepRun, default_jobs, parse_grid, plan, split_values
+
+TINY = ["--train.epochs", "2", "--train.milestones", "[1]", "--method.inversion.steps", "2"]  # a few seconds a run
+
+
+def test_grid_values_split_at_top_level_commas():
+    assert split_values("0,1,2") == ["0", "1", "2"]
+    assert split_values("[1, 2],[3]") == ["[1, 2]", "[3]"]
+    assert split_values("'a,b',c") == ["'a,b'", "c"]
+    assert parse_grid(["data.class_order_seed=0,1", "--seed=3"]) == [
+        ("data.class_order_seed", ["0", "1"]),
+        ("seed", ["3"]),
+    ]
+    for bad in (["seed"], ["=1,2"], ["seed=1,,2"], ["seed=1", "seed=2"]):
+        with pytest.raises(ConfigError):
+            parse_grid(bad)
+
+
+def test_plan_multiplies_configs_and_grid_and_names_runs_by_what_varies():
+    runs = plan(
+        [["configs/smoke.yaml"], ["configs/smoke.yaml", "configs/cifar100-mini/lwf.yaml"]],
+        [("data.class_order_seed", ["0", "1"]), ("train.epochs", ["3"])],
+        [("data.root", "somewhere")],
+    )
+    assert [r.name for r in runs] == [
+        "smoke-class_order_seed=0", "smoke-class_order_seed=1", "lwf-class_order_seed=0", "lwf-class_order_seed=1"
+    ]  # fmt: skip
+    assert runs[2].config["method"]["name"] == "lwf" and runs[3].config["data"]["class_order_seed"] == 1
+    assert all(r.config["train"]["epochs"] == 3 for r in runs)  # a one-value grid key applies but does not name
+    assert Path(runs[0].config["data"]["root"]).is_absolute()
+    argv = runs[3].argv(Path("out/x"))
+    assert argv[:3] == ["train", "--config", str(Path("configs/smoke.yaml").absolute())]
+    assert argv[argv.index("--data.root") + 1] == str(Path("somewhere").absolute())
+    assert argv[-3:] == ["--out", str(Path("out/x").absolute()), "--no-progress"]
+
+
+def test_plan_refuses_bad_keys_and_clashing_names():
+    with pytest.raises(ConfigError, match="smoke.yaml with train.epochz=1: .*epochz"):
+        plan([["configs/smoke.yaml"]], [("train.epochz", ["1", "2"])])
+    with pytest.raises(ConfigError, match="both be named"):
+        plan([["configs/smoke.yaml"]], [("data.root", ["a b", "a_b"])])  # both root=a_b
+    with pytest.raises(ConfigError, match="at least one --config"):
+        plan([], [])
+
+
+def test_default_jobs_packs_small_runs_by_free_gpu_memory():
+    small = SweepRun("a", (), (), {"device": "auto"}, 32)
+    large = SweepRun("b", (), (), {"device": "auto"}, 224)
+    assert default_jobs([small] * 10, [])[0] == 1  # the CPU: one at a time
+    assert default_jobs([small] * 10, [(0, 139.0)])[0] == 6  # at most six per card
+    assert default_jobs([small] * 10, [(0, 10.0)])[0] == 3  # 3 GiB each
+    assert default_jobs([small] * 10, [(0, 70.0), (1, 70.0)])[0] == 10  # no more than the runs
+    assert default_jobs([small, large], [(0, 70.0)])[0] == 2  # the largest run decides: 24 GiB each
+    assert default_jobs([small], [(0, 1.0)])[0] == 1  # at least one
+    cpu = SweepRun("c", (), (), {"device": "cpu"}, 32)
+    assert default_jobs([cpu] * 4, [(0, 139.0)])[0] == 1
+    assert "GPU 0: 139 GiB free" in default_jobs([small] * 10, [(0, 139.0)])[1]
+
+
+def _records(out: Path) -> dict[str, dict]:
+    return {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
+
+
+def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    # seed 2's run is left unfinished by an interrupt: the sweep must resume it, not start it over
+    tiny = [(k[2:], v) for k, v in zip(TINY[::2], TINY[1::2], strict=True)]
+    cfg, _ = load_config(["configs/smoke.yaml"], [*tiny, ("seed", "2")])
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted):
+        train(cfg, out / "seed=2", progress=False, callbacks=[StopAfterEpochs(interrupt, 2)], interrupt=interrupt)
+    assert not (out / "seed=2" / "summary.json").exists()
+
+    args = ["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), *TINY]
+    assert main([*args, "--dry-run"]) == 0
+    shown = capsys.readouterr().out
+    assert "seed=1 [new]" in shown and "seed=2 [unfinished]" in shown
+    assert main([*args, "--jobs", "2"]) == 0
+    records = _records(out)
+    assert records["seed=1"]["state"] == "done" and records["seed=2"]["state"] == "resumed"
+    assert records["seed=2"]["result"]["last_acc"] is not None and records["seed=1"]["attempts"] == 1
+    assert records["seed=1"]["config"]["seed"] == 1 and records["seed=2"]["config"]["seed"] == 2
+    summary = json.loads((out / "seed=2" / "summary.json").read_text())
+    assert summary["resumed"] is True
+    text = capsys.readouterr().out
+    assert "seed=2: resuming" in text and "| seed=1 | done | 1 |" in text
+
+    # again: nothing to do
+    assert main(args) == 0
+    assert {r["state"] for r in _records(out).values()} == {"skipped"}
+    assert "2 finished before, skipped" in capsys.readouterr().out
+
+    # another config under the same names is refused before anything runs
+    assert main([*args, "--train.batch_size", "16"]) == 2
+    assert "holds a run with another config (" in capsys.readouterr().err
+
+
+def test_a_failing_run_is_retried_once_then_reported(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code = main(
+        ["sweep", "--config", "configs/cifar100-mini.yaml", "--data.root", str(tmp_path / "nowhere"), "--out", str(out)]
+    )
+    assert code == 1
+    record = _records(out)["cifar100-mini"]
+    assert record["state"] == "failed" and record["attempts"] == 2
+    assert "cifar100" in record["error"] and "exit 2" in record["error"]
+    assert not (out / "cifar100-mini").exists()  # a run that failed before its first checkpoint leaves nothing
+    text = capsys.readouterr().out
+    assert "failed (exit 2" in text and "retrying" in text and "1 runs failed" in text
+
+
+def test_slurm_launcher_through_submitits_local_executor(tmp_path, capsys):
+    pytest.importorskip("submitit")
+    out = tmp_path / "sweep"
+    args = ["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=3", "--out", str(out), *TINY]
+    assert main([*args, "--launcher", "slurm", "--slurm.cluster", "local", "--slurm.timeout_min", "10"]) == 0
+    record = _records(out)["smoke"]
+    assert record["state"] == "done" and record["job_id"] and record["result"]["last_acc"] is not None
+    assert (out / "smoke" / "summary.json").exists() and list((out / "slurm").iterdir())
+    assert f"submitted as job {record['job_id']}" in capsys.readouterr().out
