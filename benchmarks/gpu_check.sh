@@ -9,14 +9,18 @@
 #                                        #   a timeout stops it with a checkpoint
 #   bash benchmarks/gpu_check.sh resume  # continues that run (RESUME_TIMEOUT) and prints its summary
 #   bash benchmarks/gpu_check.sh tests   # the CUDA tests; SPEED=all|compile|compile-step adds step A/Bs first
+#   bash benchmarks/gpu_check.sh mini    # cifar100-mini through dfcil sweep, runs packed on the GPU: every method on
+#                                        #   class orders 0, 1, 2; R-DFCIL fp32 and bf16 on seeds 1, 2, 3; the
+#                                        #   ablations on orders 0, 1, 2; MINI_BUDGET seconds in all (default 540),
+#                                        #   the records of every run in $OUT/mini-runs.tgz
 # DATA: a data root holding cifar100/{train,test}.npz (default /tmp/data); where it has none and .devdata/ holds
 # the arrays packed by benchmarks/pack_cifar.py, they are unpacked there. Wheels in .whl/ (if any) are installed
 # offline into /tmp/site for a machine whose image lacks dfcil's dependencies; else dfcil must be installed.
 # Results and records go to $OUT (default /tmp/out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-case "${1:-}" in prep | speed | full | resume | tests) ;; *)
-  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests (docs/gpu.md)" >&2
+case "${1:-}" in prep | speed | full | resume | tests | mini) ;; *)
+  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini (docs/gpu.md)" >&2
   exit 2
   ;;
 esac
@@ -89,6 +93,28 @@ resume)
   [ -f "$RUN/summary.json" ] && python3 -c "import json, sys; s = json.load(open(sys.argv[1]));
 print({k: s[k] for k in ('last_acc', 'avg_inc_acc', 'forgetting', 'total_time_s', 'resumed')})" \
     "$RUN/summary.json"
+  ;;
+mini)
+  data
+  end=$((SECONDS + ${MINI_BUDGET:-540}))
+  engine=(--data.root "$DATA" --device cuda --engine.channels_last true --engine.cuda_graphs on)
+  methods=(--config configs/cifar100-mini.yaml) ablations=()
+  for f in configs/cifar100-mini/*.yaml; do
+    case $f in */rdfcil_*) ablations+=(--config "configs/cifar100-mini.yaml+$f") ;;
+      *) methods+=(--config "configs/cifar100-mini.yaml+$f") ;; esac
+  done
+  sweep() {  # $1: the sweep's name; the rest: dfcil sweep's arguments; stopped (checkpointed) at the deadline
+    local name=$1
+    shift
+    [ $((end - SECONDS)) -gt 20 ] || { echo "mini: no time left for $name"; return; }
+    timeout $((end - SECONDS)) python3 -m dfcil sweep "$@" "${engine[@]}" --out "$RUNS/mini-$name" 2>&1 \
+      | tee "$OUT/mini-$name.txt"
+  }
+  sweep methods "${methods[@]}" --grid data.class_order_seed=0,1,2
+  sweep precision --config configs/cifar100-mini.yaml --grid seed=1,2,3 --grid engine.precision=fp32,bf16
+  sweep ablations "${ablations[@]}" --grid data.class_order_seed=0,1,2
+  (cd "$RUNS" && find mini-* -maxdepth 2 \( -name summary.json -o -name config.yaml -o -name meta.json \
+    -o -name metrics.jsonl -o -name sweep.json -o -name run.log \) | tar czf "$OUT/mini-runs.tgz" -T -)
   ;;
 tests)
   if [ "${SPEED:-}" = all ]; then

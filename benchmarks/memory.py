@@ -1,9 +1,9 @@
 """Peak host memory while preparing and while training on an ImageNet-like folder of generated JPEGs.
 
-    python benchmarks/memory.py [--classes 100] [--train 50 --val 10] [--sizes 30,60]
+    python benchmarks/memory.py [--sizes 30,60] [--val 10]
 
 For each number of training images per class in ``--sizes`` it writes an ILSVRC-2012-shaped folder of ImageNet-100's
-classes (``--train`` training and ``--val`` validation JPEGs per class at 256×320 pixels, smooth patterns with
+classes (``--sizes`` training and ``--val`` validation JPEGs per class at 256×320 pixels, smooth patterns with
 noise), then, each in a fresh process: prepares the ``imagenet100`` dataset at 224 pixels (decoding into the cache
 with one worker per core) and trains fine-tuning on it for one epoch of two tasks (ResNet-18, batch 16, the first
 10 images per class of the task). It prints each process's peak resident memory (``ru_maxrss``) with the cache's

@@ -69,3 +69,30 @@ def test_a_run_on_a_folder_resumes_exactly(own_data, tmp_path):
     resume(tmp_path / "b", progress=False)
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a["correct_matrix"] == b["correct_matrix"] and b["class_names"] == a["class_names"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "generator"),
+    [
+        ([("data.image_size", "64")], (8, 64)),  # the Tiny-ImageNet generator, ResNet-8 on 64-pixel images
+        ([("model.backbone", "resnet18"), ("train.batch_size", "16")], (8, 32)),  # the ImageNet ResNet-18
+        ([("data.image_size", "48")], (6, 48)),  # another size: a generator from a 6-pixel start
+    ],
+    ids=["64px", "resnet18", "48px"],
+)
+def test_rdfcil_runs_at_other_image_sizes_and_backbones(overrides, generator):
+    from dfcil.callbacks import Callback
+
+    class Seen(Callback):
+        def on_run_start(self, loop):
+            self.loop = loop
+
+        def on_setup_end(self):
+            synth = self.loop.method.replay.synth
+            if synth is not None:
+                self.generator = (synth.generator.init_size, synth.generator(synth.latent(2)).shape[-1])
+
+    seen = Seen()
+    few = [("data.train_per_class", "8"), ("train.batch_size", "16")]  # the shapes are what is checked: quick
+    summary = run(tiny_config("rdfcil", [*overrides, *few]), callbacks=[seen], progress=False)
+    assert len(summary["acc_per_task"]) == 2 and seen.generator == generator

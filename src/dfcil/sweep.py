@@ -50,7 +50,8 @@ class SweepRun:
     overrides: tuple[tuple[str, str], ...]
     config: dict[str, Any]
     image_size: int
-    state: str = "pending"  # pending | done | resumed | failed | interrupted | skipped | submitted
+    # pending, running, done, resumed, failed, interrupted, not started, skipped, submitted
+    state: str = "pending"
     attempts: int = 0
     time_s: float | None = None
     error: str | None = None
@@ -352,12 +353,12 @@ def run_local(sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int]
                 run.attempts += 1
                 env = dict(os.environ, PYTHONUNBUFFERED="1")
                 where = "CPU"
+                if jobs > 1:  # the cores are shared out, on a GPU machine too (its runs need few)
+                    env["OMP_NUM_THREADS"] = str(threads)
+                    where = f"CPU, {threads} threads"
                 if gpus and _uses_gpu(run):
                     env["CUDA_VISIBLE_DEVICES"] = str(gpus[slot % len(gpus)])
                     where = f"GPU {gpus[slot % len(gpus)]}"
-                elif jobs > 1:
-                    env["OMP_NUM_THREADS"] = str(threads)
-                    where = f"CPU, {threads} threads"
                 resumed = run_status(sweep.out / run.name) == "unfinished"
                 log_file = open(logs / f"{run.name}.log", "a")  # noqa: SIM115 (closed when the child ends)
                 log_file.write(f"--- attempt {run.attempts}: dfcil {' '.join(run.argv(sweep.out / run.name))}\n")
@@ -386,8 +387,8 @@ def run_local(sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int]
     finally:
         for s, old in previous.items():
             signal.signal(s, old)
-    for run in queue:
-        run.state = "interrupted" if stop["requested"] else run.state
+    for run in queue:  # stopped before they started
+        run.state = "not started"
     sweep.save()
     return not stop["requested"]
 

@@ -356,14 +356,15 @@ def _decode_all(
                     pending[pool.submit(decode_chunk, split.images[nxt : nxt + CHUNK], transform)] = nxt
 
 
-def channel_stats(x: np.ndarray, budget: int = 2**24) -> dict[str, list[float]]:
+def channel_stats(x: np.ndarray | Path, budget: int = 2**24) -> dict[str, list[float]]:
     """Per-channel mean and (population) std of ``x / 255`` over every pixel, from a histogram of each channel's
-    uint8 values (exact, and fast), read about ``budget`` values at a time."""
+    uint8 values (exact, and fast), read about ``budget`` values at a time. ``x``: images ``[N, S, S, 3]``, or the
+    path of their ``.npy`` file, which is then read with plain reads (no memory map, so that the pages read do not
+    stay in the process's resident memory)."""
     histogram = np.zeros((3, 256), dtype=np.int64)
-    chunk = max(1, budget // max(int(np.prod(x.shape[1:])), 1))
     offsets = np.array([0, 256, 512], dtype=np.int32)
-    for i in range(0, len(x), chunk):
-        values = np.asarray(x[i : i + chunk]).reshape(-1, 3).astype(np.int32) + offsets
+    for images in _chunks(x, budget):
+        values = images.reshape(-1, 3).astype(np.int32) + offsets
         histogram += np.bincount(values.ravel(), minlength=768).reshape(3, 256)
     n = max(int(histogram[0].sum()), 1)
     levels = np.arange(256) / 255.0
@@ -372,10 +373,29 @@ def channel_stats(x: np.ndarray, budget: int = 2**24) -> dict[str, list[float]]:
     return {"mean": [round(float(v), 6) for v in mean], "std": [round(float(v), 6) for v in std]}
 
 
+def _chunks(x: np.ndarray | Path, budget: int) -> Iterator[np.ndarray]:
+    """Consecutive row blocks of an array, or of a uint8 ``.npy`` file, of about ``budget`` values each."""
+    if not isinstance(x, Path):
+        chunk = max(1, budget // max(int(np.prod(x.shape[1:])), 1))
+        for i in range(0, len(x), chunk):
+            yield np.asarray(x[i : i + chunk])
+        return
+    header = np.load(x, mmap_mode="r")
+    shape, offset = header.shape, header.offset
+    del header
+    row = int(np.prod(shape[1:]))
+    chunk = max(1, budget // max(row, 1))
+    with open(x, "rb") as f:
+        for i in range(0, shape[0], chunk):
+            n = min(chunk, shape[0] - i)
+            data = os.pread(f.fileno(), n * row, offset + i * row)
+            yield np.frombuffer(data, dtype=np.uint8).reshape(n, *shape[1:])
+
+
 def _finish(partial: _Partial, splits: dict[str, Split], path: Path, manifest: dict) -> None:
     """Statistics into the manifest, the bookkeeping files out, every file synced, then the rename into place."""
     if "train" in splits:
-        manifest = manifest | {"stats": channel_stats(np.load(partial.path / "train_x.npy", mmap_mode="r"))}
+        manifest = manifest | {"stats": channel_stats(partial.path / "train_x.npy")}
     for name in splits:
         (partial.path / f"{name}_done.npy").unlink()
     for f in partial.path.iterdir():
