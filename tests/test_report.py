@@ -198,6 +198,12 @@ def test_the_report_never_imports_torch(runs_root):
     assert done.returncode == 0, done.stderr
 
 
+def test_plots_without_matplotlib_say_how_to_install_it(runs_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if absent
+    assert main(["report", str(runs_root / "abd"), "--plots", str(tmp_path / "plots")]) == 2
+    assert "pip install 'dfcil[plot]'" in capsys.readouterr().err and not (tmp_path / "plots").exists()
+
+
 def test_forgetting_per_task_is_metrics_forgetting_of_each_prefix():
     from dfcil.plots import forgetting_per_task
 
