@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from dfcil.config import METHOD_CONFIGS
+from dfcil.paper import VARIANTS, PaperRow, find_row
 
 HERE = Path(__file__).parent
 
@@ -58,39 +59,18 @@ def schedule_line(key: str, train: dict) -> str:
 
 SYNTH = "the shared synthesizer: a fresh generator per task, 5000 Adam steps at lr 1e-3 (R-DFCIL's)"
 
-# Paper numbers (paper-r-dfcil.tex; * = copied by the R-DFCIL paper from the ABD paper), per setting:
-# (A_N, average incremental accuracy) or None where the paper has no number for that method and setting.
-RDFCIL = {
-    "n5": ("50.47 ± 0.43", "64.85 ± 1.78"),
-    "n10": ("42.37 ± 0.72", "59.41 ± 1.76"),
-    "n20": ("30.75 ± 0.12", "48.47 ± 1.90"),
-    "b50_n6": ("54.76 ± 0.76", "64.78 ± 1.58"),
-    "b50_n11": ("49.70 ± 0.61", "61.71 ± 1.17"),
-    "b50_n26": ("30.01 ± 0.56", "49.95 ± 0.76"),
-}
-ABD_RDFCIL = {  # ABD as implemented by the R-DFCIL authors
-    "n5": ("47.36 ± 0.48", "63.23 ± 1.49"),
-    "n10": ("36.19 ± 0.93", "56.61 ± 1.93"),
-    "n20": ("22.29 ± 0.65", "45.10 ± 2.01"),
-    "b50_n6": ("50.55 ± 1.14", "62.40 ± 1.17"),
-    "b50_n11": ("43.65 ± 2.40", "58.97 ± 1.87"),
-    "b50_n26": ("25.27 ± 1.09", "48.91 ± 1.88"),
-}
-UPPER = {k: ("70.67 ± 0.16", None) for k in ("n5", "n10", "n20")}
 PAPER_ROWS = {
-    # name: (method section, train overrides, paper row, numbers per setting, notes)
+    # name: (method section, train overrides, paper row, notes); the numbers come from dfcil.paper
     "finetune": (
         {"name": "finetune"},
         {},
         "fine-tuning (ABD's 'Base', ABD README; 250 epochs, ABD's backbone)",
-        {"n5": ("16.4 ± 0.4", None), "n10": ("8.8 ± 0.1", None), "n20": ("4.4 ± 0.3", None)},
         "",
     ),
     "joint": (
         {"name": "joint", "from_scratch": True, "last_only": True},
         {},
         "Upper Bound (Table 1)",
-        UPPER,
         "Trains once, in the last task, on all 100 classes (last_only): only A_N is meaningful.\n"
         "# Not data-free: it uses all real data.",
     ),
@@ -98,44 +78,42 @@ PAPER_ROWS = {
         {"name": "lwf", "lambda_kd": 1.0, "temperature": 2.0},
         {},
         "LwF* (Table 1, from the ABD paper)",
-        {"n5": ("17.00 ± 0.10", None), "n10": ("9.20 ± 0.00", None), "n20": ("4.70 ± 0.10", None)},
         "",
     ),
     "lwf_mc": (
         {"name": "lwf_mc"},
         {},
         "LwF.MC (from the ABD paper; not in R-DFCIL's tables)",
-        {"n5": ("32.50 ± 1.00", None), "n10": ("17.10 ± 0.10", None), "n20": ("7.70 ± 0.50", None)},
         "Sigmoid outputs, binary CE; the old classes' targets are the old model's sigmoids (docs/baselines.md).",
     ),
     "deepinversion": (
         {"name": "deepinversion", "lambda_kd": 1.0, "temperature": 2.0, "inversion": INVERSION},
         {},
         "DeepInversion* (Table 1, from the ABD paper)",
-        {"n5": ("18.80 ± 0.30", None), "n10": ("10.90 ± 0.60", None), "n20": ("5.70 ± 0.30", None)},
         f"Uses {SYNTH}.",
     ),
     "dgr": (
         {"name": "dgr", "lambda_kd": 1.0, "temperature": 2.0, "zdim": 1024},
         {},
         "DGR* (Table 1, from the ABD paper; not data-free)",
-        {"n5": ("14.40 ± 0.40", None), "n10": ("8.10 ± 0.10", None), "n20": ("4.10 ± 0.30", None)},
         "Not data-free: a VAE (ABD's CIFAR autoencoder) is trained with the classifier and kept across tasks.",
     ),
     "abd": (
         {"name": "abd", "mu": 0.1, "inversion": INVERSION},
         {},
         "ABD as implemented by the R-DFCIL authors (Tables 1 and 2)",
-        ABD_RDFCIL,
         f"'Same synthesizer and schedule as R-DFCIL': {SYNTH}; 160 epochs per task, as the paper trains every\n"
         "# approach (R-DFCIL's 40 further epochs are its head refinement, which ABD does not have).\n"
         "# For ABD's own schedule and persistent generator see abd_faithful_*.yaml.",
     ),
     "abd_faithful": (
-        {"name": "abd", "mu": 0.1, "inversion": INVERSION | {"steps": 10000, "persistent": True}},
+        {
+            "name": "abd",
+            "mu": 0.1,
+            "inversion": INVERSION | {"steps": 10000} | VARIANTS["abd"]["faithful"]["inversion"],
+        },
         {"epochs": 250, "milestones": [100, 150, 200], "weight_decay": 0.0002},
         "ABD* (Table 1, from the ABD paper)",
-        {"n5": ("43.90 ± 0.90", None), "n10": ("33.70 ± 1.20", None), "n20": ("20.00 ± 1.40", None)},
         "ABD's own schedule (250 epochs, x0.1 at 100/150/200, wd 2e-4) and generator lifetime (one\n"
         "# generator and Adam for the whole run, 10000 steps per task). Still on the shared backbone and\n"
         "# augmentation: ABD's ResNet-32 and ColorJitter are not reproduced, nor its CE over all 100 outputs.",
@@ -144,11 +122,6 @@ PAPER_ROWS = {
         {"name": "ucir_df", "lambda_base": 5.0, "margin": 0.5, "hard_negatives": 2, "inversion": INVERSION},
         {},
         "UCIR-DF (CNN) (Table 2)",
-        {
-            "b50_n6": ("39.49 ± 0.81", "57.82 ± 0.86"),
-            "b50_n11": ("25.54 ± 1.51", "48.69 ± 1.16"),
-            "b50_n26": ("9.62 ± 0.73", "33.33 ± 1.18"),
-        },
         f"UCIR's 160-epoch schedule on the shared backbone, with {SYNTH}; cosine head, CNN evaluation.",
     ),
     "podnet_df": (
@@ -163,11 +136,6 @@ PAPER_ROWS = {
         },
         {"epochs": 180},
         "PODNet-DF (CNN) (Table 2)",
-        {
-            "b50_n6": ("40.54 ± 1.68", "56.85 ± 1.40"),
-            "b50_n11": ("33.57 ± 2.48", "52.61 ± 1.72"),
-            "b50_n26": ("20.18 ± 0.76", "43.23 ± 1.70"),
-        },
         f"160 epochs + 20 epochs of balanced head finetuning at lr 0.05, with {SYNTH}; LSC head, NCA, POD.\n"
         "# The shared step schedule replaces PODNet's cosine annealing (docs/baselines.md).",
     ),
@@ -184,40 +152,32 @@ PAPER_ROWS = {
         },
         {"epochs": 200},
         "R-DFCIL (Tables 1 and 2)",
-        RDFCIL,
         "200 epochs per task = 160 RRL + 40 CHR (task 0: 160 epochs of CE), CHR lr 0.005 with HKD kept on.",
     ),
 }
-ABLATIONS = {  # R-DFCIL on N = 20 (paper Table 6 and the supplement)
-    "no_rkd": ({"new_kd": "none"}, {}, "without RKD (Table 6)", ("21.63 ± 5.60", "40.86 ± 5.98")),
-    "no_hkd": ({"old_kd": "none"}, {}, "without HKD (Table 6)", ("5.37 ± 0.35", "20.96 ± 0.69")),
-    "no_chr": (
-        {"chr_epochs": 0},
-        {"epochs": 160},
-        "without CHR: training ends after 160 epochs of RRL (Table 6)",
-        ("23.75 ± 0.81", "43.09 ± 1.53"),
-    ),
-    "rkd_to_hkd": ({"new_kd": "hkd"}, {}, "RKD replaced by HKD on new data (supplement, one run)", ("21.35", "40.17")),
-    "hkd_to_rkd": (
-        {"old_kd": "rkd"},
-        {},
-        "HKD replaced by RKD on synthetic data (supplement, one run)",
-        ("5.81", "22.19"),
-    ),
+# R-DFCIL on N = 20 (paper Table 6 and the supplement): name: (train overrides, description); each one's method
+# settings are dfcil.paper.VARIANTS["rdfcil"][name], from which a report recognises the ablation in a run.
+ABLATIONS = {
+    "no_rkd": ({}, "without RKD (Table 6)"),
+    "no_hkd": ({}, "without HKD (Table 6)"),
+    "no_chr": ({"epochs": 160}, "without CHR: training ends after 160 epochs of RRL (Table 6)"),
+    "rkd_to_hkd": ({}, "RKD replaced by HKD on new data (supplement, one run)"),
+    "hkd_to_rkd": ({}, "HKD replaced by RKD on synthetic data (supplement, one run)"),
     "identity_proj": (
-        {"projection": "identity"},
         {},
         "RKD on raw features, no learned φ/ψ (the paper says the\nprojections add 'about 2%' to A_N; no table)",
-        None,
     ),
     "chr_ce_only": (
-        {"chr_hkd": False},
         {},
         "CHR with the class-balanced CE only, as the paper describes it (the\n"
         "code keeps HKD in CHR; no number in the paper)",
-        None,
     ),
 }
+
+
+def paper_key(key: str) -> tuple[str, str]:
+    """(method, variant) of a preset row in dfcil.paper's table: abd_faithful is ABD as ABD's paper ran it."""
+    return ("abd", "faithful") if key == "abd_faithful" else (key, "")
 
 
 def _wrap(line: str) -> list[str]:
@@ -230,11 +190,11 @@ def header(lines: list[str]) -> str:
     return "\n".join(f"# {line}" if line else "#" for line in lines) + "\n"
 
 
-def numbers(nums) -> str:
-    if nums is None:
+def numbers(row: PaperRow | None) -> str:
+    if row is None or row.last_acc is None:
         return "no number in the paper for this setting"
-    a_n, avg = nums
-    return f"A_N = {a_n}" + (f", average incremental accuracy = {avg}" if avg else "")
+    avg = f", average incremental accuracy = {row.avg_inc_acc.text}" if row.avg_inc_acc else ""
+    return f"A_N = {row.last_acc.text}{avg}"
 
 
 def text(head: list[str], body: dict) -> str:
@@ -263,7 +223,7 @@ def method_rows() -> dict[str, tuple]:
     rows = dict(PAPER_ROWS)
     for name in METHOD_CONFIGS.names():
         if name not in rows:
-            rows[name] = (defaults(name), {}, f"{name} (no number in the paper)", {}, "")
+            rows[name] = (defaults(name), {}, f"{name} (no number in the paper)", "")
     return rows
 
 
@@ -271,12 +231,13 @@ def presets() -> dict[Path, str]:
     """Every generated preset: its path and its text (header and YAML body)."""
     files: dict[Path, str] = {}
     out = HERE / "cifar100"
-    for key, (method, train, row, table, notes) in method_rows().items():
+    for key, (method, train, row, notes) in method_rows().items():
         for setting, (tasks, base, desc, tab) in SETTINGS.items():
             name = f"{key}_{setting}.yaml"
+            paper = find_row("cifar100", setting, *paper_key(key))
             head = [
                 f"{row} on CIFAR-100, {desc} (the protocol of R-DFCIL's Table {tab}).",
-                f"Paper (mean ± std over class orders 0, 1, 2): {numbers(table.get(setting))}.",
+                f"Paper (mean ± std over class orders 0, 1, 2): {numbers(paper)}.",
                 "",
                 "Command (seed-0 class order; --data.class_order_seed 1 and 2 for the other two orders):",
                 f"  dfcil train --config configs/cifar100/{name} --data.root DATA "
@@ -288,11 +249,13 @@ def presets() -> dict[Path, str]:
             lines = [line for block in head for line in block.split("\n")]
             files[out / name] = text(lines, full_config(method, train, tasks, base))
     rd_method, rd_train = PAPER_ROWS["rdfcil"][0], PAPER_ROWS["rdfcil"][1]
-    for key, (method, train, row, nums) in ABLATIONS.items():
+    full = find_row("cifar100", "n20", "rdfcil")
+    for key, (train, row) in ABLATIONS.items():
         name = f"rdfcil_n20_{key}.yaml"
+        method = VARIANTS["rdfcil"][key]
         head = [
             f"R-DFCIL ablation, {row}, on CIFAR-100 with 20 equal tasks.",
-            f"Paper (R-DFCIL full: A_N = 30.75 ± 0.12, average 48.47 ± 1.90): {numbers(nums)}.",
+            f"Paper (R-DFCIL full: {numbers(full)}): {numbers(find_row('cifar100', 'n20', 'rdfcil', key))}.",
             "",
             f"Command: dfcil train --config configs/cifar100/ablations/{name} --data.root DATA --out runs/{key}-s0",
             "Everything else is rdfcil_n20.yaml.",
@@ -323,8 +286,8 @@ def mini_overlays() -> dict[str, dict]:
             has_inversion = "inversion" in {f.name for f in dataclasses.fields(METHOD_CONFIGS.get(name))}
             overlays[name] = {"name": name} | (budget if has_inversion else {})
     overlays = dict(sorted(overlays.items()))
-    for k, (m, _, _, _) in ABLATIONS.items():
-        overlays[f"rdfcil_{k}"] = {"name": "rdfcil", "chr_epochs": 3} | budget | m
+    for k in ABLATIONS:
+        overlays[f"rdfcil_{k}"] = {"name": "rdfcil", "chr_epochs": 3} | budget | VARIANTS["rdfcil"][k]
     return {k: {"method": m} | ({"train": {"epochs": 12}} if k == "rdfcil_no_chr" else {}) for k, m in overlays.items()}
 
 
@@ -354,25 +317,6 @@ OTHER = {
         "shared": "Shared with R-DFCIL (docs/reference.md): 64×64 images, CIFAR ResNet-32 (cl-lite variant, 16×16\n"
         "final map), SGD lr 0.1 momentum 0.9 batch 128, pad-4 crop + flip, training seed 1; the Tiny-ImageNet\n"
         "generator.",
-        "numbers": {
-            "rdfcil": {
-                "n5": ("35.89 ± 0.75", "48.96 ± 0.40"),
-                "n10": ("29.58 ± 0.51", "44.36 ± 0.18"),
-                "n20": ("24.43 ± 0.82", "39.34 ± 0.18"),
-                "b100_n6": ("40.44 ± 0.11", "48.91 ± 0.29"),
-                "b100_n11": ("38.19 ± 0.08", "47.60 ± 0.50"),
-                "b100_n26": ("27.29 ± 0.24", "40.85 ± 0.28"),
-            },
-            "abd": {
-                "n5": ("30.56 ± 0.22", "45.30 ± 0.50"),
-                "n10": ("22.87 ± 0.67", "41.05 ± 0.54"),
-                "n20": ("15.20 ± 1.01", "34.74 ± 0.91"),
-                "b100_n6": ("33.18 ± 0.46", "44.55 ± 0.13"),
-                "b100_n11": ("27.34 ± 0.44", "41.64 ± 0.46"),
-                "b100_n26": ("16.46 ± 0.34", "34.47 ± 0.29"),
-            },
-            "joint": {k: ("55.39 ± 0.33", None) for k in ("n5", "n10", "n20")},
-        },
     },
     "imagenet100": {
         "label": "ImageNet-100",
@@ -393,11 +337,6 @@ OTHER = {
         "shared": "Shared with R-DFCIL (docs/reference.md): Resize 256 + CenterCrop 224, the reference's ResNet-18\n"
         "(3×3 stride-1 stem, 14×14 final map), SGD lr 0.1 momentum 0.9 batch 64, pad-4 crop + flip, training\n"
         "seed 1; the ImageNet generator.",
-        "numbers": {
-            "rdfcil": {"n5": ("53.10", "68.15"), "n10": ("42.28", "59.10"), "n20": ("30.28", "47.33")},
-            "abd": {"n5": ("51.46", "67.42"), "n10": ("35.96", "57.76"), "n20": ("22.40", "44.89")},
-            "joint": {k: ("77.46", None) for k in ("n5", "n10", "n20")},
-        },
     },
 }
 
@@ -432,10 +371,11 @@ def other_presets() -> dict[Path, str]:
                 schedule = d["schedule"] | train
                 head = [
                     f"{row} on {d['label']}, {desc} (the protocol of R-DFCIL's Table {tab}).",
-                    f"Paper ({d['orders']}): {numbers(d['numbers'].get(key, {}).get(setting))}.",
+                    f"Paper ({d['orders']}): {numbers(find_row(dataset, setting, key))}.",
                     "",
                     f"Command ({d['command']}):",
-                    f"  dfcil train --config configs/{dataset}/{name} --data.root DATA --out runs/{dataset}-{key}_{setting}",
+                    f"  dfcil train --config configs/{dataset}/{name} --data.root DATA "
+                    f"--out runs/{dataset}-{key}_{setting}",
                     "",
                     d["shared"],
                     f"This preset: {schedule['epochs']} epochs per task, lr x0.1 at epochs "

@@ -4,6 +4,7 @@ dfcil train --config FILE.yaml [--config MORE.yaml] [--section.key VALUE ...] [-
             [--device DEV] [--print-config] [--dry-run] [--progress | --no-progress]
 dfcil sweep --config FILE.yaml[+MORE.yaml] [--config ...] [--grid KEY=V1,V2 ...] [--section.key VALUE ...]
             --out DIR [--jobs K] [--dry-run] [--launcher local|slurm] [--slurm.KEY VALUE ...] [--no-wait]
+dfcil report PATH... [--format md|csv|latex] [--by ROWS,COLS] [--metric M] [--plots DIR]
 dfcil methods
 dfcil datasets
 """
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from dfcil import report
 from dfcil.config import TOP_LEVEL_SCALARS, ConfigError, RunConfig, dump_config, load_config
 
 log = logging.getLogger("dfcil")
@@ -78,6 +80,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     _add_sweep_parser(sub)
+    report.add_parser(sub)
     sub.add_parser("methods", help="list the registered methods")
     sub.add_parser("datasets", help="list the registered datasets")
     return parser
@@ -236,6 +239,8 @@ def _main(argv: Sequence[str] | None) -> int:
         log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
+    if args.command == "report":  # before the training imports below: a report never loads torch
+        return report.main(args) if not unknown else parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
     from dfcil.checkpoint import CheckpointError
     from dfcil.data.archive import DatasetError

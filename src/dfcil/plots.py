@@ -1,0 +1,178 @@
+"""Figures of ``dfcil report --plots DIR``, as PNG and PDF, from the runs a report has read.
+
+* ``curves/<dataset>_<protocol>``: accuracy after each task against the classes seen so far, mean over a group's
+  runs with a ±std band, one line per group (the paper's incremental-accuracy figures); a hollow marker with an
+  error bar is the paper's A_N where it has one.
+* ``runs/<run>``: one run's accuracy matrix as a heatmap, old/new accuracy after each task, and forgetting after
+  each task.
+* ``synthetic/<run>``: a run's ``synthetic_task<t>.png`` images side by side (runs without them are skipped).
+
+matplotlib is imported only here, and only when a figure is made (``pip install 'dfcil[plot]'``). Figures are
+built with ``matplotlib.figure.Figure``, so no pyplot state or backend choice is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dfcil.metrics import AccuracyMatrix
+
+if TYPE_CHECKING:
+    from dfcil.report import Group, Run
+
+SYNTHETIC = re.compile(r"synthetic_task(\d+)\.png")
+
+
+class PlotError(RuntimeError):
+    """Plots cannot be made (matplotlib missing)."""
+
+
+def _figure(**kwargs: Any) -> Any:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotError("plots need matplotlib: pip install 'dfcil[plot]'") from None
+    return Figure(**kwargs)
+
+
+def _save(fig: Any, path: Path) -> list[Path]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files = [path.with_suffix(".png"), path.with_suffix(".pdf")]
+    for f in files:
+        fig.savefig(f, dpi=120, bbox_inches="tight")
+    return files
+
+
+def file_name(name: str) -> str:
+    """A run or setting name as one file name: path separators become ``__``, odd characters ``_``."""
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "_", name.replace(os.sep, "__").replace("/", "__"))
+
+
+def forgetting_per_task(correct: Sequence[Sequence[int]], count: Sequence[Sequence[int]]) -> np.ndarray:
+    """Forgetting after each task i: :meth:`dfcil.metrics.AccuracyMatrix.forgetting` of rows 0..i (NaN after the
+    first task), so the last entry is the run's ``forgetting``.
+
+    Args:
+        correct, count: summary.json's ``correct_matrix`` and ``count_matrix``, (tasks done, N) each.
+    """
+    correct, count = np.asarray(correct, dtype=np.int64), np.asarray(count, dtype=np.int64)
+    out = np.full(len(correct), np.nan)
+    for i in range(len(correct)):
+        acc = AccuracyMatrix(i + 1)
+        acc.load_state_dict(
+            {"correct": correct[: i + 1, : i + 1], "count": count[: i + 1, : i + 1], "rows_done": i + 1}
+        )
+        out[i] = acc.forgetting()
+    return out
+
+
+def _floats(values: Sequence[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+    """One figure per dataset and protocol: mean accuracy after each task against classes seen, ±std band."""
+    settings: dict[tuple[str, str], list[Group]] = {}
+    for g in groups:
+        if g.finished:
+            settings.setdefault((g.setting.dataset, g.setting.protocol_label), []).append(g)
+    files = []
+    for (dataset, protocol), same in settings.items():
+        fig = _figure(figsize=(6.4, 4.4), layout="constrained")
+        ax = fig.add_subplot()
+        marked = False
+        for g in same:
+            curves = [r.summary["acc_per_task"] for r in g.finished]
+            n_tasks = max(map(len, curves))
+            curves = [c for c in curves if len(c) == n_tasks]  # runs of one group share the protocol
+            x = np.cumsum(g.finished[0].summary["task_sizes"])[:n_tasks]
+            y = np.array(curves, dtype=float)
+            mean, std = y.mean(0), y.std(0)  # population std, as the report's tables
+            label = " · ".join(p for p in (g.setting.method_label, g.config_label) if p) + f" (n={len(curves)})"
+            (line,) = ax.plot(x, mean, marker="o", markersize=3, label=label)
+            if len(curves) > 1:
+                ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+            paper = g.setting.paper_row()
+            if paper is not None and paper.last_acc is not None:
+                v = paper.last_acc
+                ax.errorbar(x[-1], v.mean, yerr=v.std or 0, fmt="o", mfc="none", color=line.get_color(), capsize=3)
+                marked = True
+        if len(x) <= 26:
+            ax.set_xticks(x)
+        ax.set(xlabel="classes seen", ylabel="accuracy on all seen classes (%)", title=f"{dataset}, {protocol}")
+        ax.grid(alpha=0.3)
+        title = "mean ± std over runs" + ("; ○ the paper's A_N ± std" if marked else "")
+        ax.legend(fontsize=8, title=title, title_fontsize=8)
+        name = file_name(f"{dataset}_{protocol}".replace("/", " per ")).strip("_")
+        files += _save(fig, out_dir / "curves" / name)
+    return files
+
+
+def plot_run(run: Run, out_dir: Path) -> list[Path]:
+    """A run's accuracy matrix (heatmap), old/new accuracy after each task, and forgetting after each task."""
+    s = run.summary
+    assert s is not None, "only finished runs have a summary"
+    matrix = _floats([v for row in s["accuracy_matrix"] for v in row]).reshape(len(s["accuracy_matrix"]), -1)
+    n = len(matrix)
+    tasks = np.arange(n)
+    fig = _figure(figsize=(16, 4.6), layout="constrained")
+    ax_m, ax_on, ax_f = fig.subplots(1, 3)
+    image = ax_m.imshow(np.ma.masked_invalid(matrix[:, :n]), vmin=0, vmax=100, cmap="viridis")
+    fig.colorbar(image, ax=ax_m, label="accuracy (%)")
+    if n <= 12:
+        for i, j in zip(*np.nonzero(~np.isnan(matrix[:, :n])), strict=True):
+            ax_m.text(j, i, f"{matrix[i, j]:.0f}", ha="center", va="center", fontsize=7, color="w")
+    ax_m.set(xlabel="test classes of task j", ylabel="after learning task i", title="accuracy matrix a(i, j)")
+    ax_on.plot(tasks, _floats(s["new_acc"]), marker="o", label="new: a(i, i)")
+    ax_on.plot(tasks, _floats(s["old_acc"]), marker="s", label="old: tasks j < i")
+    ax_on.plot(tasks, _floats(s["acc_per_task"]), marker=".", linestyle="--", label="all seen: A_i")
+    ax_on.set(xlabel="task i", ylabel="accuracy (%)", title="old and new accuracy", ylim=(-2, 102))
+    ax_on.legend(fontsize=8)
+    ax_f.plot(tasks, forgetting_per_task(s["correct_matrix"], s["count_matrix"]), marker="o", color="C3")
+    ax_f.set(xlabel="task i", ylabel="forgetting (points)", title="forgetting after each task")
+    if n <= 26:
+        for ax in (ax_m, ax_on, ax_f):
+            ax.set_xticks(tasks)
+        ax_m.set_yticks(tasks)
+    ax_on.grid(alpha=0.3)
+    ax_f.grid(alpha=0.3)
+    fig.suptitle(f"{run.name}: {s.get('method')} on {s.get('dataset')}, A_N = {s['last_acc']:.2f}")
+    return _save(fig, out_dir / "runs" / file_name(run.name))
+
+
+def synthetic_images(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(task, path)`` of a run's ``synthetic_task<t>.png`` files, by task."""
+    found = [(int(m.group(1)), p) for p in run_dir.glob("synthetic_task*.png") if (m := SYNTHETIC.fullmatch(p.name))]
+    return sorted(found)
+
+
+def plot_synthetic(run: Run, out_dir: Path) -> list[Path]:
+    """A run's synthetic-image grids, tasks side by side; nothing for a run without them."""
+    images = synthetic_images(run.path)
+    if not images:
+        return []
+    import matplotlib.image
+
+    fig = _figure(figsize=(3.2 * len(images), 3.6), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(images)))
+    for ax, (task, path) in zip(axes, images, strict=True):
+        ax.imshow(matplotlib.image.imread(path))
+        ax.set_title(f"task {task}", fontsize=9)
+        ax.axis("off")
+    fig.suptitle(f"{run.name}: synthetic images")
+    return _save(fig, out_dir / "synthetic" / file_name(run.name))
+
+
+def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+    """Every figure for ``groups``: the curves, each finished run's panels, each run's synthetic images."""
+    _figure()  # fail early, before any file, without matplotlib
+    files = plot_curves(groups, out_dir)
+    for run in (r for g in groups for r in g.runs):
+        files += (plot_run(run, out_dir) if run.summary is not None else []) + plot_synthetic(run, out_dir)
+    return files

@@ -1,0 +1,109 @@
+"""The paper's numbers (dfcil.paper): values as printed, every number of docs/reference.md covered, and every preset's
+header number found under the key the report derives from the preset's config."""
+
+import re
+
+import pytest
+
+from conftest import CONFIGS, REPO
+from dfcil.config import config_to_dict, load_config
+from dfcil.paper import VARIANTS, Value, find_row, paper_rows, paper_value, protocol_name, variant_of
+from dfcil.report import setting_of
+
+
+@pytest.mark.parametrize(
+    ("key", "metric", "mean", "std", "source"),
+    [
+        (("cifar100", "n5", "rdfcil"), "last_acc", 50.47, 0.43, "Table 1"),
+        (("cifar100", "n20", "rdfcil"), "avg_inc_acc", 48.47, 1.90, "Table 1"),
+        (("cifar100", "n10", "joint"), "last_acc", 70.67, 0.16, "Table 1"),
+        (("cifar100", "n10", "lwf"), "last_acc", 9.20, 0.00, "Table 1"),
+        (("cifar100", "n20", "abd", "faithful"), "last_acc", 20.00, 1.40, "Table 1"),
+        (("cifar100", "b50_n26", "ucir_df"), "avg_inc_acc", 33.33, 1.18, "Table 2"),
+        (("cifar100", "b50_n11", "podnet"), "last_acc", 52.53, 0.55, "Table 2"),
+        (("tiny_imagenet200", "n20", "abd", "faithful"), "last_acc", 12.1, None, "Table 3"),
+        (("tiny_imagenet200", "b100_n11", "rdfcil"), "last_acc", 38.19, 0.08, "Table 4"),
+        (("imagenet100", "n20", "abd"), "avg_inc_acc", 44.89, None, "Table 5"),
+        (("imagenet100", "n5", "joint"), "last_acc", 77.46, None, "Table 5"),
+        (("cifar100", "n20", "rdfcil", "no_rkd"), "last_acc", 21.63, 5.60, "Table 6"),
+        (("cifar100", "n20", "rdfcil", "no_chr"), "avg_inc_acc", 43.09, 1.53, "Table 6"),
+        (("cifar100", "n20", "rdfcil", "hkd_to_rkd"), "avg_inc_acc", 22.19, None, "supplement"),
+        (("cifar100", "n5", "lwf_mc"), "last_acc", 32.5, 1.0, "ABD paper"),
+    ],
+)
+def test_entries_are_the_numbers_of_docs_reference(key, metric, mean, std, source):
+    value = paper_value(*key[:3], metric, *key[3:])
+    assert (value.mean, value.std) == (pytest.approx(mean), std if std is None else pytest.approx(std))
+    assert find_row(*key).source == source
+
+
+def test_rows_say_what_they_are():
+    assert find_row("cifar100", "n5", "dgr").quoted and not find_row("cifar100", "n5", "dgr").data_free
+    assert find_row("cifar100", "b50_n6", "ucir").data_free is False
+    assert not find_row("cifar100", "n5", "abd").quoted and find_row("cifar100", "n5", "abd", "faithful").quoted
+    assert find_row("cifar100", "n5", "joint").avg_inc_acc is None  # the upper bound has A_N only
+    assert find_row("tiny_imagenet200", "n5", "abd", "faithful") is None  # "–" in Table 3
+    assert find_row("cifar100", "b50_n6", "joint") is None and find_row("imagenet100", "n5", "finetune") is None
+    assert Value.parse("9.20 ± 0.00") == Value(9.2, 0.0, "9.20 ± 0.00")
+    with pytest.raises(ValueError, match="metric"):
+        paper_value("cifar100", "n5", "rdfcil", "forgetting")
+
+
+def _reference_section() -> str:
+    text = (REPO / "docs" / "reference.md").read_text()
+    return text[text.index("## Paper numbers") :].split("\n## ")[0]
+
+
+def test_every_number_of_the_reference_page_is_in_the_table():
+    section = _reference_section()
+    texts = {v.text for r in paper_rows() for v in (r.last_acc, r.avg_inc_acc) if v is not None}
+    means = {v.mean for r in paper_rows() for v in (r.last_acc, r.avg_inc_acc) if v is not None}
+    with_std = re.findall(r"\d+\.\d+ ± \d+\.\d+", section)
+    assert len(with_std) > 100 and set(with_std) <= texts
+    # single runs: Tables 3-5's numbers without a std, and the supplement's paragraph
+    tables = re.sub(r"\d+\.\d+ ± \d+\.\d+", "", section[section.index("**Tables 3–5") : section.index("**Table 6")])
+    supplement = section[section.index("Supplement, single runs") :].split("\n\n")[0]
+    single = {float(x) for x in re.findall(r"\d+\.\d+", tables + supplement)}
+    assert {12.1, 77.46, 53.10, 44.89, 30.92, 49.47, 21.35, 5.81} <= single <= means
+    assert len(single) == 20
+
+
+def test_protocol_names_and_variants():
+    assert protocol_name(10) == "n10" and protocol_name(11, 50) == "b50_n11"
+    assert variant_of("rdfcil", {"new_kd": "none", "old_kd": "hkd", "chr_epochs": 40}) == "no_rkd"
+    assert variant_of("rdfcil", {"new_kd": "none", "old_kd": "none"}) == "no_rkd+no_hkd"  # no paper row
+    assert variant_of("abd", {"inversion": {"persistent": True, "steps": 10000}}) == "faithful"
+    assert variant_of("rdfcil", {"new_kd": "rkd", "chr_epochs": 3}) == "" and variant_of("lwf", {}) == ""
+
+
+def _header_numbers(text: str) -> tuple[str | None, str | None] | None:
+    """(A_N, Ā_N) as a preset's header prints them; None for 'no number'."""
+    head = " ".join(line[2:] for line in text.splitlines() if line.startswith("# "))
+    claim = re.search(r"Paper \([^()]*\): (.*?\.)(?: |$)", head).group(1)
+    if claim.startswith("no number"):
+        return None
+    m = re.fullmatch(
+        r"A_N = ([\d.]+(?: ± [\d.]+)?)(?:, average incremental accuracy = ([\d.]+(?: ± [\d.]+)?))?\.", claim
+    )
+    return m.group(1), m.group(2)
+
+
+PRESETS = sorted(p for d in ("cifar100", "tiny_imagenet200", "imagenet100") for p in (CONFIGS / d).rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_preset_finds_the_number_its_header_states(preset):
+    config = config_to_dict(load_config([preset])[0])  # as the run's config.yaml
+    row = setting_of(config).paper_row()
+    claim = _header_numbers(preset.read_text())
+    if claim is None:
+        assert row is None or row.last_acc is None
+    else:
+        assert row is not None, f"{preset.name} states {claim} but the report finds no paper row"
+        assert (row.last_acc.text, row.avg_inc_acc.text if row.avg_inc_acc else None) == claim
+
+
+def test_every_paper_variant_has_a_preset():
+    names = {p.stem for p in (CONFIGS / "cifar100" / "ablations").glob("*.yaml")}
+    assert {f"rdfcil_n20_{k}" for k in VARIANTS["rdfcil"]} == names
+    assert len(PRESETS) > 100

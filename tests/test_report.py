@@ -1,0 +1,234 @@
+"""dfcil report: run directories written by hand (hand-checkable means and stds), the paper comparison, the three
+formats, --by, the CLI; and every plot from a real smoke run."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import CONFIGS, REPO
+from dfcil.cli import main
+from dfcil.metrics import AccuracyMatrix
+from dfcil.report import Stat, find_runs, group_runs, records, report, setting_of
+
+
+def write_run(root: Path, name: str, data: dict, method: dict, seed: int = 1, summary: dict | None = None) -> Path:
+    """A run directory: config.yaml (the sections the report reads), summary.json unless None (unfinished)."""
+    path = root / name
+    path.mkdir(parents=True)
+    config = {"method": method, "data": {"root": f"/data/{name}", "base_classes": 0} | data, "seed": seed}
+    config |= {"train": {"epochs": 200}, "device": "cpu"}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    if summary is not None:
+        (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def summary(last, avg, forgetting=10.0, old=30.0, new=80.0):
+    return {"last_acc": last, "avg_inc_acc": avg, "forgetting": forgetting, "old_acc": [None, 50.0, old],
+            "new_acc": [90.0, 85.0, new], "acc_per_task": [90.0, avg, last], "task_sizes": [10, 10, 10]}  # fmt: skip
+
+
+RDFCIL = {"name": "rdfcil", "lambda_hkd": 0.15, "new_kd": "rkd", "old_kd": "hkd", "chr_epochs": 40}
+C100_N10 = {"name": "cifar100", "num_tasks": 10}
+
+
+@pytest.fixture
+def runs_root(tmp_path):
+    """A sweep-like tree: R-DFCIL on CIFAR-100 N = 10 over orders 0-2 (+ one unfinished), ABD over two orders,
+    R-DFCIL with another lambda_hkd, the no-RKD ablation, a reduced protocol, ImageNet-100 and 50 base classes."""
+    root = tmp_path / "sweep"
+    (root / "sweep.json").parent.mkdir(parents=True)
+    (root / "sweep.json").write_text("{}")
+    (root / "config.yaml").write_text(yaml.safe_dump({"method": RDFCIL}))  # a sweep's base config: not a run
+    for order, (last, avg, fgt) in enumerate([(40.0, 58.0, 10.0), (42.0, 59.0, 20.0), (44.0, 60.0, 30.0)]):
+        data = C100_N10 | {"class_order_seed": order}
+        write_run(root, f"rdfcil/o{order}", data, RDFCIL, summary=summary(last, avg, fgt, old=30 + order, new=80))
+    write_run(root, "rdfcil/o3", C100_N10 | {"class_order_seed": 3}, RDFCIL)  # unfinished
+    for seed, last in ((1, 30.0), (2, 35.0)):  # differ in training seed only
+        write_run(root, f"abd/s{seed}", C100_N10, {"name": "abd", "mu": 0.1}, seed=seed, summary=summary(last, 50.0))
+    write_run(root, "hkd5/o0", C100_N10, RDFCIL | {"lambda_hkd": 5.0}, summary=summary(10.0, 30.0))
+    write_run(root, "ablation/o0", C100_N10 | {"num_tasks": 20}, RDFCIL | {"new_kd": "none"}, summary=summary(22, 41))
+    mini = C100_N10 | {"num_tasks": 4, "num_classes": 20, "train_per_class": 250}
+    write_run(root, "mini/o0", mini, RDFCIL, summary=summary(30.0, 45.0))
+    inet = {"name": "imagenet100", "num_tasks": 5, "class_order": [68, 56, 78]}
+    write_run(root, "inet/o0", inet, RDFCIL, summary=summary(52.10, 68.0))
+    write_run(root, "b50/o0", C100_N10 | {"num_tasks": 11, "base_classes": 50}, RDFCIL, summary=summary(50.0, 60.0))
+    (root / "empty" / "checkpoints").mkdir(parents=True)  # no config.yaml: not a run
+    return root
+
+
+def by_label(groups):
+    return {g.label: g for g in groups}
+
+
+def test_runs_are_found_below_any_folder_and_grouped_by_all_but_order_and_seed(runs_root):
+    runs = find_runs([runs_root])
+    assert len(runs) == 11 and sum(r.summary is None for r in runs) == 1
+    assert {r.name for r in runs} >= {"sweep/rdfcil/o0", "sweep/rdfcil/o3", "sweep/inet/o0"}
+    groups = by_label(group_runs(runs))
+    assert list(groups) == [
+        "abd · cifar100 · n10",
+        "rdfcil · cifar100 · n10 · method.lambda_hkd=0.15",
+        "rdfcil · cifar100 · n10 · method.lambda_hkd=5.0",
+        "rdfcil[no_rkd] · cifar100 · n20",
+        "rdfcil · cifar100 · b50_n11",
+        "rdfcil · cifar100 · n4 (20 classes, 250 train/class)",
+        "rdfcil · imagenet100 · n5",
+    ]
+    g = groups["rdfcil · cifar100 · n10 · method.lambda_hkd=0.15"]
+    assert len(g.runs) == 4 and len(g.finished) == 3
+    assert Stat.of(g.values("last_acc")) == Stat(42.0, pytest.approx((8 / 3) ** 0.5), 3)  # population std
+    assert Stat.of(g.values("forgetting")).std == pytest.approx((200 / 3) ** 0.5)
+    assert Stat.of(g.values("old_acc")).mean == 31.0 and Stat.of(g.values("new_acc")) == Stat(80.0, 0.0, 3)
+    assert Stat.of(groups["abd · cifar100 · n10"].values("last_acc")) == Stat(32.5, 2.5, 2)
+    assert Stat.of([7.0]) == Stat(7.0, None, 1) and Stat.of([]) == Stat(None, None, 0)
+
+
+def test_a_run_dir_given_directly_is_one_run(runs_root):
+    runs = find_runs([runs_root / "abd" / "s1", runs_root / "abd"])  # overlapping paths: each run once
+    assert sorted(r.name for r in runs) == ["abd/s2", "s1"]
+
+
+def test_settings_map_runs_to_paper_keys():
+    s = setting_of({"method": RDFCIL | {"old_kd": "none"}, "data": C100_N10 | {"num_tasks": 20}})
+    assert (s.dataset, s.protocol, s.method, s.variant, s.reduced) == ("cifar100", "n20", "rdfcil", "no_hkd", "")
+    assert s.paper_row().last_acc.text == "5.37 ± 0.35"
+    faithful = setting_of({"method": {"name": "abd", "inversion": {"persistent": True}}, "data": C100_N10})
+    assert faithful.paper_row().label == "ABD*"
+    tiny = setting_of({"method": RDFCIL, "data": {"name": "tiny_imagenet200", "num_tasks": 4, "image_size": 32}})
+    assert tiny.reduced == "32 px" and tiny.paper_row() is None
+    full = {"name": "cifar100", "num_tasks": 5, "num_classes": 100, "image_size": 32}  # the full protocol, spelt out
+    assert setting_of({"method": RDFCIL, "data": full}).paper_row().last_acc.mean == 50.47
+
+
+def test_paper_values_differences_and_within_one_std(runs_root):
+    recs = {r["group"]: r for r in records(group_runs(find_runs([runs_root])))}
+    r = recs["rdfcil · cifar100 · n10 · method.lambda_hkd=0.15"]
+    assert (r["runs"], r["unfinished"]) == (3, 1)
+    assert r["last_acc_paper_mean"] == 42.37 and r["last_acc_paper_std"] == 0.72
+    assert r["last_acc_diff"] == pytest.approx(-0.37) and r["last_acc_within_paper_std"] is True
+    assert r["avg_inc_acc_diff"] == pytest.approx(-0.41) and r["avg_inc_acc_within_paper_std"] is True
+    assert r["paper_row"] == "R-DFCIL (Table 1)"
+    a = recs["abd · cifar100 · n10"]
+    assert a["last_acc_diff"] == pytest.approx(32.5 - 36.19) and a["last_acc_within_paper_std"] is False
+    ablation = recs["rdfcil[no_rkd] · cifar100 · n20"]
+    assert ablation["last_acc_diff"] == pytest.approx(0.37) and ablation["paper_row"].endswith("(Table 6)")
+    inet = recs["rdfcil · imagenet100 · n5"]  # one paper run: a difference, no verdict
+    assert inet["last_acc_diff"] == pytest.approx(-1.0) and inet["last_acc_within_paper_std"] is None
+    assert recs["rdfcil · cifar100 · b50_n11"]["last_acc_paper_mean"] == 49.70
+    mini = recs["rdfcil · cifar100 · n4 (20 classes, 250 train/class)"]
+    assert mini["last_acc_paper_mean"] is None and mini["last_acc_diff"] is None and mini["paper_row"] == ""
+
+
+def test_markdown_long_table(runs_root):
+    text = report(find_runs([runs_root]))
+    lines = text.splitlines()
+    assert lines[0].startswith("| group | runs | A_N | paper A_N | Δ | Ā_N | paper Ā_N | Δ | forgetting |")
+    row = next(line for line in lines if line.startswith("| rdfcil · cifar100 · n10 · method.lambda_hkd=0.15"))
+    assert "| 3 (+1 unfinished) | 42.00 ± 1.63 | 42.37 ± 0.72 | −0.37 ✓ | 59.00 ± 0.82 | 59.41 ± 1.76 |" in row
+    assert "| 20.00 ± 8.16 | 31.00 ± 0.82 | 80.00 ± 0.00 | R-DFCIL (Table 1) |" in row
+    assert "| −3.69 ✗ |" in next(line for line in lines if line.startswith("| abd"))
+    assert "| 52.10 | 53.10 | −1.00 |" in next(line for line in lines if "imagenet100" in line)
+    assert "population standard deviation" in text and "Unfinished runs (no summary.json): 1" in text
+    assert "- sweep/rdfcil/o3" in lines and "never compared with the paper" in text
+
+
+def test_csv_is_one_numeric_record_per_group(runs_root):
+    rows = list(csv.DictReader(io.StringIO(report(find_runs([runs_root]), "csv"))))
+    assert len(rows) == 7
+    r = next(r for r in rows if r["method"] == "abd")
+    assert (r["last_acc_mean"], r["last_acc_std"], r["last_acc_n"], r["runs"]) == ("32.5", "2.5", "2", "2")
+    assert float(r["last_acc_diff"]) == pytest.approx(-3.69) and r["last_acc_within_paper_std"] == "False"
+    assert r["protocol"] == "n10" and r["avg_inc_acc_paper_mean"] == "56.61"
+
+
+def test_latex_table(runs_root):
+    text = report(find_runs([runs_root]), "latex")
+    assert "\\begin{tabular}" in text and "\\toprule" in text and text.count("\\\\\n") == 8
+    assert "42.00 $\\pm$ 0.72" not in text and "42.00 $\\pm$ 1.63" in text and "$-$0.37 \\checkmark" in text
+    assert "method.lambda\\_hkd=0.15" in text and "$\\bar{A}_N$" in text and "% Unfinished runs" in text
+
+
+def test_by_rows_and_columns_as_the_papers_tables(runs_root):
+    runs = [r for r in find_runs([runs_root]) if r.config["data"]["name"] == "cifar100" and "hkd5" not in r.name]
+    text = report(runs, "md", by=("method", "protocol"))
+    lines = text.splitlines()
+    assert lines[0] == "| method \\ protocol | n10 | n20 | b50_n11 | n4 (20 classes, 250 train/class) |"
+    rdfcil = next(line for line in lines if line.startswith("| rdfcil |"))
+    assert "| 42.00 ± 1.63 (3) [paper 42.37 ± 0.72, −0.37 ✓] |" in rdfcil and "| 30.00 (1) |" in rdfcil
+    abd = next(line for line in lines if line.startswith("| abd |"))
+    assert abd.count("|") == 6 and abd.endswith("|  |  |  |")  # ABD ran N = 10 only
+    assert any(line.startswith("| rdfcil[no_rkd] |") for line in lines)
+    forgetting = report(runs, "md", by=("protocol", "method"), metric="forgetting")
+    assert forgetting.splitlines()[0] == "| protocol \\ method | abd | rdfcil | rdfcil[no_rkd] |"
+    assert "| n10 | 10.00 ± 0.00 (2) | 20.00 ± 8.16 (3) |  |" in forgetting  # no paper number for forgetting
+    both = report(find_runs([runs_root]), "csv", by=("method", "protocol")).splitlines()
+    assert both[0].startswith("method \\ protocol,n10,") and any(
+        r.startswith("rdfcil · cifar100 · method") for r in both
+    )
+
+
+def test_cli(runs_root, tmp_path, capsys):
+    assert main(["report", str(runs_root), "--by", "method,protocol", "--format", "md"]) == 0
+    assert capsys.readouterr().out.startswith("| method \\ protocol")
+    assert main(["report", str(runs_root / "abd"), "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("group,method,") and "population standard deviation" in err
+    assert main(["report", str(tmp_path / "missing")]) == 2 and "does not exist" in capsys.readouterr().err
+    (tmp_path / "nothing").mkdir()
+    assert main(["report", str(tmp_path / "nothing")]) == 2 and "no run directories" in capsys.readouterr().err
+    assert main(["report", str(runs_root), "--by", "method"]) == 2 and "ROWS,COLS" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["report", str(runs_root), "--bogus", "1"])
+
+
+def test_the_report_never_imports_torch(runs_root):
+    code = (
+        "import sys; from dfcil.cli import main; import dfcil.plots, dfcil.paper; "
+        f"assert main(['report', {str(runs_root)!r}]) == 0; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+
+
+def test_plots_without_matplotlib_say_how_to_install_it(runs_root, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if absent
+    assert main(["report", str(runs_root / "abd"), "--plots", str(tmp_path / "plots")]) == 2
+    assert "pip install 'dfcil[plot]'" in capsys.readouterr().err and not (tmp_path / "plots").exists()
+
+
+def test_forgetting_per_task_is_metrics_forgetting_of_each_prefix():
+    from dfcil.plots import forgetting_per_task
+
+    m = AccuracyMatrix(3)
+    for i, (correct, count) in enumerate([([80], [100]), ([50, 90], [100, 100]), ([30, 60, 70], [100, 100, 100])]):
+        m.record(i, np.array(correct), np.array(count))
+    s = m.summary()
+    f = forgetting_per_task(s["correct_matrix"], s["count_matrix"])
+    assert np.isnan(f[0]) and f[1:].tolist() == pytest.approx([30.0, 40.0])  # 80 − 50; (80 − 30 + 90 − 60) / 2
+    assert f[-1] == pytest.approx(s["forgetting"])
+
+
+@pytest.mark.slow
+def test_every_plot_from_a_real_smoke_run(tmp_path, capsys):
+    """The smoke preset, trained for real (seconds), then `dfcil report --plots`: every kind of figure."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imsave
+
+    run = tmp_path / "runs" / "smoke"
+    assert main(["train", "--config", str(CONFIGS / "smoke.yaml"), "--out", str(run), "--no-progress"]) == 0
+    imsave(run / "synthetic_task1.png", np.random.default_rng(0).random((64, 96, 3)))  # as the engine saves them
+    plots = tmp_path / "plots"
+    assert main(["report", str(tmp_path / "runs"), "--plots", str(plots)]) == 0
+    assert "| rdfcil · fake · n2 |" in capsys.readouterr().out
+    files = sorted(str(p.relative_to(plots)) for p in plots.rglob("*") if p.is_file())
+    kinds = ["curves/fake_n2", "runs/runs__smoke", "synthetic/runs__smoke"]
+    assert files == sorted(f"{k}.{ext}" for k in kinds for ext in ("pdf", "png"))
+    assert all((plots / f).stat().st_size > 1000 for f in files)
