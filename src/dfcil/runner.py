@@ -43,7 +43,9 @@ from dfcil.config import (
     with_absolute_paths,
 )
 from dfcil.engine import Interrupt, Loop, RunInterrupted, run
+from dfcil.grid import SyntheticGrid
 from dfcil.io import check_creatable_dir, write_atomic, write_json
+from dfcil.loggers import build_loggers
 from dfcil.methods import METHODS
 from dfcil.models.network import IncrementalNet, backbone_for, build_network
 from dfcil.progress import make_progress
@@ -142,6 +144,7 @@ def train(
         return resume(out, runtime, progress, argv, callbacks, interrupt)
     check_new_run_dir(out)
     protocol = protocol or prepare(cfg, make_progress(progress))
+    callbacks = [*build_loggers(cfg.log, out), *callbacks]  # unknown names, missing extras: refused here
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -198,6 +201,7 @@ def resume(
             f"model. Only {', '.join(sorted(RUNTIME_KEYS))} may change; start a new run for the rest"
         )
     protocol = prepare(cfg, make_progress(progress))
+    callbacks = [*build_loggers(cfg.log, run_dir), *callbacks]
     with locked(run_dir):
         has_checkpoint = Checkpointer(run_dir).exists()
         if not has_checkpoint:  # stopped before its first checkpoint: start over in place
@@ -231,7 +235,8 @@ def _execute(
             list(split.task_sizes),
             list(split.class_order),
         )
-        loggers = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), *callbacks, SaveModel(out / "model.pt", cfg)]
+        loggers = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), SyntheticGrid(out), *callbacks]
+        loggers.append(SaveModel(out / "model.pt", cfg))
         summary = run(cfg, loggers, out, resuming, protocol=protocol, progress=progress, interrupt=interrupt)
         write_json(out / "summary.json", summary)  # last: a run directory with a summary is complete
         return summary
