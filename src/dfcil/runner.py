@@ -263,29 +263,36 @@ class SaveModel(Callback):
         self.loop = loop
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
-        backbone = backbone_for(self.cfg.model.backbone, self.loop.protocol.dataset.image_size)
-        save_model(self.path, self.loop.net, self.cfg, backbone)
+        dataset, split = self.loop.protocol.dataset, self.loop.protocol.split
+        backbone = backbone_for(self.cfg.model.backbone, dataset.image_size)
+        about = {
+            "inputs": {"image_size": dataset.image_size, "mean": list(dataset.mean), "std": list(dataset.std)},
+            "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
+            "class_names": [dataset.classes[c] for c in split.class_order] if dataset.classes else [],
+        }  # fmt: skip
+        save_model(self.path, self.loop.net, self.cfg, backbone, about)
 
 
-def save_model(path: Path, net: IncrementalNet, cfg: RunConfig, backbone: str) -> None:
-    """The final network: weights, head block sizes and the backbone name, in the safe checkpoint format."""
-    write_atomic(
-        path,
-        dumps(
-            {
-                "format": FORMAT,
-                "net": net.state_dict(),
-                "head_sizes": net.head.sizes,
-                "head": METHODS.get(cfg.method.name).head,
-                "backbone": backbone,
-            }
-        ),
-    )
+def save_model(
+    path: Path, net: IncrementalNet, cfg: RunConfig, backbone: str, about: dict[str, Any] | None = None
+) -> None:
+    """The final network: weights, head block sizes and the backbone name, in the safe checkpoint format; ``about``:
+    what its inputs and outputs mean (``inputs``: image size, normalisation; ``class_order``: the raw class of each
+    output; ``task_sizes``; ``class_names`` by output, where the dataset names its classes)."""
+    payload = {
+        "format": FORMAT, "net": net.state_dict(), "head_sizes": net.head.sizes,
+        "head": METHODS.get(cfg.method.name).head, "backbone": backbone,
+    }  # fmt: skip
+    write_atomic(path, dumps(payload | (about or {})))
 
 
 def load_model(path: str | os.PathLike) -> IncrementalNet:
     """Rebuild the network saved by :func:`save_model` (weights-only load; refuses anything else)."""
-    payload = loads(Path(path).read_bytes(), str(path))
+    return network_from(loads(Path(path).read_bytes(), str(path)))
+
+
+def network_from(payload: dict[str, Any]) -> IncrementalNet:
+    """The network of a :func:`save_model` payload, in eval mode."""
     net = build_network(payload["backbone"], payload["head"])
     for n in payload["head_sizes"]:
         net.expand(n)
