@@ -128,7 +128,7 @@ tests)
     speed 300 compile-step --ab compile-step --channels-last  # whole steps compiled: what fusion could give
   fi
   # the CUDA tests only (the rest of the suite runs on the CPU); -rA names every test even if cut off
-  timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -q -rA -p no:cacheprovider tests/test_cuda.py 2>&1 \
+  timeout "${TEST_TIMEOUT:-600}" python3 -m pytest -q -rA -p no:cacheprovider -m gpu tests/test_cuda.py tests/test_tools.py 2>&1 \
     | tee "$OUT/tests.txt" | tail -25
   ;;
 esac

@@ -25,7 +25,8 @@ def smoke_run(tmp_path_factory):
 
 def test_smoke_run_writes_a_consistent_run_directory(smoke_run):
     assert sorted(p.name for p in smoke_run.iterdir()) == [
-        ".lock", "checkpoints", "config.yaml", "meta.json", "metrics.jsonl", "model.pt", "run.log", "summary.json"
+        ".lock", "checkpoints", "config.yaml", "meta.json", "metrics.jsonl", "model.pt", "run.log", "summary.json",
+        "synthetic_task1.png",
     ]  # fmt: skip
     assert sorted(p.name for p in (smoke_run / "checkpoints").iterdir()) == ["last.pt", "prev.pt", "task1-static.pt"]
     s = json.loads((smoke_run / "summary.json").read_text())

@@ -1,10 +1,15 @@
-"""Command line: parsing only; the work is done by :mod:`dfcil.runner` and :mod:`dfcil.engine`.
+"""Command line: parsing only; the work is done by :mod:`dfcil.runner` and :mod:`dfcil.engine` (training) and by
+:mod:`dfcil.tools` and :mod:`dfcil.features` (finished runs).
 
 dfcil train --config FILE.yaml [--config MORE.yaml] [--section.key VALUE ...] [--out DIR]
-            [--device DEV] [--print-config] [--dry-run] [--progress | --no-progress]
+            [--device DEV] [--log csv,tensorboard] [--print-config] [--dry-run] [--progress | --no-progress]
+dfcil resume DIR [--device DEV] [--data.root DIR] [--log NAME ...]
 dfcil sweep --config FILE.yaml[+MORE.yaml] [--config ...] [--grid KEY=V1,V2 ...] [--section.key VALUE ...]
             --out DIR [--jobs K] [--dry-run] [--launcher local|slurm] [--slurm.KEY VALUE ...] [--no-wait]
 dfcil report PATH... [--format md|csv|latex] [--by ROWS,COLS] [--metric M] [--plots DIR]
+dfcil eval DIR [--data.root DIR] [--classes IDS | --tasks IDS] [--device DEV] [--json]
+dfcil export DIR [--format safetensors] [--out FILE]
+dfcil inspect DIR --features [--out DIR] [--data.root DIR] [--device DEV]
 dfcil methods
 dfcil datasets
 """
@@ -12,6 +17,7 @@ dfcil datasets
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -29,6 +35,7 @@ Any config key can be set with a dotted option, LightningCLI style: --train.epoc
 --method.name finetune (switches the method; file keys the new method lacks are dropped), --data.class_order
 "[3, 1, 2]", --seed 2, --task0_cache DIR. Values are parsed as YAML.
 """
+LOG_HELP = "also log to csv or tensorboard (repeatable, or a comma list; config key `log`); metrics.jsonl stays"
 
 
 def _split_overrides(tokens: Sequence[str]) -> list[tuple[str, str]]:
@@ -65,6 +72,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", help="auto, cpu, cuda or cuda:N (same as --device in the config)")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.add_argument("--dry-run", action="store_true", help="validate config and data, print the protocol, exit")
+    train.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
     bars = train.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -76,6 +84,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--engine.cuda_graphs", dest="cuda_graphs", choices=("on", "off", "check"),
         help="switch CUDA graphs on or off (e.g. off after a failed capture); the results do not change",
     )  # fmt: skip
+    resume.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
     bars = resume.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -83,6 +92,7 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_parser(sub)
     sub.add_parser("methods", help="list the registered methods")
     sub.add_parser("datasets", help="list the registered datasets")
+    _add_run_tools(sub)
     return parser
 
 
@@ -135,6 +145,86 @@ def _sweep(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Seq
     )  # fmt: skip
 
 
+# ------------------------------------------------------------------------- eval, export, inspect, --log
+
+
+def _log_names(values: list[str] | None) -> list[str] | None:
+    """``--log a --log b,c`` → ``[a, b, c]``; None when not given."""
+    return None if values is None else [name.strip() for v in values for name in v.split(",") if name.strip()]
+
+
+def _add_run_tools(sub: argparse._SubParsersAction) -> None:
+    """The commands on a finished run directory (dfcil.tools, dfcil.features)."""
+    ev = sub.add_parser("eval", help="evaluate a finished run's final model (model.pt) on the test set")
+    ev.add_argument("run_dir", metavar="DIR")
+    ev.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
+    which = ev.add_mutually_exclusive_group()
+    which.add_argument("--classes", metavar="IDS", help="comma list of raw class ids or names (default: every class)")
+    which.add_argument("--tasks", metavar="IDS", help="comma list of tasks whose classes to evaluate")
+    ev.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ex = sub.add_parser("export", help="export a finished run's final network (weights + a JSON model card)")
+    ex.add_argument("run_dir", metavar="DIR")
+    ex.add_argument("--format", dest="fmt", default="safetensors", help="export format (default safetensors)")
+    ex.add_argument("--out", metavar="FILE", help="weights file (default DIR/model.<format>); the card goes beside")
+    ex.add_argument("--data.root", dest="data_root", metavar="DIR", help="only for runs saved before model cards")
+    ins = sub.add_parser("inspect", help="plots of a finished run's final model")
+    ins.add_argument("run_dir", metavar="DIR")
+    ins.add_argument("--features", action="store_true", help="t-SNE of the features of real and synthetic images")
+    ins.add_argument("--out", metavar="DIR", help="where to write the plots (default DIR/inspect)")
+    ins.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
+    ins.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
+    ins.add_argument("--per-class", type=int, default=30, help="real test images per class (default 30)")
+    ins.add_argument("--synthetic", type=int, default=200, help="synthetic images (default 200)")
+    ins.add_argument(
+        "--inversion-steps", type=int, default=200,
+        help="steps of the fresh inversion for runs that kept no generator (default 200)",
+    )  # fmt: skip
+
+
+def _ids(text: str | None, kind: type = str) -> list | None:
+    return None if text is None else [kind(t.strip()) for t in text.split(",") if t.strip()]
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from dfcil.tools import evaluate_run, format_report
+
+    try:
+        tasks = _ids(args.tasks, int)
+    except ValueError:
+        raise ConfigError(f"--tasks {args.tasks!r}: give task numbers, e.g. --tasks 0,1") from None
+    report = evaluate_run(args.run_dir, args.data_root, _ids(args.classes), tasks, args.device)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from dfcil.tools import export_run
+
+    for path in export_run(args.run_dir, args.fmt, args.out, args.data_root):
+        print(path)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    if not args.features:
+        raise ConfigError("dfcil inspect: choose what to inspect (--features)")
+    from dfcil.features import inspect_features
+
+    for n, name in ((args.per_class, "--per-class"), (args.synthetic, "--synthetic")):
+        if n < 1:
+            raise ConfigError(f"{name} must be at least 1, got {n}")
+    paths = inspect_features(
+        args.run_dir, args.out, args.data_root, args.device, args.per_class, args.synthetic, args.inversion_steps
+    )
+    for path in paths:
+        print(path)
+    return 0
+
+
+RUN_TOOLS = {"eval": _eval, "export": _export, "inspect": _inspect}
+
+
 def _print_protocol(cfg: RunConfig) -> None:
     from dfcil.methods import Task, build_method
     from dfcil.progress import make_progress
@@ -164,6 +254,8 @@ def _print_protocol(cfg: RunConfig) -> None:
 def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Sequence[str]) -> int:
     if args.device:
         overrides.append(("device", args.device))
+    if args.log is not None:
+        overrides.append(("log", json.dumps(_log_names(args.log))))
     if not args.config:
         raise ConfigError("dfcil train needs --config FILE.yaml (try configs/smoke.yaml)")
     cfg, dropped = load_config(args.config, overrides)
@@ -189,6 +281,8 @@ def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
         overrides["engine.cuda_graphs"] = args.cuda_graphs
     if args.data_root:
         overrides["data.root"] = args.data_root
+    if args.log is not None:
+        overrides["log"] = _log_names(args.log)
     return _interruptible(
         args.run_dir, lambda interrupt: resume(args.run_dir, overrides, args.progress, argv, interrupt=interrupt)
     )
@@ -271,6 +365,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _resume(args, argv)
         if args.command == "sweep":
             return _sweep(args, _split_overrides(unknown), argv)
+        if args.command in RUN_TOOLS:
+            return RUN_TOOLS[args.command](args)
         return _train(args, _split_overrides(unknown), argv)
     except (ConfigError, SplitError, DatasetError, RegistryError, CheckpointError) as err:
         print(f"dfcil: error: {err}", file=sys.stderr)

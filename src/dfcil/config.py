@@ -166,6 +166,8 @@ class RunConfig:
     epoch_checkpoint_interval_s: NonNegativeFloat = 0.0
     # directory of shared first-task models (README, "Interruptions and resume"); runtime only
     task0_cache: str | None = None
+    # metric logs beside metrics.jsonl: csv, tensorboard (dfcil.loggers; dfcil train --log); runtime only
+    log: tuple[str, ...] = ()
 
 
 def with_absolute_paths(cfg: RunConfig) -> RunConfig:
@@ -186,6 +188,7 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
     "checkpoint_interval_s": NonNegativeFloat,
     "epoch_checkpoint_interval_s": NonNegativeFloat,
     "task0_cache": str | None,
+    "log": tuple[str, ...],
 }
 # Keys that a resume may change: they never change the results (data.root says where the same data lies;
 # engine.cuda_graphs changes how a step's kernels are launched, not which: a run whose capture failed continues with
@@ -193,7 +196,7 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
 RUNTIME_KEYS = frozenset(
     {
         "device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache", "engine.cuda_graphs",
-        "data.root", "data.download", "data.cache", "data.workers",
+        "data.root", "data.download", "data.cache", "data.workers", "log",
     }
 )  # fmt: skip
 

@@ -43,7 +43,9 @@ from dfcil.config import (
     with_absolute_paths,
 )
 from dfcil.engine import Interrupt, Loop, RunInterrupted, run
+from dfcil.grid import SyntheticGrid
 from dfcil.io import check_creatable_dir, write_atomic, write_json
+from dfcil.loggers import build_loggers
 from dfcil.methods import METHODS
 from dfcil.models.network import IncrementalNet, backbone_for, build_network
 from dfcil.progress import make_progress
@@ -142,6 +144,7 @@ def train(
         return resume(out, runtime, progress, argv, callbacks, interrupt)
     check_new_run_dir(out)
     protocol = protocol or prepare(cfg, make_progress(progress))
+    callbacks = [*build_loggers(cfg.log, out), *callbacks]  # unknown names, missing extras: refused here
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -198,6 +201,7 @@ def resume(
             f"model. Only {', '.join(sorted(RUNTIME_KEYS))} may change; start a new run for the rest"
         )
     protocol = prepare(cfg, make_progress(progress))
+    callbacks = [*build_loggers(cfg.log, run_dir), *callbacks]
     with locked(run_dir):
         has_checkpoint = Checkpointer(run_dir).exists()
         if not has_checkpoint:  # stopped before its first checkpoint: start over in place
@@ -231,7 +235,8 @@ def _execute(
             list(split.task_sizes),
             list(split.class_order),
         )
-        loggers = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), *callbacks, SaveModel(out / "model.pt", cfg)]
+        loggers = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), SyntheticGrid(out), *callbacks]
+        loggers.append(SaveModel(out / "model.pt", cfg))
         summary = run(cfg, loggers, out, resuming, protocol=protocol, progress=progress, interrupt=interrupt)
         write_json(out / "summary.json", summary)  # last: a run directory with a summary is complete
         return summary
@@ -258,29 +263,36 @@ class SaveModel(Callback):
         self.loop = loop
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
-        backbone = backbone_for(self.cfg.model.backbone, self.loop.protocol.dataset.image_size)
-        save_model(self.path, self.loop.net, self.cfg, backbone)
+        dataset, split = self.loop.protocol.dataset, self.loop.protocol.split
+        backbone = backbone_for(self.cfg.model.backbone, dataset.image_size)
+        about = {
+            "inputs": {"image_size": dataset.image_size, "mean": list(dataset.mean), "std": list(dataset.std)},
+            "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
+            "class_names": [dataset.classes[c] for c in split.class_order] if dataset.classes else [],
+        }  # fmt: skip
+        save_model(self.path, self.loop.net, self.cfg, backbone, about)
 
 
-def save_model(path: Path, net: IncrementalNet, cfg: RunConfig, backbone: str) -> None:
-    """The final network: weights, head block sizes and the backbone name, in the safe checkpoint format."""
-    write_atomic(
-        path,
-        dumps(
-            {
-                "format": FORMAT,
-                "net": net.state_dict(),
-                "head_sizes": net.head.sizes,
-                "head": METHODS.get(cfg.method.name).head,
-                "backbone": backbone,
-            }
-        ),
-    )
+def save_model(
+    path: Path, net: IncrementalNet, cfg: RunConfig, backbone: str, about: dict[str, Any] | None = None
+) -> None:
+    """The final network: weights, head block sizes and the backbone name, in the safe checkpoint format; ``about``:
+    what its inputs and outputs mean (``inputs``: image size, normalisation; ``class_order``: the raw class of each
+    output; ``task_sizes``; ``class_names`` by output, where the dataset names its classes)."""
+    payload = {
+        "format": FORMAT, "net": net.state_dict(), "head_sizes": net.head.sizes,
+        "head": METHODS.get(cfg.method.name).head, "backbone": backbone,
+    }  # fmt: skip
+    write_atomic(path, dumps(payload | (about or {})))
 
 
 def load_model(path: str | os.PathLike) -> IncrementalNet:
     """Rebuild the network saved by :func:`save_model` (weights-only load; refuses anything else)."""
-    payload = loads(Path(path).read_bytes(), str(path))
+    return network_from(loads(Path(path).read_bytes(), str(path)))
+
+
+def network_from(payload: dict[str, Any]) -> IncrementalNet:
+    """The network of a :func:`save_model` payload, in eval mode."""
     net = build_network(payload["backbone"], payload["head"])
     for n in payload["head_sizes"]:
         net.expand(n)

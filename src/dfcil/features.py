@@ -1,0 +1,188 @@
+"""``dfcil inspect RUN --features``: a 2-D t-SNE of the final model's features (the pooled backbone output the
+head reads), real test images of the learned classes against synthetic ones, coloured by class.
+
+The synthetic images are the run's own where it kept them: a synthetic-replay method's last task inverted a
+generator from the model before that task, and ``checkpoints/task<t>-static.pt`` keeps it with that model (the
+teacher, whose argmax labels the images, as in training). They cover the classes learned before the last task.
+A run without one (no inversion in the method, or a single task) gets a generator inverted from the final model
+with a short inversion (``inversion_steps``, the run's inversion settings otherwise), labelled by the final model;
+the plot's title says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dfcil.checkpoint import loads
+from dfcil.data.device import Normalizer, class_indices, to_device
+from dfcil.extras import require
+from dfcil.grid import sample_images
+from dfcil.io import write_atomic
+from dfcil.models.generator import build_generator
+from dfcil.models.network import IncrementalNet, build_network
+from dfcil.protocol import Protocol
+from dfcil.runtime import Runtime, resolve_device
+from dfcil.synthesis.inversion import InversionConfig, ModelInversion
+from dfcil.tools import FinishedRun
+
+
+@dataclasses.dataclass(frozen=True)
+class Synthetic:
+    x: Tensor  # (N, 3, H, W) normalised synthetic images
+    y: Tensor  # (N,) labels (order positions) given by the model that labelled them
+    source: str  # where they came from, for the plot's title
+
+
+def stored_generator(run: FinishedRun, device: torch.device) -> tuple[torch.nn.Module, IncrementalNet, str] | None:
+    """The last task's trained generator and teacher from its static checkpoint file, or None if it has none."""
+    sizes = list(run.model["head_sizes"])
+    path = run.dir / "checkpoints" / f"task{len(sizes) - 1}-static.pt"
+    if not path.exists():
+        return None
+    static = loads(path.read_bytes(), str(path))
+    parts = [v for v in static.values() if isinstance(v, dict) and {"generator", "teacher"} <= set(v)]
+    if not parts:
+        return None
+    teacher = build_network(run.model["backbone"], run.model["head"])
+    for n in sizes[:-1]:
+        teacher.expand(n)
+    teacher.load_state_dict(parts[0]["teacher"])
+    state = parts[0]["generator"]
+    generator = build_generator(run.description()["inputs"]["image_size"], zdim=state["fc.weight"].shape[1])
+    generator.load_state_dict(state)
+    return generator.to(device).eval(), teacher.to(device).eval(), f"the last task's generator ({path.name})"
+
+
+def fresh_generator(
+    run: FinishedRun, net: IncrementalNet, steps: int, seed: int, device: torch.device
+) -> tuple[torch.nn.Module, IncrementalNet, str]:
+    """A generator inverted from the final network ``net`` in ``steps`` Adam steps, with the run's inversion
+    settings where its method has them (the defaults otherwise)."""
+    cfg = dataclasses.replace(getattr(run.cfg.method, "inversion", None) or InversionConfig(), steps=steps)
+    cfg = dataclasses.replace(cfg, persistent=False)
+    teacher = net.frozen_copy()
+    rng = torch.Generator(device=device).manual_seed(seed)
+    size = run.description()["inputs"]["image_size"]
+    synth = ModelInversion(teacher, cfg, size, cfg.batch_size or run.cfg.train.batch_size, rng, Runtime(device=device))
+    synth.fit()
+    return synth.generator, teacher, f"a generator inverted from the final model ({steps} steps)"
+
+
+def synthetic_images(run: FinishedRun, net: IncrementalNet, n: int, steps: int, seed: int) -> Synthetic:
+    """``n`` synthetic images: from the run's stored generator, else from a freshly inverted one."""
+    device = next(net.parameters()).device
+    generator, teacher, source = stored_generator(run, device) or fresh_generator(run, net, steps, seed, device)
+    x = sample_images(generator, n, seed)
+    with torch.no_grad():
+        y = teacher(x).logits.argmax(dim=1)
+    return Synthetic(x, y, source)
+
+
+def real_images(protocol: Protocol, per_class: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The first ``per_class`` test images of every class of the protocol, normalised, and their labels."""
+    dataset, split = protocol.dataset, protocol.split
+    lut = split.label_map(dataset.num_classes)
+    idx = class_indices(dataset.test, lut, range(split.num_classes), per_class)
+    x, y = to_device(dataset.test, lut, idx, device)
+    return Normalizer(dataset.mean, dataset.std, device)(x), y
+
+
+@torch.no_grad()
+def features(net: IncrementalNet, x: Tensor, batch_size: int = 500) -> np.ndarray:
+    """(N, d) penultimate features (``NetOutput.features``) of normalised images ``x``."""
+    return torch.cat([net(x[i : i + batch_size]).features.float() for i in range(0, len(x), batch_size)]).cpu().numpy()
+
+
+def tsne_2d(points: np.ndarray, seed: int = 0) -> np.ndarray:
+    """(N, 2) t-SNE embedding of (N, d) points (scikit-learn; PCA initialisation, perplexity ≤ 30)."""
+    manifold = require("sklearn.manifold", "plot", "dfcil inspect --features", "scikit-learn")
+    from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
+
+    perplexity = float(min(30.0, max(2.0, (len(points) - 1) / 3)))
+    tsne = manifold.TSNE(2, perplexity=perplexity, init="pca", random_state=seed)
+    # a few hundred points: OpenMP threads cost more than they save (84 points on a busy 2-core CPU: 0.3 s on one
+    # thread, 20 s on two)
+    with threadpool_limits(1 if len(points) < 1000 else None):
+        return tsne.fit_transform(points)
+
+
+def class_colours(n: int) -> np.ndarray:
+    """(n, 4) RGBA colours for n classes: tab10/tab20 up to 20 classes, evenly spaced on turbo beyond."""
+    colormaps = require("matplotlib", "plot", "dfcil inspect --features").colormaps
+    if n <= 20:
+        cmap = colormaps["tab10" if n <= 10 else "tab20"]
+        return np.array([cmap(k) for k in range(n)])
+    return colormaps["turbo"](np.linspace(0.0, 1.0, n))
+
+
+def plot_embedding(
+    points: np.ndarray, labels: np.ndarray, synthetic: np.ndarray, names: Sequence[str], title: str
+) -> Any:
+    """A figure of 2-D ``points`` coloured by ``labels`` (order positions, named ``names``), circles for real
+    images and triangles for ``synthetic`` ones (a boolean mask)."""
+    require("matplotlib", "plot", "dfcil inspect --features")
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    colours = class_colours(len(names))
+    fig = Figure(figsize=(8.5, 6.5), layout="constrained")
+    ax = fig.add_subplot()
+    for mask, marker, size, edge in ((~synthetic, "o", 14, "none"), (synthetic, "^", 30, "black")):
+        ax.scatter(*points[mask].T, c=colours[labels[mask]], marker=marker, s=size, edgecolors=edge, linewidths=0.4)
+    handles = [Line2D([], [], ls="", marker="o", color="grey", label="real (test)")]
+    handles += [Line2D([], [], ls="", marker="^", color="grey", mec="black", label="synthetic")]
+    if len(names) <= 20:
+        handles += [Line2D([], [], ls="", marker="s", color=colours[k], label=name) for k, name in enumerate(names)]
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return fig
+
+
+def inspect_features(
+    run_dir: str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    data_root: str | None = None,
+    device: str | None = None,
+    per_class: int = 30,
+    synthetic: int = 200,
+    inversion_steps: int = 200,
+    seed: int = 0,
+) -> list[Path]:
+    """Write ``features_tsne.png`` and ``.pdf`` (default in ``<run>/inspect``): the t-SNE of the final model's
+    features of ``per_class`` real test images per class and ``synthetic`` synthetic images. Returns the paths."""
+    run = FinishedRun.open(run_dir, **{"data.root": data_root, "device": device})
+    protocol = run.protocol()
+    device_ = resolve_device(run.cfg.device)
+    net = run.network(device_)
+    x_real, y_real = real_images(protocol, per_class, device_)
+    syn = synthetic_images(run, net, synthetic, inversion_steps, seed)
+    points = tsne_2d(np.concatenate([features(net, x_real), features(net, syn.x)]), seed)
+    labels = torch.cat([y_real, syn.y]).cpu().numpy()
+    is_synthetic = np.arange(len(labels)) >= len(y_real)
+    split = protocol.split
+    names = run.description()["class_names"] or [f"class {c}" for c in split.class_order]
+    names = [f"{name} (task {t})" for name, t in zip(names, split.task_of_label(), strict=True)]
+    title = (
+        f"{run.cfg.method.name} on {protocol.dataset.name}: final model's features (t-SNE), {len(y_real)} real test "
+        f"images,\n{len(syn.y)} synthetic from {syn.source}"
+    )
+    fig = plot_embedding(points, labels, is_synthetic, names, title)
+    out = Path(out_dir) if out_dir is not None else run.dir / "inspect"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "features_tsne.png", out / "features_tsne.pdf"]
+    for path in paths:
+        buf = io.BytesIO()
+        fig.savefig(buf, format=path.suffix[1:], dpi=150)
+        write_atomic(path, buf.getvalue())
+    return paths

@@ -1,0 +1,245 @@
+"""Commands on a finished run directory: evaluate its final model (``dfcil eval``) and export it (``dfcil export``).
+
+Both read what the run saved (``config.yaml``, ``model.pt``, ``summary.json``); neither imports the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dfcil import __version__
+from dfcil.checkpoint import loads
+from dfcil.config import ConfigError, RunConfig, load_config, with_absolute_paths
+from dfcil.data.device import Normalizer
+from dfcil.data.splits import ClassIncrementalSplit
+from dfcil.extras import require
+from dfcil.io import write_atomic, write_json
+from dfcil.models.network import IncrementalNet
+from dfcil.progress import make_progress
+from dfcil.protocol import Protocol, TestSet, prepare
+from dfcil.registry import Registry
+from dfcil.runner import network_from
+from dfcil.runtime import Runtime, resolve_device
+
+CARD_FORMAT = 1  # the exported JSON's layout; raise it when a key changes
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishedRun:
+    """What a finished run directory holds: its config (with runtime overrides), ``model.pt``'s payload and
+    ``summary.json``."""
+
+    dir: Path
+    cfg: RunConfig
+    model: dict[str, Any]
+    summary: dict[str, Any] | None
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike, **overrides: Any) -> FinishedRun:
+        """Read ``run_dir``; ``overrides``: runtime keys (``data.root``, ``device``), None for the saved value."""
+        run_dir = Path(run_dir)
+        if not (run_dir / "config.yaml").exists():
+            raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
+        path = run_dir / "model.pt"
+        if not path.exists():
+            raise ConfigError(
+                f"{run_dir} has no model.pt: the final model is written when the run's last task ends; finish the "
+                f"run first (`dfcil resume {run_dir}`)"
+            )
+        given = [(key, json.dumps(value)) for key, value in overrides.items() if value is not None]
+        cfg = with_absolute_paths(load_config([run_dir / "config.yaml"], given)[0])
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        return cls(run_dir, cfg, loads(path.read_bytes(), str(path)), summary)
+
+    def network(self, device: torch.device) -> IncrementalNet:
+        """The final network on ``device``, in eval mode (channels-last if the run trained so)."""
+        net = network_from(self.model).to(device)
+        return net.to(memory_format=torch.channels_last) if self.cfg.engine.channels_last else net
+
+    def protocol(self) -> Protocol:
+        """The run's dataset and tasks, read from its data root; refused if the class order is not the run's."""
+        protocol = prepare(self.cfg, make_progress(False))
+        order = list(protocol.split.class_order)
+        saved = self.model.get("class_order") or (self.summary or {}).get("class_order")
+        if saved is not None and order != saved:
+            raise ConfigError(
+                f"the data under {self.cfg.data.root} gives the class order {order}, the run was trained on {saved}: "
+                f"point --data.root at the run's data"
+            )
+        return protocol
+
+    def description(self) -> dict[str, Any]:
+        """What the final model's inputs and outputs are: image size, normalisation, the class of each output and
+        its name (where the dataset names them). Runs saved before ``model.pt`` held it read the dataset."""
+        if "inputs" in self.model:
+            keys = ("inputs", "class_order", "task_sizes", "class_names")
+            return {k: self.model[k] for k in keys}
+        dataset, split = (p := self.protocol()).dataset, p.split
+        names = [dataset.classes[c] for c in split.class_order] if dataset.classes else []
+        inputs = {"image_size": dataset.image_size, "mean": list(dataset.mean), "std": list(dataset.std)}
+        return {"inputs": inputs, "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
+                "class_names": names}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------------ eval
+
+
+def selected_labels(
+    split: ClassIncrementalSplit,
+    names: Sequence[str],
+    classes: Sequence[str] | None = None,
+    tasks: Sequence[int] | None = None,
+) -> list[int]:
+    """The order positions (labels) to evaluate: every class of the protocol by default, the raw class ids or names
+    in ``classes`` (``names``: the dataset's class names by raw id), or the classes of ``tasks``.
+
+    Raises:
+        ConfigError: naming a class or task the run does not have.
+    """
+    order = list(split.class_order)
+    if tasks is not None:
+        bad = [t for t in tasks if not 0 <= t < split.num_tasks]
+        if bad:
+            raise ConfigError(f"task {bad[0]} is not a task of this run (it has tasks 0..{split.num_tasks - 1})")
+        return sorted({label for t in tasks for label in range(split.offsets[t], split.offsets[t + 1])})
+    if classes is None:
+        return list(range(len(order)))
+    labels = []
+    for token in classes:
+        raw = int(token) if str(token).lstrip("-").isdigit() else (names.index(token) if token in names else None)
+        if raw is None or raw not in order:
+            known = f"raw class ids {sorted(order)}" + (", or their names" if names else "")
+            raise ConfigError(f"class {token!r} is not one of this run's classes ({known})")
+        labels.append(order.index(raw))
+    return sorted(set(labels))
+
+
+@torch.no_grad()
+def predict(net: IncrementalNet, test: TestSet, batch_size: int, runtime: Runtime) -> Tensor:
+    """The network's class (order position) for every test image of the seen classes, in the engine's batches
+    (:meth:`TestSet.evaluate`), so that the engine's counts are reproduced exactly."""
+    n, preds = int(test.seen[-1]), []
+    with runtime.autocast():
+        for i in range(0, n, batch_size):
+            preds.append(net(test.normalizer(test.x[i : min(i + batch_size, n)])).logits.argmax(dim=1))
+    return torch.cat(preds)
+
+
+def _accuracy(hit: Tensor, mask: Tensor) -> dict[str, Any] | None:
+    count = int(mask.sum())
+    if count == 0:
+        return None
+    correct = int((hit & mask).sum())
+    return {"acc": round(100.0 * correct / count, 4), "correct": correct, "count": count}
+
+
+def accuracy_report(pred: Tensor, y: Tensor, task_of_label: Tensor, labels: Sequence[int]) -> dict[str, Any]:
+    """Top-1 accuracy (percent) on the test images whose label is in ``labels``: overall, on the old classes (tasks
+    before the last), on the new ones (the last task) and per task, each with its correct and total counts."""
+    chosen = torch.isin(y, torch.as_tensor(list(labels), device=y.device))
+    hit, task = pred == y, task_of_label[y]
+    last = int(task_of_label.max())
+    per_task = [dict(task=t, **a) for t in range(last + 1) if (a := _accuracy(hit, chosen & (task == t)))]
+    return {
+        **_accuracy(hit, chosen), "old": _accuracy(hit, chosen & (task < last)),
+        "new": _accuracy(hit, chosen & (task == last)), "tasks": per_task,
+    }  # fmt: skip
+
+
+def evaluate_run(
+    run_dir: str | os.PathLike,
+    data_root: str | None = None,
+    classes: Sequence[str] | None = None,
+    tasks: Sequence[int] | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate a finished run's final model on the test images of every class it learned (or of ``classes``, raw
+    ids or names, or of the classes of ``tasks``), with the run's test set, batches and precision: the default
+    reproduces the last row of the run's accuracy matrix."""
+    if classes is not None and tasks is not None:
+        raise ConfigError("give classes or tasks, not both")
+    run = FinishedRun.open(run_dir, **{"data.root": data_root, "device": device})
+    protocol, cfg = run.protocol(), run.cfg
+    labels = selected_labels(protocol.split, protocol.dataset.classes, classes, tasks)
+    device_ = resolve_device(cfg.device)
+    runtime = Runtime.from_config(cfg.engine, device_, make_progress(False), lambda: None)
+    normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device_, cfg.engine.channels_last)
+    test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device_)
+    pred = predict(run.network(device_), test, cfg.train.eval_batch_size, runtime)
+    order = protocol.split.class_order
+    report = accuracy_report(pred, test.y, test.task_of_label, labels)
+    return {"run": str(run.dir), "classes": [order[k] for k in labels], **report}
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The lines ``dfcil eval`` prints."""
+
+    def part(name: str, a: dict[str, Any] | None) -> str:
+        return f"{name:9s}{a['acc']:6.2f}%  ({a['correct']}/{a['count']})" if a else f"{name:9s}   n/a"
+
+    lines = [f"{report['run']}: {len(report['classes'])} classes, {report['count']} test images"]
+    lines += [part("accuracy", report), part("old", report["old"]), part("new", report["new"])]
+    lines += [part(f"task {a['task']}", a) for a in report["tasks"]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------- export
+
+
+def model_card(run: FinishedRun, weights: str) -> dict[str, Any]:
+    """The JSON beside exported weights: what builds the network and what its inputs and outputs mean."""
+    about, model = run.description(), run.model
+    return {
+        "format": CARD_FORMAT, "dfcil": __version__, "weights": weights, "method": run.cfg.method.name,
+        "dataset": run.cfg.data.name, "backbone": model["backbone"], "head": model["head"],
+        "head_sizes": list(model["head_sizes"]), "num_classes": sum(model["head_sizes"]), **about,
+        "input": "float (B, 3, image_size, image_size) RGB, normalised as (x / 255 - mean) / std",
+        "output": "logits (B, num_classes); output k is raw class class_order[k] (named class_names[k])",
+        "build": "net = dfcil.models.network.build_network(backbone, head); net.expand(n) for n in head_sizes; "
+        "net.load_state_dict(safetensors.torch.load_file(weights)); net(x).logits",
+        "last_acc": (run.summary or {}).get("last_acc"),
+    }  # fmt: skip
+
+
+def to_safetensors(run: FinishedRun, out: Path) -> None:
+    st = require("safetensors.torch", "export", "dfcil export --format safetensors", "safetensors")
+    tensors = {k: v.detach().clone().contiguous() for k, v in run.model["net"].items()}  # no shared storage
+    write_atomic(out, st.save(tensors, metadata={"dfcil": __version__, "backbone": run.model["backbone"]}))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportFormat:
+    suffix: str
+    write: Callable[[FinishedRun, Path], None]
+
+
+EXPORT_FORMATS: Registry[ExportFormat] = Registry("export format")
+EXPORT_FORMATS.register("safetensors")(ExportFormat(".safetensors", to_safetensors))
+
+
+def export_run(
+    run_dir: str | os.PathLike,
+    fmt: str = "safetensors",
+    out: str | os.PathLike | None = None,
+    data_root: str | None = None,
+) -> tuple[Path, Path]:
+    """Write the final network's weights in format ``fmt`` (default ``<run>/model.<fmt>``) and its model card
+    (:func:`model_card`) beside them, as ``.json``. Returns both paths."""
+    exporter = EXPORT_FORMATS.get(fmt)
+    run = FinishedRun.open(run_dir, **{"data.root": data_root})
+    out = Path(out) if out is not None else run.dir / f"model{exporter.suffix}"
+    card = out.with_suffix(".json")
+    if card == out:
+        raise ConfigError(f"--out {out}: the model card goes beside the weights as .json; give another suffix")
+    exporter.write(run, out)
+    write_json(card, model_card(run, out.name))
+    return out, card

@@ -1,0 +1,359 @@
+"""Around a run: the synthetic grids, the CSV and TensorBoard logs, and the commands on a finished run directory
+(eval, export, inspect). One smoke run, trained with every logger, is shared by the tests of this module."""
+
+import csv
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+from PIL import Image
+
+from conftest import CONFIGS
+from dfcil.callbacks import Callback
+from dfcil.cli import main
+from dfcil.config import ConfigError, load_config
+from dfcil.state import Position
+
+SMOKE = str(CONFIGS / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tools") / "run"
+    assert (
+        main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--log", "csv", "--log", "tensorboard"])
+        == 0
+    )
+    return out
+
+
+def _jsonl(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _number(text):
+    return None if text == "" else float(text)
+
+
+# ------------------------------------------------------------------------------------------ synthetic grids
+
+
+def test_each_inversion_leaves_a_grid_of_64_synthetic_images(finished):
+    with Image.open(finished / "synthetic_task1.png") as image:
+        assert image.format == "PNG" and image.mode == "RGB"
+        assert image.size == (8 * 32 + 9 * 2, 8 * 32 + 9 * 2)  # 8 × 8 tiles of 32 pixels, 2-pixel borders
+    assert not (finished / "synthetic_task0.png").exists()  # task 0 inverts nothing
+
+
+class _Final(Callback):
+    """The final weights of a run, kept at its end."""
+
+    def on_run_start(self, loop):
+        self.loop = loop
+
+    def on_run_end(self, summary):
+        self.weights = {k: v.clone() for k, v in self.loop.net.state_dict().items()}
+
+
+def test_the_grids_and_loggers_leave_the_results_unchanged(finished):
+    """The shared run (grids, CSV, TensorBoard) against the bare engine: same accuracy matrix, same weights."""
+    from dfcil.checkpoint import loads
+    from dfcil.engine import run
+
+    final = _Final()
+    bare = run(load_config([SMOKE])[0], [final], progress=False)
+    summary = json.loads((finished / "summary.json").read_text())
+    assert bare["correct_matrix"] == summary["correct_matrix"]
+    weights = loads((finished / "model.pt").read_bytes())["net"]
+    assert weights.keys() == final.weights.keys()
+    assert all(torch.equal(weights[k], final.weights[k]) for k in weights)
+
+
+def test_sampling_a_grid_touches_no_random_stream_and_keeps_the_generators_mode():
+    from dfcil.grid import grid_seed, sample_images, tile_images
+    from dfcil.models.generator import build_generator
+
+    generator = build_generator(32, zdim=8).train()
+    before = {k: v.clone() for k, v in generator.state_dict().items()}
+    rng = torch.get_rng_state()
+    a, b = sample_images(generator, 4, grid_seed(1, 1)), sample_images(generator, 4, grid_seed(1, 1))
+    assert torch.equal(a, b) and not torch.equal(a, sample_images(generator, 4, grid_seed(1, 2)))
+    assert generator.training and torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, generator.state_dict()[k]) for k, v in before.items())  # BN statistics untouched
+    assert 0 <= grid_seed(2**63 - 1, 100) < 2**63
+    picture = tile_images(torch.zeros(5, 3, 4, 3, dtype=torch.uint8).numpy(), per_row=2, pad=1)
+    assert picture.shape == (3 * 3 + 4, 2 * 4 + 3, 3)
+
+
+# ---------------------------------------------------------------------------------------------------- loggers
+
+
+def test_csv_rows_are_the_jsonl_records(finished):
+    records = _jsonl(finished)
+    epochs, tasks = [r for r in records if r["type"] == "epoch"], [r for r in records if r["type"] == "task"]
+    rows = _csv(finished / "metrics.csv")
+    assert [(int(r["task"]), r["phase"], int(r["epoch"])) for r in rows] == [
+        (r["task"], r["phase"], r["epoch"]) for r in epochs
+    ]
+    for row, record in zip(rows, epochs, strict=True):
+        assert float(row["lr"]) == record["lr"] and float(row["time_s"]) == record["time_s"]
+        terms = {k[5:]: float(v) for k, v in row.items() if k.startswith("loss_") and v != ""}
+        assert terms == record["loss"] and float(row["loss"]) == pytest.approx(sum(record["loss"].values()))
+    rows = _csv(finished / "tasks.csv")
+    assert len(rows) == len(tasks) == 2
+    for row, record in zip(rows, tasks, strict=True):
+        assert [_number(row[k]) for k in ("acc", "new_acc", "old_acc")] == [
+            record[k] for k in ("acc", "new_acc", "old_acc")
+        ]
+        assert [_number(row[f"acc_task{j}"]) for j in range(2)][: record["task"] + 1] == record["acc_row"]
+
+
+def _scalars(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in tags["scalars"]}, tags["images"]
+
+
+def test_tensorboard_holds_losses_lr_accuracies_and_the_grids(finished):
+    scalars, images = _scalars(finished)
+    assert {"loss/ce", "loss/lce", "loss/hkd", "loss/rkd", "loss/gce", "loss/total", "lr"} <= set(scalars)
+    assert {"accuracy/A_t", "accuracy/new", "accuracy/old", "accuracy/task0", "accuracy/task1"} <= set(scalars)
+    assert images == ["synthetic/task1"]
+    epochs = [r for r in _jsonl(finished) if r["type"] == "epoch"]
+    # task 0: setup 0, epochs 1-2, evaluation 3; task 1: setup 4, RRL 5-6, CHR 7, evaluation 8
+    assert [s for s, _ in scalars["lr"]] == [1, 2, 5, 6, 7]
+    assert [v for _, v in scalars["lr"]] == pytest.approx([r["lr"] for r in epochs])
+    tasks = [r for r in _jsonl(finished) if r["type"] == "task"]
+    assert scalars["accuracy/A_t"] == [(3, pytest.approx(tasks[0]["acc"])), (8, pytest.approx(tasks[1]["acc"]))]
+
+
+def test_the_step_axis_gives_each_checkpoint_position_a_step():
+    from dfcil.loggers import StepAxis
+
+    axis = StepAxis(((2,), (2, 1)))
+    assert [axis.setup(0), axis.epoch(0, 0, 0), axis.epoch(0, 0, 1), axis.evaluation(0)] == [0, 1, 2, 3]
+    assert [axis.setup(1), axis.epoch(1, 0, 0), axis.epoch(1, 1, 0), axis.evaluation(1)] == [4, 5, 7, 8]
+    assert axis.resume(Position(1, "setup")) == axis.resume(Position(1, "start")) == 4
+    assert axis.resume(Position(1, "train", 0, 1, 3)) == 6  # mid-epoch: that epoch is not logged yet
+    assert axis.resume(Position(1, "train", 1, 1)) == axis.evaluation(1)  # the end of the last phase
+    assert axis.resume(Position(2, "start")) == 9
+
+
+class _Crash(Callback):
+    """Fail the run (as a kill would) at the end of the ``n``-th epoch, after the loggers wrote it."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def on_epoch_end(self, record):
+        self.n -= 1
+        if self.n == 0:
+            raise RuntimeError("killed")
+
+
+def test_loggers_and_grids_survive_a_crash_and_resume_without_repeating_rows(finished, tmp_path):
+    """Killed after the first RRL epoch, whose records follow the last checkpoint (task 1's setup end): the resumed
+    run logs that epoch again, the CSV files hold it once, TensorBoard purges the first copy, and the grid that
+    was deleted meanwhile is drawn again from the restored generator."""
+    from dfcil.runner import train
+
+    cfg = load_config([SMOKE], [("log", "[csv, tensorboard]"), ("epoch_checkpoint_interval_s", "3600")])[0]
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="killed"):
+        train(cfg, out, progress=False, callbacks=[_Crash(3)])
+    assert len(_csv(out / "metrics.csv")) == 3
+    (out / "synthetic_task1.png").unlink()
+    assert main(["resume", str(out), "--no-progress", "--log", "csv", "--log", "tensorboard"]) == 0
+    summary, reference = (json.loads((run / "summary.json").read_text()) for run in (out, finished))
+    assert summary["resumed"] is True and summary["correct_matrix"] == reference["correct_matrix"]
+    assert (out / "synthetic_task1.png").read_bytes() == (finished / "synthetic_task1.png").read_bytes()
+    epochs = [r for r in _jsonl(out) if r["type"] == "epoch"]
+    assert [(int(r["task"]), r["phase"], int(r["epoch"])) for r in _csv(out / "metrics.csv")] == [
+        (r["task"], r["phase"], r["epoch"]) for r in epochs
+    ]
+    assert [int(r["task"]) for r in _csv(out / "tasks.csv")] == [0, 1]
+    scalars, _ = _scalars(out)
+    assert [s for s, _ in scalars["loss/total"]] == [1, 2, 5, 6, 7]
+    assert [v for _, v in scalars["loss/lce"]] == pytest.approx([r["loss"]["lce"] for r in epochs[2:4]])
+
+
+def test_unknown_loggers_and_missing_extras_are_refused_before_a_run_directory_exists(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["train", "--config", SMOKE, "--out", str(out), "--log", "csv,tensorbord"]) == 2
+    assert "unknown logger 'tensorbord'. Did you mean 'tensorboard'?" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    assert main(["train", "--config", SMOKE, "--out", str(out), "--log", "tensorboard"]) == 2
+    assert "pip install 'dfcil[tensorboard]'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------------------- eval
+
+
+def test_eval_reproduces_the_runs_last_accuracy_row(finished, capsys):
+    from dfcil.tools import evaluate_run
+
+    summary = json.loads((finished / "summary.json").read_text())
+    report = evaluate_run(finished)
+    assert [t["correct"] for t in report["tasks"]] == summary["correct_matrix"][-1]
+    assert [t["count"] for t in report["tasks"]] == summary["count_matrix"][-1]
+    assert report["acc"] == summary["last_acc"] and report["classes"] == summary["class_order"]
+    assert report["old"]["acc"] == summary["old_acc"][-1] and report["new"]["acc"] == summary["new_acc"][-1]
+    assert main(["eval", str(finished)]) == 0
+    assert f"accuracy {summary['last_acc']:6.2f}%" in capsys.readouterr().out
+
+
+def test_eval_of_chosen_classes_or_tasks(finished, capsys):
+    from dfcil.tools import evaluate_run
+
+    summary = json.loads((finished / "summary.json").read_text())
+    first = summary["tasks"][0]
+    by_task = evaluate_run(finished, tasks=[0])
+    assert by_task == evaluate_run(finished, classes=[str(c) for c in first])
+    assert by_task["correct"] == summary["correct_matrix"][-1][0] and by_task["new"] is None
+    assert main(["eval", str(finished), "--classes", f"{first[0]},{summary['tasks'][1][0]}", "--json"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["count"] == 32 and two["old"]["count"] == two["new"]["count"] == 16  # 16 test images per class
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--classes", "42"], "class '42' is not one of this run's classes"),
+        (["--tasks", "2"], "task 2 is not a task of this run (it has tasks 0..1)"),
+        (["--tasks", "a"], "--tasks 'a': give task numbers"),
+    ],
+)
+def test_eval_refuses_what_the_run_does_not_have(finished, capsys, args, message):
+    assert main(["eval", str(finished), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_commands_on_a_run_without_a_final_model_say_so(finished, tmp_path, capsys):
+    from dfcil.tools import evaluate_run
+
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(finished / "config.yaml", unfinished)
+    for command in (["eval"], ["export"], ["inspect", "--features"]):
+        assert main([*command, str(unfinished)]) == 2
+        assert "has no model.pt" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "is not a dfcil run directory" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="classes or tasks, not both"):
+        evaluate_run(finished, classes=["1"], tasks=[0])
+
+
+# ----------------------------------------------------------------------------------------------------- export
+
+
+def test_exported_safetensors_rebuild_the_final_network(finished, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from dfcil.models.network import build_network
+    from dfcil.runner import load_model
+
+    out = tmp_path / "export" / "net.safetensors"
+    out.parent.mkdir()
+    assert main(["export", str(finished), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.split() == [str(out), str(out.with_suffix(".json"))]
+    card = json.loads(out.with_suffix(".json").read_text())
+    summary = json.loads((finished / "summary.json").read_text())
+    assert card["class_order"] == summary["class_order"] and card["num_classes"] == 10
+    assert card["inputs"] == {"image_size": 32, "mean": [0.5] * 3, "std": [0.25] * 3}
+    net = build_network(card["backbone"], card["head"])
+    for n in card["head_sizes"]:
+        net.expand(n)
+    net.load_state_dict(load_file(out))  # strict: every tensor, nothing else
+    x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(net.eval()(x).logits, load_model(finished / "model.pt")(x).logits)
+    assert main(["export", str(finished), "--format", "onnx"]) == 2
+    assert "unknown export format 'onnx'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------- inspect
+
+
+def test_inspect_plots_the_features_of_real_and_stored_synthetic_images(finished, tmp_path, capsys):
+    out = tmp_path / "plots"
+    args = ["inspect", str(finished), "--features", "--out", str(out), "--per-class", "6", "--synthetic", "24"]
+    assert main(args) == 0
+    png, pdf = (out / "features_tsne.png"), (out / "features_tsne.pdf")
+    assert capsys.readouterr().out.split() == [str(png), str(pdf)]
+    assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 1000
+    with Image.open(png) as image:
+        assert image.format == "PNG" and min(image.size) > 300
+    assert main(["inspect", str(finished)]) == 2
+    assert "choose what to inspect (--features)" in capsys.readouterr().err
+
+
+def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path):
+    from dfcil.features import inspect_features, synthetic_images
+    from dfcil.tools import FinishedRun
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir, ignore=shutil.ignore_patterns("tensorboard", "inspect"))
+    (run_dir / "checkpoints" / "task1-static.pt").unlink()
+    run = FinishedRun.open(run_dir)
+    synthetic = synthetic_images(run, run.network(torch.device("cpu")), 8, steps=2, seed=0)
+    assert synthetic.x.shape == (8, 3, 32, 32) and "inverted from the final model (2 steps)" in synthetic.source
+    assert int(synthetic.y.max()) < 10
+    paths = inspect_features(run_dir, per_class=4, synthetic=8, inversion_steps=2)
+    assert [p.relative_to(run_dir).as_posix() for p in paths] == [
+        "inspect/features_tsne.png",
+        "inspect/features_tsne.pdf",
+    ]
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
+# ------------------------------------------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.gpu
+def test_on_cuda_with_graphs_the_grids_logs_and_commands_work(tmp_path):
+    """A graphed, channels-last CUDA run with every logger: the grid and the logs are written, eval reproduces the
+    run's last row, the export gives the same logits, inspect plots with the stored and with a fresh generator.
+    (Written for a GPU machine; not yet run on one.)"""
+    from safetensors.torch import load_file
+
+    from dfcil.features import fresh_generator, inspect_features
+    from dfcil.models.network import build_network
+    from dfcil.tools import FinishedRun, evaluate_run
+
+    out = tmp_path / "run"
+    engine = ["--device", "cuda", "--engine.cuda_graphs", "on", "--engine.channels_last", "true"]
+    assert (
+        main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--log", "csv,tensorboard", *engine]) == 0
+    )
+    with Image.open(out / "synthetic_task1.png") as image:
+        assert image.size == (274, 274)
+    assert _scalars(out)[1] == ["synthetic/task1"] and len(_csv(out / "metrics.csv")) == 5
+    summary = json.loads((out / "summary.json").read_text())
+    report = evaluate_run(out)  # CUDA's kernels may pick other algorithms in another process: within an image
+    assert [t["correct"] for t in report["tasks"]] == pytest.approx(summary["correct_matrix"][-1], abs=1)
+    assert main(["export", str(out)]) == 0
+    run = FinishedRun.open(out)
+    card = json.loads((out / "model.json").read_text())
+    net = build_network(card["backbone"], card["head"])
+    for n in card["head_sizes"]:
+        net.expand(n)
+    net.load_state_dict(load_file(out / "model.safetensors"))
+    x = torch.randn(6, 3, 32, 32, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    with torch.no_grad():
+        reference = run.network(torch.device("cuda"))(x).logits
+        assert torch.allclose(net.cuda().eval()(x).logits, reference, atol=1e-4)
+    paths = inspect_features(out, per_class=6, synthetic=24)
+    assert all(p.stat().st_size > 0 for p in paths)
+    generator, _, source = fresh_generator(run, run.network(torch.device("cuda")), 3, 0, torch.device("cuda"))
+    assert next(generator.parameters()).is_cuda and "3 steps" in source
