@@ -453,6 +453,7 @@ def run_slurm(sweep: Sweep, todo: list[SweepRun], options: dict[str, Any], wait:
                 sweep.say(run, f"job {run.job_id} is {state.lower()}; not submitted again")
                 continue
         submit.append(run)
+    resumed = {r.name: run_status(sweep.out / r.name) == "unfinished" for r in submit}
     fns = [SweepJob(r.argv(sweep.out / r.name)) for r in submit]
     if options.get("array", True):
         jobs = executor.submit_array(fns) if fns else []
@@ -468,13 +469,12 @@ def run_slurm(sweep: Sweep, todo: list[SweepRun], options: dict[str, Any], wait:
         return True
     for run, job in zip(submit, jobs, strict=True):
         t0 = time.time()
-        resumed = run_status(sweep.out / run.name) == "unfinished"
         try:
             job.result()
-            sweep.finished(run, True, time.time() - t0, None, resumed)
+            sweep.finished(run, True, time.time() - t0, None, resumed[run.name])
         except Exception as err:  # noqa: BLE001 (a failed job is reported, the others go on)
             run.attempts = MAX_ATTEMPTS
-            sweep.finished(run, False, time.time() - t0, str(err).strip().splitlines()[-1][:300], resumed)
+            sweep.finished(run, False, time.time() - t0, str(err).strip().splitlines()[-1][:300], resumed[run.name])
     return True
 
 
