@@ -133,3 +133,40 @@ def test_slurm_launcher_through_submitits_local_executor(tmp_path, capsys):
     assert record["state"] == "done" and record["job_id"] and record["result"]["last_acc"] is not None
     assert (out / "smoke" / "summary.json").exists() and list((out / "slurm").iterdir())
     assert f"submitted as job {record['job_id']}" in capsys.readouterr().out
+
+
+def test_runs_go_to_cards_with_room_and_to_the_devices_this_process_sees(monkeypatch):
+    from dfcil.sweep import placement, visible_device
+
+    assert placement([(0, 80.0), (1, 0.5)], 3.0, 7) == [0] * 6 + [0]  # six fit on card 0, none on the full one
+    assert placement([(0, 9.0), (1, 9.0)], 3.0, 4) == [0, 1, 0, 1]
+    assert placement([(0, 3.0), (1, 3.0)], 3.0, 4) == [0, 1, 0, 1]  # an explicit --jobs beyond capacity
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert [visible_device(i) for i in (0, 1)] == ["2", "3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_device(1) == "1"
+
+
+def test_sweep_refuses_bad_out_dirs_reserved_names_and_unknown_loggers(tmp_path, capsys):
+    base = ["sweep", "--config", "configs/smoke.yaml"]
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("x")
+    for out, why in (("file", "is a file"), ("other", "other things than this sweep"), ("run", "is a run directory")):
+        assert main([*base, "--out", str(tmp_path / out)]) == 2
+        assert why in capsys.readouterr().err
+    assert main([*base, "--log", "cvs", "--out", str(tmp_path / "new")]) == 2
+    assert "unknown logger 'cvs'" in capsys.readouterr().err
+    (tmp_path / "logs.yaml").write_text(Path("configs/smoke.yaml").read_text())
+    assert main(["sweep", "--config", str(tmp_path / "logs.yaml"), "--out", str(tmp_path / "new")]) == 2
+    assert "the sweep's own folder" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+def test_log_names_reach_each_run_as_dfcil_train_takes_them():
+    runs = plan([["configs/smoke.yaml"]], [], [("log", '["csv", "tensorboard"]')])
+    argv = runs[0].argv(Path("x"))
+    assert argv[argv.index("--log") + 1] == "csv,tensorboard"
+    assert "--log" not in plan([["configs/smoke.yaml"]])[0].argv(Path("x"))

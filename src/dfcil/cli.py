@@ -120,6 +120,7 @@ def _add_sweep_parser(sub) -> None:
         "--jobs", type=int, metavar="K", help="runs at once (default: 1 on the CPU, else from GPU memory)"
     )
     sweep.add_argument("--device", help="auto, cpu, cuda (as --device in the config), for every run")
+    sweep.add_argument("--log", action="append", metavar="NAME", help="logs for every run, as dfcil train's --log")
     sweep.add_argument("--dry-run", action="store_true", help="print the runs and their states, run nothing")
     sweep.add_argument("--launcher", choices=("local", "slurm"), default="local", help="processes here, or SLURM")
     sweep.add_argument("--no-wait", dest="wait", action="store_false", help="slurm: submit and return")
@@ -137,6 +138,8 @@ def _sweep(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Seq
 
     if args.device:
         overrides.append(("device", args.device))
+    if args.log is not None:
+        overrides.append(("log", json.dumps(_log_names(args.log))))
     slurm = {key: getattr(args, f"slurm_{key}") for key in (*SLURM_OPTIONS, "array", "cluster")}
     groups = [part.split("+") for part in args.config]
     return sweep(

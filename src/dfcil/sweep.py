@@ -34,6 +34,7 @@ from dfcil.io import write_json
 log = logging.getLogger("dfcil")
 
 FORMAT = 1
+RESERVED = frozenset({"logs", "slurm"})  # the sweep's own folders
 PATH_KEYS = frozenset({"data.root", "data.cache", "task0_cache"})
 MAX_ATTEMPTS = 2  # a failing run is retried once per invocation of the sweep
 GPU_RUN_GIB = {64: 3.0}  # a run's GPU memory, estimated from its image size: small images, else LARGE_RUN_GIB
@@ -66,6 +67,10 @@ class SweepRun:
         for key, value in self.overrides:
             if key in PATH_KEYS and value.lower() not in ("null", "none", "~", ""):
                 value = os.path.abspath(os.path.expanduser(value))
+            if key == "log":  # dfcil train's own option takes names, not a YAML list
+                value = ",".join(self.config.get("log") or []) or "[]"
+                if value == "[]":
+                    continue
             args += [f"--{key}", value]
         return [*args, "--out", os.path.abspath(run_dir), "--no-progress"]
 
@@ -158,11 +163,18 @@ def plan(
                 shown = " ".join(f"{k}={v}" for k, v in assigned)
                 raise ConfigError(f"{'+'.join(files)}{' with ' + shown if shown else ''}: {err}") from None
             cfg = with_absolute_paths(cfg)
+            if cfg.log:
+                from dfcil.loggers import LOGGERS
+
+                for logger in cfg.log:
+                    LOGGERS.get(logger)  # an unknown logger fails here, not in every run
             chosen = dict(assigned)
             parts = ([label] if len(config_groups) > 1 else []) + [
                 _slug(f"{s}={chosen[k]}") for s, (k, _) in zip(short, varying, strict=True)
             ]
             name = "-".join(parts) or label
+            if name in RESERVED:
+                raise ConfigError(f"a run would be named {name!r}, as the sweep's own folder: rename its config")
             if name in names:
                 raise ConfigError(
                     f"two runs of the sweep would both be named {name!r}: give distinct configs or values"
@@ -237,10 +249,44 @@ def default_jobs(runs: Sequence[SweepRun], gpus: Sequence[tuple[int, float]]) ->
     if not gpus or not any(_uses_gpu(r) for r in runs):
         return 1, "one run at a time on the CPU (--jobs K to change; each run then gets cores/K threads)"
     need = max(run_gib(r.image_size) for r in runs)
-    per_gpu = [max(1, min(MAX_RUNS_PER_GPU, int(free // need))) for _, free in gpus]
-    jobs = max(1, min(len(runs), sum(per_gpu)))
+    jobs = max(1, min(len(runs), sum(_capacity(gpus, need))))
     each = ", ".join(f"GPU {i}: {free:.0f} GiB free" for i, free in gpus)
     return jobs, f"{jobs} at once ({each}; about {need:g} GiB per run, at most {MAX_RUNS_PER_GPU} per GPU)"
+
+
+def _capacity(gpus: Sequence[tuple[int, float]], need: float) -> list[int]:
+    """Runs of ``need`` GiB that fit on each card (at most ``MAX_RUNS_PER_GPU``)."""
+    return [min(MAX_RUNS_PER_GPU, int(free // need)) for _, free in gpus]
+
+
+def placement(gpus: Sequence[tuple[int, float]], need: float, jobs: int) -> list[int]:
+    """The card (index among the visible ones) of each of ``jobs`` slots: cards filled in turn up to their
+    capacity, so that a nearly full card gets no run while another has room; beyond every card's capacity (an
+    explicit ``--jobs``), round-robin over all of them."""
+    left = _capacity(gpus, need)
+    slots: list[int] = []
+    while len(slots) < jobs and any(left):
+        for k, (i, _) in enumerate(gpus):
+            if left[k] and len(slots) < jobs:
+                slots.append(i)
+                left[k] -= 1
+    while len(slots) < jobs:
+        slots.append(gpus[len(slots) % len(gpus)][0])
+    return slots
+
+
+def visible_device(index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of the ``index``-th GPU this process sees (its own list, if it has one:
+    indices count within it)."""
+    mine = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return mine[index] if index < len(mine) else str(index)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may use (taskset, SLURM, containers)
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _uses_gpu(run: SweepRun) -> bool:
@@ -324,7 +370,7 @@ def _tail(path: Path, n: int = 1) -> str:
 
 
 def run_local(sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int]) -> bool:
-    """Run ``todo`` as child processes, ``jobs`` at once, GPU runs placed round-robin on ``gpus``.
+    """Run ``todo`` as child processes, ``jobs`` at once; slot k's GPU runs go to visible GPU ``gpus[k]``.
 
     Returns False if the sweep was interrupted (Ctrl-C or SIGTERM: every running child checkpoints and stops).
     """
@@ -336,15 +382,18 @@ def run_local(sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int]
     stop = {"requested": False}
 
     def handler(signum, frame):
-        if stop["requested"]:
-            raise KeyboardInterrupt
+        if stop["requested"]:  # a second signal: the runs stop at once (their last checkpoints stay)
+            for p in running:
+                p.kill()
+            print("dfcil sweep: stopping the runs now, without a new checkpoint", flush=True)
+            return
         stop["requested"] = True
         print(f"dfcil sweep: {signal.Signals(signum).name}: the running runs checkpoint and stop", flush=True)
         for p in running:
             p.send_signal(signal.SIGTERM)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = max(1, usable_cores() // jobs)
     free_slots = list(slots)
     try:
         while (queue and not stop["requested"]) or running:
@@ -357,14 +406,15 @@ def run_local(sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int]
                     env["OMP_NUM_THREADS"] = str(threads)
                     where = f"CPU, {threads} threads"
                 if gpus and _uses_gpu(run):
-                    env["CUDA_VISIBLE_DEVICES"] = str(gpus[slot % len(gpus)])
-                    where = f"GPU {gpus[slot % len(gpus)]}"
+                    env["CUDA_VISIBLE_DEVICES"] = visible_device(gpus[slot])
+                    where = f"GPU {env['CUDA_VISIBLE_DEVICES']}"
                 resumed = run_status(sweep.out / run.name) == "unfinished"
                 log_file = open(logs / f"{run.name}.log", "a")  # noqa: SIM115 (closed when the child ends)
                 log_file.write(f"--- attempt {run.attempts}: dfcil {' '.join(run.argv(sweep.out / run.name))}\n")
                 log_file.flush()
                 cmd = [sys.executable, "-m", "dfcil", *run.argv(sweep.out / run.name)]
-                p = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+                # a session of its own: a terminal's Ctrl-C reaches the sweep only, which stops each run once
+                p = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
                 running[p] = (run, time.time(), resumed, (slot, log_file))
                 run.state = "running"
                 sweep.say(run, f"{'resuming' if resumed else 'start'} (attempt {run.attempts}, {where})")
@@ -375,9 +425,9 @@ def run_local(sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int]
                 log_file.close()
                 free_slots.append(slot)
                 ok = p.returncode == 0 and (sweep.out / run.name / "summary.json").exists()
-                if p.returncode == 130:
+                if p.returncode in (130, -signal.SIGKILL) and stop["requested"]:
                     run.state, run.time_s = "interrupted", round((run.time_s or 0) + time.time() - t0, 1)
-                    sweep.say(run, "interrupted; checkpoint written (run the sweep again to resume)")
+                    sweep.say(run, "interrupted (run the sweep again to resume it from its newest checkpoint)")
                     sweep.save()
                     continue
                 error = None if ok else f"exit {p.returncode}: {_tail(logs / f'{run.name}.log')}"
@@ -445,12 +495,14 @@ def run_slurm(sweep: Sweep, todo: list[SweepRun], options: dict[str, Any], wait:
     executor.update_parameters(name="dfcil-sweep", **params)
     active = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED"}
     submit = []
+    queued = []  # (run, job) of runs whose job from an earlier invocation is still queued or running
     for run in todo:
         if run.job_id and cluster != "local":
-            state = submitit.SlurmJob(folder=folder / "%j", job_id=run.job_id).state
-            if state.split()[0] in active:
+            job = submitit.SlurmJob(folder=folder / "%j", job_id=run.job_id)
+            if job.state.split()[0] in active:
                 run.state = "submitted"
-                sweep.say(run, f"job {run.job_id} is {state.lower()}; not submitted again")
+                sweep.say(run, f"job {run.job_id} is {job.state.lower()}; not submitted again")
+                queued.append((run, job))
                 continue
         submit.append(run)
     resumed = {r.name: run_status(sweep.out / r.name) == "unfinished" for r in submit}
@@ -467,7 +519,8 @@ def run_slurm(sweep: Sweep, todo: list[SweepRun], options: dict[str, Any], wait:
     if not wait:
         print(f"dfcil sweep: {len(jobs)} jobs submitted; run the same command again to see their states", flush=True)
         return True
-    for run, job in zip(submit, jobs, strict=True):
+    resumed |= {run.name: True for run, _ in queued}
+    for run, job in [*queued, *zip(submit, jobs, strict=True)]:
         t0 = time.time()
         try:
             job.result()
@@ -506,6 +559,7 @@ def sweep(
         return 0
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs {jobs}: give at least 1")
+    check_sweep_dir(out, [r.name for r in runs])
     out.mkdir(parents=True, exist_ok=True)
     s = Sweep(out, runs, command, launcher)
     todo = []
@@ -526,7 +580,9 @@ def sweep(
         if jobs is None:
             jobs = chosen
             print(f"dfcil sweep: jobs: {why}", flush=True)
-        ok = run_local(s, todo, min(jobs, len(todo)), [i for i, _ in visible])
+        jobs = min(jobs, len(todo))
+        need = max(run_gib(r.image_size) for r in todo)
+        ok = run_local(s, todo, jobs, placement(visible, need, jobs) if visible else [])
     s.save()
     print(s.table(), flush=True)
     if not ok:
@@ -536,4 +592,24 @@ def sweep(
     if failed:
         print(f"dfcil sweep: {len(failed)} runs failed: see {out / 'logs'} and sweep.json", flush=True)
         return 1
+    waiting = [r.name for r in runs if r.state not in ("done", "resumed", "skipped")]
+    if waiting:
+        print(f"dfcil sweep: {len(waiting)} runs not finished yet ({', '.join(waiting[:3])}, ...)", flush=True)
+        return 3
     return 0
+
+
+def check_sweep_dir(out: Path, names: Sequence[str]) -> None:
+    """Refuse an ``--out`` that is a file, a run directory, or a folder holding anything but this sweep's runs."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a directory for the sweep")
+    if (out / "config.yaml").exists():
+        raise ConfigError(f"--out {out} is a run directory; give a new directory (or an earlier sweep's) instead")
+    if out.is_dir() and not (out / "sweep.json").exists():
+        ours = {*names, *RESERVED}
+        others = sorted(p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith("."))
+        if others:
+            raise ConfigError(
+                f"--out {out} holds no sweep.json and other things than this sweep's runs ({', '.join(others[:3])}): "
+                f"choose a new directory for the sweep"
+            )

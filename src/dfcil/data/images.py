@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
 
 from dfcil.data.archive import DatasetError
 from dfcil.io import fsync_dir, write_atomic
@@ -429,7 +430,17 @@ def load_or_prepare(
                 f"cannot write the decoded-image cache in {path.parent} ({err.strerror or err}); set data.cache (or "
                 f"$DFCIL_CACHE) to a writable directory"
             ) from None
-        if path.exists():  # a directory without a manifest is not a cache: an interrupted rename cannot leave one
-            raise DatasetError(f"{path} exists but holds no manifest.json; delete it to prepare the cache again")
-        prepare_cache(path, list_splits(), transform, identity, workers, progress)
+        # one process prepares a cache at a time (runs of a sweep may start together): the others wait, then read it
+        lock = path.parent / f".{path.name}.lock"
+        try:
+            with FileLock(lock):
+                if not (path / "manifest.json").exists():
+                    if path.exists():  # a directory without a manifest is not a cache: a rename cannot leave one
+                        raise DatasetError(
+                            f"{path} exists but holds no manifest.json; delete it to prepare the cache again"
+                        )
+                    prepare_cache(path, list_splits(), transform, identity, workers, progress)
+        except BaseException:
+            lock.unlink(missing_ok=True)  # a failed preparation leaves nothing behind, its lock file included
+            raise
     return load_cache(path, identity)
