@@ -54,6 +54,7 @@ from dfcil.graphs import StepGraph
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.batchnorm import BNStats
 from dfcil.models.network import build_network
+from dfcil.optim import fill_momentum
 from dfcil.runtime import Runtime
 from dfcil.synthesis.regularizers import bn_kl, content_loss, diversity_loss, smoothness_prior
 
@@ -188,6 +189,9 @@ def steps_for(
             else:
                 net.train()
                 net.requires_grad_(True)
+            # as the engine at a phase's start: the phases share one optimiser, and a parameter that an earlier
+            # phase left without a momentum buffer (task 0 trains no projector) would stop the fused SGD kernel
+            fill_momentum(optimizer)
             graph(phase.name, batch.x, batch.y)
 
         return step

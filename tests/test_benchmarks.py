@@ -51,3 +51,18 @@ def test_gpu_check_script_parses_and_refuses_an_unknown_stage():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     done = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True)
     assert done.returncode == 2 and "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests" in done.stderr
+
+
+def test_speed_steps_share_a_fused_optimiser_across_phases():
+    """task0 trains no projector; the RRL step after it must still run with a fused SGD (the crash of
+    ``speed.py --profile`` with task0 among the phases: "expected Tensor as element ... but got NoneType")."""
+    import torch
+
+    speed = _load("speed")
+    method, net, ctx, optimizer, batch = speed.build(torch.device("cpu"), 8, 4, 4, "teacher", "fp32", False)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    fused = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4, fused=True)  # as on CUDA
+    steps = speed.steps_for((method, net, ctx, fused, batch), hooks=False)
+    for phase in ("task0", "rrl", "chr", "task0"):
+        steps[phase]()
+    assert all(fused.state[p].get("momentum_buffer") is not None for p in params)
