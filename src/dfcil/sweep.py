@@ -57,6 +57,7 @@ class SweepRun:
     time_s: float | None = None
     error: str | None = None
     job_id: str | None = None
+    result: dict[str, Any] | None = None  # from its summary.json, read once when the run is found or ends finished
 
     def argv(self, run_dir: Path) -> list[str]:
         """``dfcil train`` arguments that start (or, on an existing run directory, resume) this run; paths are
@@ -74,15 +75,17 @@ class SweepRun:
             args += [f"--{key}", value]
         return [*args, "--out", os.path.abspath(run_dir), "--no-progress"]
 
-    def record(self, out: Path) -> dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["dir"] = self.name
         d["overrides"] = [list(o) for o in self.overrides]
-        summary = out / self.name / "summary.json"
-        if summary.exists():
-            s = json.loads(summary.read_text())
-            d["result"] = {k: s.get(k) for k in ("last_acc", "avg_inc_acc", "forgetting", "total_time_s")}
+        if self.result is None:
+            del d["result"]
         return d
+
+    def read_result(self, out: Path) -> None:
+        s = json.loads((out / self.name / "summary.json").read_text())
+        self.result = {k: s.get(k) for k in ("last_acc", "avg_inc_acc", "forgetting", "total_time_s")}
 
 
 # ------------------------------------------------------------------------------------------------------ planning
@@ -322,7 +325,7 @@ class Sweep:
                 "format": FORMAT,
                 "command": self.command,
                 "launcher": self.launcher,
-                "runs": [r.record(self.out) for r in self.runs],
+                "runs": [r.record() for r in self.runs],
             },
         )
 
@@ -334,8 +337,8 @@ class Sweep:
         run.time_s = round((run.time_s or 0) + seconds, 1)
         if ok:
             run.state, run.error = ("resumed" if resumed else "done"), None
-            s = json.loads((self.out / run.name / "summary.json").read_text())
-            self.say(run, f"{run.state} in {seconds:.0f} s, A_N {s['last_acc']:.2f}")
+            run.read_result(self.out)
+            self.say(run, f"{run.state} in {seconds:.0f} s, A_N {run.result['last_acc']:.2f}")
         else:
             run.error = error
             retry = run.attempts < MAX_ATTEMPTS
@@ -346,8 +349,7 @@ class Sweep:
     def table(self) -> str:
         lines = ["| run | state | attempts | time (s) | A_N |", "|---|---|---:|---:|---:|"]
         for r in self.runs:
-            summary = self.out / r.name / "summary.json"
-            acc = f"{json.loads(summary.read_text())['last_acc']:.2f}" if summary.exists() else "—"
+            acc = f"{r.result['last_acc']:.2f}" if r.result else "—"
             t = f"{r.time_s:.0f}" if r.time_s is not None else "—"
             lines.append(f"| {r.name} | {r.state} | {r.attempts} | {t} | {acc} |")
         counts: dict[str, int] = {}
@@ -566,6 +568,7 @@ def sweep(
     for r in runs:
         if status[r.name] == "done":
             r.state = "skipped"
+            r.read_result(out)
         else:
             todo.append(r)
     skipped = len(runs) - len(todo)
