@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from dfcil.models.resnet_cifar import memory_format_of
 from dfcil.registry import Registry
 
 GENERATORS: Registry = Registry("generator")
@@ -44,6 +45,9 @@ class Generator(nn.Module):
 
     def forward(self, z: Tensor) -> Tensor:
         x = self.fc(z).view(z.shape[0], self.init_channels, self.init_size, self.init_size)
+        # in the convolutions' memory format (NHWC when the generator was moved to channels_last): one copy here
+        # instead of a conversion in each direction inside the next convolution
+        x = x.contiguous(memory_format=memory_format_of(self.out[0].weight))
         return self.out(self.body(self.bn_0(x)))
 
 

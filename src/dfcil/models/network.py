@@ -6,12 +6,34 @@ import copy
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from dfcil.models import resnet  # noqa: F401 - registers the ImageNet ResNet-18
 from dfcil.models.batchnorm import BNMode
 from dfcil.models.heads import HEADS
-from dfcil.models.resnet_cifar import BACKBONES
+from dfcil.models.resnet_cifar import BACKBONES, memory_format_of
+
+
+class _SpatialMean(torch.autograd.Function):
+    """``x.mean(dim=(2, 3))`` whose gradient keeps ``x``'s memory format: autograd's expands into an NCHW tensor,
+    which an NHWC network would convert back in every layer of its backward. The gradient's values are the same
+    (each is grad / (H·W))."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # noqa: ANN001
+        ctx.shape, ctx.fmt = x.shape, memory_format_of(x)
+        return x.mean(dim=(2, 3))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # noqa: ANN001
+        n = ctx.shape[2] * ctx.shape[3]
+        return (grad / n)[:, :, None, None].expand(ctx.shape).contiguous(memory_format=ctx.fmt)
+
+
+def spatial_mean(x: Tensor) -> Tensor:
+    """Global average pooling, (B, C, H, W) → (B, C)."""
+    return _SpatialMean.apply(x)
 
 
 class NetOutput(NamedTuple):
@@ -39,7 +61,7 @@ class IncrementalNet(nn.Module):
 
     def forward(self, x: Tensor, bn: BNMode | None = None) -> NetOutput:
         fmap, stages = self.backbone(x, bn)
-        features = fmap.mean(dim=(2, 3))
+        features = spatial_mean(fmap)
         return NetOutput(self.head(features), features, stages)
 
     def reset_parameters(self) -> None:

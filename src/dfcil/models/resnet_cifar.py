@@ -19,6 +19,38 @@ from dfcil.registry import Registry
 BACKBONES: Registry = Registry("backbone", builtins="dfcil.models.network")  # which imports every backbone
 
 
+def memory_format_of(x: Tensor) -> torch.memory_format:
+    """``channels_last`` for an NHWC-contiguous 4-d tensor, else ``contiguous_format``."""
+    nhwc = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return torch.channels_last if nhwc else torch.contiguous_format
+
+
+class _ShortcutA(torch.autograd.Function):
+    """``cat((x[..., ::2, ::2], 0), dim=1)``: option A's subsampled, zero-padded shortcut, forward and backward in
+    ``x``'s memory format. Autograd's slice and cat would hand back an NCHW gradient (a fresh zero tensor) to an NHWC
+    network, and every layer before it would then convert formats (cuDNN's ``convertTensor``) in the backward. Both
+    directions only copy values, so the result is the same bit for bit."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # noqa: ANN001
+        ctx.shape, ctx.fmt = x.shape, memory_format_of(x)
+        n, c, h, w = x.shape
+        out = x.new_zeros((n, 2 * c, (h + 1) // 2, (w + 1) // 2)).contiguous(memory_format=ctx.fmt)
+        out[:, :c] = x[..., ::2, ::2]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # noqa: ANN001
+        gx = grad.new_zeros(ctx.shape).contiguous(memory_format=ctx.fmt)
+        gx[..., ::2, ::2] = grad[:, : ctx.shape[1]]
+        return gx
+
+
+def shortcut_a(x: Tensor) -> Tensor:
+    """Option A shortcut of a widening block: subsample by 2, then as many zero channels as ``x`` has."""
+    return _ShortcutA.apply(x)
+
+
 class BasicBlock(nn.Module):
     def __init__(self, in_planes: int, increase_dim: bool = False) -> None:
         super().__init__()
@@ -33,8 +65,7 @@ class BasicBlock(nn.Module):
         y = F.relu(self.bn_a(self.conv_a(x), bn))
         y = self.bn_b(self.conv_b(y), bn)
         if self.increase_dim:  # option A: subsample, then pad the new channels with zeros
-            x = x[..., ::2, ::2]
-            x = torch.cat((x, torch.zeros_like(x)), dim=1)
+            x = shortcut_a(x)
         return x + y  # no ReLU after the addition (last_relu=False)
 
 
