@@ -9,6 +9,13 @@
 #                                        #   a timeout stops it with a checkpoint
 #   bash benchmarks/gpu_check.sh resume  # continues that run (RESUME_TIMEOUT) and prints its summary
 #   bash benchmarks/gpu_check.sh tests   # the CUDA tests; SPEED=all|compile|compile-step adds step A/Bs first
+#   bash benchmarks/gpu_check.sh round2  # the static head and engine.compile: step, ROUND2_BUDGET seconds (570):
+#                                        #   (1) the 5-task CIFAR-100 R-DFCIL schedule at full size on generated
+#                                        #   images (timing only; FULL_BUDGET s, then extrapolated by
+#                                        #   benchmarks/full_time.py), (2) the step A/B graphs vs graphs + compiled
+#                                        #   steps with eager kernel profiles (memory-format conversions counted),
+#                                        #   (3) cifar100-mini R-DFCIL seeds 1, 2, 3, graphs vs static head +
+#                                        #   compiled steps, for accuracy
 #   bash benchmarks/gpu_check.sh mini    # cifar100-mini through dfcil sweep, runs packed on the GPU: every method on
 #                                        #   class orders 0, 1, 2; R-DFCIL fp32 and bf16 on seeds 1, 2, 3; the
 #                                        #   ablations on orders 0, 1, 2; MINI_BUDGET seconds in all (default 540),
@@ -19,8 +26,8 @@
 # Results and records go to $OUT (default /tmp/out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-case "${1:-}" in prep | speed | full | resume | tests | mini) ;; *)
-  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini (docs/gpu.md)" >&2
+case "${1:-}" in prep | speed | full | resume | tests | mini | round2) ;; *)
+  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|round2 (docs/gpu.md)" >&2
   exit 2
   ;;
 esac
@@ -115,6 +122,45 @@ mini)
   sweep ablations "${ablations[@]}" --grid data.class_order_seed=0,1,2
   (cd "$RUNS" && find mini-* -maxdepth 2 \( -name summary.json -o -name config.yaml -o -name meta.json \
     -o -name metrics.jsonl -o -name sweep.json -o -name run.log \) | tar czf "$OUT/mini-runs.tgz" -T -)
+  ;;
+round2)
+  end=$((SECONDS + ${ROUND2_BUDGET:-570}))
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  fast=(--device cuda --engine.channels_last true --engine.cuda_graphs on)
+  step=(--model.static_head true --engine.compile step)
+  # (1) the rdfcil_n5 schedule on 100 generated classes of 500 images: CIFAR-100's steps and shapes, for timing
+  RUN=$RUNS/full-fake-step
+  rm -rf "$RUN"
+  timeout -k 30 "${FULL_BUDGET:-270}" python3 -m dfcil train --config configs/cifar100/rdfcil_n5.yaml --data.name fake \
+    --data.num_classes 100 --data.train_per_class 500 "${fast[@]}" "${step[@]}" --epoch_checkpoint_interval_s 60 \
+    --out "$RUN" --no-progress > "$OUT/full-fake.log" 2>&1
+  echo "full (generated images): exit $? (124: stopped by its budget, checkpoint written)"
+  tail -5 "$OUT/full-fake.log"
+  python3 benchmarks/full_time.py "$RUN" | tee "$OUT/full-fake-time.txt"
+  # (2) step times, graphed, without and with compiled steps; eager kernel profiles of the NHWC steps
+  speed $((end - SECONDS < 160 ? end - SECONDS : 160)) compile-step --ab compile-step --channels-last \
+    --phases inversion,rrl,chr --rounds 5 --profile 5
+  # (3) accuracy: cifar100-mini, seeds 1, 2, 3, both engines at once (about two minutes with the compilations)
+  if [ $((end - SECONDS)) -lt 150 ]; then
+    echo "round2: $((end - SECONDS)) s left, too little for the accuracy sweeps; skipped"
+    end=$SECONDS
+  fi
+  [ $((end - SECONDS)) -gt 0 ] && data
+  for v in plain step; do
+    [ $((end - SECONDS)) -gt 0 ] || break
+    extra=()
+    [ $v = step ] && extra=("${step[@]}")
+    timeout $((end - SECONDS)) python3 -m dfcil sweep --config configs/cifar100-mini.yaml --grid seed=1,2,3 \
+      --data.root "$DATA" "${fast[@]}" "${extra[@]}" --out "$RUNS/acc-$v" > "$OUT/acc-$v.txt" 2>&1 &
+  done
+  wait
+  tail -12 "$OUT"/acc-*.txt
+  if [ $((end - SECONDS)) -gt 90 ]; then  # the CUDA test of compiled, graphed steps, if time is left
+    timeout $((end - SECONDS)) python3 -m pytest -q -rA -p no:cacheprovider -m gpu tests/test_cuda.py \
+      -k compiled_steps 2>&1 | tail -15 | tee "$OUT/tests-compile.txt"
+  fi
+  (cd "$RUNS" && find acc-* full-fake-step -maxdepth 2 \( -name summary.json -o -name config.yaml -o -name metrics.jsonl \
+    -o -name sweep.json -o -name run.log \) | tar czf "$OUT/round2-runs.tgz" -T -)
   ;;
 tests)
   if [ "${SPEED:-}" = all ]; then

@@ -253,6 +253,9 @@ def profile(steps: dict[str, Callable[[], None]], phases: list[str], n: int, dev
         kind = "kernels" if cuda else "aten operators (self time)"
         calls = sum(c for _, c in per_name.values())
         print(f"\n{phase}: {total / 1000:.2f} ms of {kind} per step, {calls:.0f} per step ({n} eager steps)")
+        if cuda:  # a layer fed another memory format than its weights' converts it first: there should be none
+            converts = sum(c for name, (_, c) in per_name.items() if "convertTensor" in name)
+            print(f"memory-format conversions (cuDNN convertTensor kernels): {converts:.0f} per step")
         if not per_name:
             print("(no events recorded)")
             continue

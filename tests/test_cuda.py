@@ -36,6 +36,20 @@ def test_smoke_on_cuda(tmp_path, engine):
         assert all(p["cuda_graphs"] == "on" and p["captures"] >= 1 and p["capture_s"] > 0 for p in phases), phases
 
 
+def test_compiled_steps_replayed_as_graphs_on_cuda(tmp_path):
+    """engine.compile: step with inductor, the static head and CUDA graphs: three tasks, every phase replayed, and
+    the third task compiles nothing (its steps reuse the second's compiled code)."""
+    out = tmp_path / "run"
+    engine = ["--engine.cuda_graphs", "on", "--engine.channels_last", "true", "--model.static_head", "true"]
+    engine += ["--engine.compile", "step", "--data.num_tasks", "3"]
+    assert main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--device", "cuda", *engine]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["acc_per_task"][0] > 20
+    assert [t["compiles"] > 0 for t in s["timings"]] == [True, True, False], s["timings"]
+    phases = [p for t in s["timings"] for p in t["phases"].values()]
+    assert all(p["cuda_graphs"] == "on" for p in phases), phases
+
+
 def test_fast_and_reference_agree_on_cuda():
     from test_engine_modes import _setup
 

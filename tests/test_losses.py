@@ -13,7 +13,7 @@ def test_local_ce_uses_new_logits_only():
     y = torch.tensor([2, 3])
     # row 0: CE([3, .5], 0) = log(1 + e^-2.5); row 1: CE([0, 1], 1) = log(1 + e^-1)
     expected = (math.log(1 + math.exp(-2.5)) + math.log(1 + math.exp(-1))) / 2
-    loss = local_ce(logits, y, n_old=2)
+    loss = local_ce(logits, y, 2)
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     loss.backward()
     assert torch.all(logits.grad[:, :2] == 0)  # old classifiers get no gradient

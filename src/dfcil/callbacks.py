@@ -173,6 +173,7 @@ class Timer(Callback):
     def on_run_start(self, loop: Loop) -> None:
         self.loop = loop
         self.setup: tuple[float, float] | None = None  # while a setup runs: (its start here, seconds kept before)
+        self.compiled: tuple[int, float, int, float] | None = None  # the compiler's totals at the task's start, kept
         self.phase: PhaseClock | None = None
         self.eval_started = 0.0
 
@@ -184,10 +185,19 @@ class Timer(Callback):
         peak = peak_memory_mb(self.loop.runtime.device)
         self.timing["peak_memory_mb"] = max(self.timing.get("peak_memory_mb", 0.0), peak)
 
+    def _note_compile(self) -> None:
+        """engine.compile: step: graphs compiled in this task and the seconds of the steps that compiled them."""
+        compiler = self.loop.runtime.compiler
+        if compiler is not None and self.compiled is not None:
+            count, seconds, kept_count, kept_s = self.compiled
+            self.timing["compiles"] = kept_count + compiler.compiles - count
+            self.timing["compile_s"] = round(kept_s + compiler.seconds - seconds, 3)
+
     def _note_setup(self) -> None:
         started, kept = self.setup
         self.timing["setup_s"] = round(kept + time.perf_counter() - started, 3)
         self._note_memory()
+        self._note_compile()
 
     def _note_phase(self) -> None:
         state, data = self.loop.state, self.loop.ctx.data
@@ -202,6 +212,14 @@ class Timer(Callback):
             torch.cuda.reset_peak_memory_stats(device)
         if state.position.stage == "setup":
             self.setup = (time.perf_counter(), self.timing.get("setup_s", 0.0))
+        compiler = self.loop.runtime.compiler
+        if compiler is not None:  # what this process compiles from here, plus what earlier ones did in this task
+            self.compiled = (
+                compiler.compiles,
+                compiler.seconds,
+                self.timing.get("compiles", 0),
+                self.timing.get("compile_s", 0.0),
+            )
 
     def on_setup_step(self) -> None:
         self._note_setup()
@@ -220,6 +238,7 @@ class Timer(Callback):
     def on_epoch_end(self, record: dict[str, Any]) -> None:
         self._note_phase()
         self._note_memory()
+        self._note_compile()
 
     def on_phase_end(self, phase: Phase) -> None:
         self._note_phase()

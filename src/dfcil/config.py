@@ -88,6 +88,10 @@ class ModelConfig:
     # registered backbone; auto: by image size, the reference's ResNet-32 up to 64 pixels, else its ResNet-18
     backbone: str = "auto"
     head_init_std: PositiveFloat = 0.001  # std of the N(0, std²) init of every new classifier block
+    # Allocate the classifier for every class of the protocol at the start, the unseen classes' columns masked, so
+    # that a step's shapes never change between tasks (compiled once per run: engine.compile step). Results equal
+    # the growing head's within rounding. Methods whose losses take column masks only (rdfcil, finetune, joint).
+    static_head: bool = False
 
 
 @configclass
@@ -123,7 +127,12 @@ class EngineConfig:
     merge_passes: Literal["auto", "all", "teacher", "none"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: autocast with fp32 master weights and fp32 loss maths
     channels_last: bool = False  # NHWC activations (helps tensor cores on CUDA)
-    compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"  # of the backbones, this mode
+    # torch.compile: none; default, reduce-overhead, max-autotune: the backbones, in that mode; step: each training
+    # and inversion step's forward and loss terms (its backward through AOTAutograd), with model.static_head so
+    # that it compiles once per phase kind per run (replayed as CUDA graphs with cuda_graphs: on)
+    compile: Literal["none", "default", "reduce-overhead", "max-autotune", "step"] = "none"
+    # torch.compile's backend: inductor generates fused kernels; aot_eager and eager only trace (debugging, tests)
+    compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
     cudnn_benchmark: bool = True  # CUDA only
     fused_optimizer: bool = True  # fused SGD/Adam kernels; CUDA only
     # Training and inversion steps as CUDA graphs (dfcil.graphs). on: captured per phase and lr, replayed (CUDA

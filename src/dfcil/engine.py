@@ -28,7 +28,7 @@ from dfcil.callbacks import Callback, Checkpointing, Timer
 from dfcil.config import RunConfig, config_to_dict
 from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.graphs import StepGraph
-from dfcil.methods import Batch, Method, Phase, TaskContext, build_method
+from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
 from dfcil.models.network import IncrementalNet, backbone_for, build_network
 from dfcil.optim import fill_momentum, load_optimizer_state, sgd
 from dfcil.progress import make_progress
@@ -155,12 +155,13 @@ def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, inte
     seed_everything(cfg.seed)
     method = build_method(cfg.method, cfg.train)
     backbone = backbone_for(cfg.model.backbone, protocol.dataset.image_size)
-    net = build_network(backbone, type(method).head, cfg.model.head_init_std).to(device)
+    capacity = sum(protocol.split.task_sizes) if cfg.model.static_head else None  # prepare() checked the method
+    net = build_network(backbone, type(method).head, cfg.model.head_init_std, capacity).to(device)
     if cfg.engine.channels_last:
         net.to(memory_format=torch.channels_last)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = cfg.engine.cudnn_benchmark
-    if cfg.engine.compile != "none":
+    if cfg.engine.compile not in ("none", "step"):  # step: Runtime.compiler compiles the steps instead
         net.compile_backbone(mode=None if cfg.engine.compile == "default" else cfg.engine.compile)
     if cfg.engine.cuda_graphs == "on" and not method.graph_safe:
         log.warning("%s is not marked graph_safe: its steps run eagerly (try cuda_graphs: check)", method.name)
@@ -288,13 +289,13 @@ class TrainStep:
     def __init__(self, method: Method, ctx: TaskContext, phase: Phase, optimizer: torch.optim.Optimizer) -> None:
         self.method, self.ctx, self.phase, self.optimizer = method, ctx, phase, optimizer
         self.names: list[str] = []  # the loss terms' names
+        self.terms = ctx.runtime.compiled(loss_terms)  # engine.compile: step compiles it
 
     def __call__(self, idx: Tensor) -> Tensor:
         ctx, optimizer = self.ctx, self.optimizer
         optimizer.zero_grad(set_to_none=True)
         x, y = ctx.data.load(idx)
-        with ctx.runtime.autocast():
-            terms = self.method.training_step(ctx.net, Batch(x, y), ctx, self.phase)
+        terms = self.terms(self.method, ctx.net, ctx, self.phase, x, y)
         if self.names and list(terms) != self.names:  # eager steps; a graph replays its capture's terms
             raise RuntimeError(
                 f"{self.method.name} changed its loss terms within a phase: {self.names} → {list(terms)}"

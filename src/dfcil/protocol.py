@@ -17,7 +17,7 @@ from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import Normalizer, class_indices, to_device
 from dfcil.data.splits import ClassIncrementalSplit, SplitError
 from dfcil.io import check_creatable_dir
-from dfcil.methods import build_method
+from dfcil.methods import METHODS, build_method
 from dfcil.models.generator import generator_layout
 from dfcil.models.heads import HEADS
 from dfcil.models.network import IncrementalNet, backbone_for
@@ -52,8 +52,20 @@ def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol
     if cfg.model.backbone != "auto":
         BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
     HEADS.get(type(method).head)
+    if cfg.model.static_head and not type(method).static_head:
+        able = ", ".join(n for n in METHODS.names() if METHODS.get(n).static_head)
+        raise ConfigError(
+            f"model.static_head: {method.name} compares logit columns by slicing with the task's class counts, "
+            f"which a static head's fixed width does not allow; the methods that support it: {able}. Set "
+            f"model.static_head: false"
+        )
     device = resolve_device(cfg.device)
-    if cfg.engine.compile != "none":
+    if cfg.engine.compile == "step" and not cfg.model.static_head:
+        raise ConfigError(
+            "engine.compile: step compiles each step once per run, which needs shapes that do not change between "
+            "tasks: add model.static_head: true (or use engine.compile: default, which compiles the backbones)"
+        )
+    if cfg.engine.compile != "none" and cfg.engine.compile_backend == "inductor":
         check_compiler(device)
     if cfg.task0_cache:
         try:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -37,6 +38,11 @@ class Runtime:
     progress: ProgressFactory = dataclasses.field(default_factory=lambda: make_progress(False))
     # a long task setup calls this at consistent points: the engine may checkpoint there, or stop on an interrupt
     setup_step: Callable[[], None] = _nothing
+    compiler: StepCompiler | None = None  # engine.compile: step; None: steps run as written
+
+    def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` through :attr:`compiler` under ``engine.compile: step``, else ``fn`` itself."""
+        return self.compiler(fn) if self.compiler is not None else fn
 
     @classmethod
     def from_config(
@@ -49,6 +55,7 @@ class Runtime:
             device=device, precision=engine.precision, merge_teacher=merge != "none", merge_student=merge == "all",
             channels_last=engine.channels_last, fused=engine.fused_optimizer and device.type == "cuda",
             graphs=engine.cuda_graphs, progress=progress, setup_step=setup_step,
+            compiler=StepCompiler(engine.compile_backend) if engine.compile == "step" else None,
         )  # fmt: skip
 
     def autocast(self) -> AbstractContextManager:
@@ -56,6 +63,42 @@ class Runtime:
         cache = self.graphs == "off"  # casts cached across a captured step would not be replayed
         enabled = self.precision == "bf16"
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=cache)
+
+
+class StepCompiler:
+    """``engine.compile: step``: step functions through ``torch.compile`` with ``backend``, counting the compilations
+    and the wall time of the calls that compiled (reported in each task's timings).
+
+    Compiled code is cached per function (its code object) for the process, so a step function defined once at
+    module level compiles once for each set of guards it meets (phase kind, train or eval mode, shapes), however
+    many tasks call it. Inductor also keeps its generated kernels on disk (``TORCHINDUCTOR_CACHE_DIR``, by default
+    under the system's temporary directory), so later runs on the same machine, a sweep's, compile faster.
+    """
+
+    def __init__(self, backend: str = "inductor") -> None:
+        self.backend = backend
+        self.compiles = 0  # frames (graphs) compiled so far
+        self.seconds = 0.0  # wall time of the calls that compiled, the compiled step's one run included
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        compiled = torch.compile(fn, backend=self.backend, dynamic=False)
+
+        def call(*args: Any) -> Any:
+            before, t0 = _frames_compiled(), time.perf_counter()
+            out = compiled(*args)
+            if (n := _frames_compiled() - before) > 0:
+                self.compiles += n
+                self.seconds += time.perf_counter() - t0
+            return out
+
+        return call
+
+
+def _frames_compiled() -> int:
+    """Frames torch.compile has compiled in this process (dynamo's counter)."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
 
 
 def resolve_device(name: str) -> torch.device:

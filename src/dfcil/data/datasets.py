@@ -234,11 +234,12 @@ def make_fake_arrays(num_classes: int, per_class: int, image_size: int, seed: in
 
 @DATASETS.register("fake")
 def fake(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
-    """A tiny generated dataset (10 classes unless ``data.num_classes``; 48 train / 16 test per class; 32×32
-    unless ``data.image_size``, a multiple of 4) for tests and smoke runs. Needs no files."""
+    """A tiny generated dataset (10 classes unless ``data.num_classes``; 48 train / 16 test per class, more train
+    images where ``data.train_per_class`` asks for them; 32×32 unless ``data.image_size``, a multiple of 4) for tests,
+    smoke runs and timing a protocol's schedule at its real size. Needs no files."""
     n, size = cfg.num_classes or 10, cfg.image_size or 32
     if size % 4:
         raise DatasetError(f"data.image_size {size}: the fake dataset needs a multiple of 4")
-    train = make_fake_arrays(n, 48, size, seed=0)
+    train = make_fake_arrays(n, max(48, cfg.train_per_class or 0), size, seed=0)
     test = make_fake_arrays(n, 16, size, seed=1)
     return ImageDataset("fake", n, size, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), train, test, "generated")

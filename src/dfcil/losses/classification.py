@@ -6,18 +6,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dfcil.models.heads import MASKED_LOGIT
 
-def local_ce(logits: Tensor, y: Tensor, n_old: int) -> Tensor:
+
+def local_ce(logits: Tensor, y: Tensor, new: int | Tensor) -> Tensor:
     """Local cross-entropy: CE over the new classes' logits only (R-DFCIL eq. 3).
 
     L = mean_b CE(softmax(logits[b, n_old:]), y[b] - n_old). Old classifiers receive no gradient.
 
     Args:
-        logits: (B, n_seen) logits over all seen classes.
+        logits: (B, n_seen) logits over all seen classes, or (B, capacity) of a static head.
         y: (B,) labels, all in ``[n_old, n_seen)``.
-        n_old: classes learned before the current task.
+        new: ``n_old``, the classes learned before the current task (the new ones are the columns after them);
+            or a static head's boolean mask of the new columns, whose complement is masked out of the softmax
+            (the same loss, with shapes that do not depend on the task).
     """
-    return F.cross_entropy(logits[:, n_old:].float(), y - n_old)
+    if isinstance(new, Tensor):
+        return F.cross_entropy(logits.masked_fill(~new, MASKED_LOGIT).float(), y)
+    return F.cross_entropy(logits[:, new:].float(), y - new)
 
 
 def class_histogram(y: Tensor, n_classes: int) -> Tensor:

@@ -7,12 +7,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def hkd_l1(student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+def hkd_l1(student_logits: Tensor, teacher_logits: Tensor, old: Tensor | None = None) -> Tensor:
     """Hard knowledge distillation (R-DFCIL eq. 2): mean absolute difference of raw logits.
 
-    L = 1/(B·K) Σ_b Σ_k |s_bk − t_bk|; no temperature or softmax. Shapes (B, K) with K = old classes.
+    L = 1/(B·K) Σ_b Σ_k |s_bk − t_bk|; no temperature or softmax. Shapes (B, K) with K = old classes; or, with
+    ``old`` (a static head's boolean mask of the K old columns), both (B, capacity), the other columns left out.
     """
-    return F.l1_loss(student_logits.float(), teacher_logits.float())
+    if old is None:
+        return F.l1_loss(student_logits.float(), teacher_logits.float())
+    diff = torch.where(old, student_logits.float() - teacher_logits.float(), 0.0)
+    return diff.abs().sum() / (diff.shape[0] * old.sum())
 
 
 def angle_matrix(e: Tensor) -> Tensor:

@@ -12,6 +12,7 @@ from dfcil.methods.base import (
     Task,
     TaskContext,
     build_method,
+    loss_terms,
     register_method,
     unregister_method,
 )
@@ -19,5 +20,15 @@ from dfcil.methods.base import (
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
 
-__all__ = ["METHODS", "Batch", "Method", "Phase", "Task", "TaskContext", "build_method", "register_method"]
+__all__ = [
+    "METHODS",
+    "Batch",
+    "Method",
+    "Phase",
+    "Task",
+    "TaskContext",
+    "build_method",
+    "loss_terms",
+    "register_method",
+]
 __all__ += ["unregister_method"]

@@ -88,6 +88,9 @@ class Method:
     # Its training_step may be replayed as a CUDA graph (engine.cuda_graphs: on): verified under "check" by
     # tests/test_graphs.py. False: the engine runs the method's steps eagerly even when graphs are on.
     graph_safe: ClassVar[bool] = False
+    # Its losses work on a static head's full-width logits (model.static_head): unseen columns are masked, and it
+    # compares old or new columns through the head's masks, never by slicing with the task's class counts.
+    static_head: ClassVar[bool] = False
     Config: ClassVar[type[MethodConfig]] = MethodConfig
 
     def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:
@@ -158,6 +161,16 @@ class Method:
         schedule (its phases) and everything else that shapes the model to the key.
         """
         return None
+
+
+def loss_terms(
+    method: Method, net: IncrementalNet, ctx: TaskContext, phase: Phase, x: Tensor, y: Tensor
+) -> dict[str, Tensor]:
+    """The method's loss terms for one batch, under the run's autocast: the part of a step that ``engine.compile:
+    step`` compiles (its backward follows through AOTAutograd). At module level, so that its compiled code is
+    cached once for the process and every task's step finds it."""
+    with ctx.runtime.autocast():
+        return method.training_step(net, Batch(x, y), ctx, phase)
 
 
 METHODS: Registry[type[Method]] = Registry("method", builtins="dfcil.methods")

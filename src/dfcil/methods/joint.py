@@ -22,6 +22,7 @@ class Joint(Method):
     """Joint training, the upper bound: CE on the real data of all tasks so far."""
 
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    static_head = True  # plain CE over all columns: the masked ones add nothing
 
     Config = JointConfig
     train_data = "seen"

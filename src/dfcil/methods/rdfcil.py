@@ -72,6 +72,7 @@ class RDFCIL(Method):
     Task t ≥ 1: invert the old model into a fresh generator, then RRL (LCE + HKD + RKD), then CHR."""
 
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    static_head = True  # old and new columns through the head's masks when it is static
 
     Config = RDFCILConfig
 
@@ -87,6 +88,7 @@ class RDFCIL(Method):
         self.task_id: int | None = None  # the task the state below belongs to
         self.projector: RelationProjector | None = None
         self.weights: LossWeights | None = None
+        self.term_weights: Tensor | None = None  # (lce, hkd, rkd) of self.weights
         self.class_counts: Tensor | None = None
         self.class_weights: Tensor | None = None
 
@@ -103,9 +105,12 @@ class RDFCIL(Method):
         self.task_id = ctx.task_id
         uses_rkd = "rkd" in (c.old_kd, c.new_kd) and c.projection == "learned"
         self.projector = RelationProjector(ctx.net.feature_dim).to(ctx.device) if uses_rkd else None
-        self.weights = rdfcil_loss_weights(c.lambda_ce, c.lambda_hkd, c.lambda_rkd, ctx.n_old, ctx.n_new)
-        self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
-        self.class_weights = torch.ones(ctx.n_seen, device=ctx.device)
+        self.weights = w = rdfcil_loss_weights(c.lambda_ce, c.lambda_hkd, c.lambda_rkd, ctx.n_old, ctx.n_new)
+        # the weights as one device tensor: a step reads them as data, so its graph is the same for every task
+        self.term_weights = torch.tensor([w.lce, w.hkd, w.rkd], device=ctx.device)
+        n = ctx.net.head.out_features  # the seen classes, or all of a static head's
+        self.class_counts = torch.zeros(n, device=ctx.device)
+        self.class_weights = torch.ones(n, device=ctx.device)
 
     def on_task_start(self, ctx: TaskContext) -> None:
         if ctx.task_id > 0:
@@ -117,7 +122,8 @@ class RDFCIL(Method):
 
     def on_task_end(self, ctx: TaskContext) -> None:
         self.replay.end()  # nothing of a task's teacher, generator or projectors is carried into the next
-        self.task_id = self.projector = self.weights = self.class_counts = self.class_weights = None
+        self.task_id = self.projector = self.weights = self.term_weights = None
+        self.class_counts = self.class_weights = None
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
         return [self.projector] if self.projector is not None else []
@@ -128,10 +134,19 @@ class RDFCIL(Method):
         return rkd_angle(student_features, teacher_features)
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
-        if ctx.task_id == 0:
+        if phase.name == "base":  # task 0
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
-        assert self.weights is not None
-        c, w, n_old, b, teacher = self.cfg, self.weights, ctx.n_old, len(batch.x), self.replay.teacher
+        assert self.term_weights is not None
+        c, b, teacher, head = self.cfg, len(batch.x), self.replay.teacher, net.head
+        w_lce, w_hkd, w_rkd = self.term_weights
+        # old and new columns: by the task's class counts, or a static head's masks (shapes fixed for the run)
+        new = head.new_mask if head.mask is not None else ctx.n_old
+
+        def hkd(student: Tensor, teacher: Tensor) -> Tensor:
+            if head.mask is not None:
+                return hkd_l1(student, teacher, head.old_mask)
+            return hkd_l1(student[:, : ctx.n_old], teacher)
+
         x_syn = self.replay.generate(b)  # fresh, unaugmented, as many as real images
         need_real = phase.name == "rrl" and c.new_kd != "none"  # teacher outputs on real data: new-data KD only
         with torch.no_grad():
@@ -144,25 +159,25 @@ class RDFCIL(Method):
                 syn = teacher(x_syn)
                 t_real, t_syn = (real.logits, real.features) if real is not None else None, (syn.logits, syn.features)
         y_syn = t_syn[0].argmax(dim=1)  # pseudo-labels: the old model's argmax over the old classes
-        self.class_counts += class_histogram(torch.cat([batch.y, y_syn]), ctx.n_seen)
+        self.class_counts += class_histogram(torch.cat([batch.y, y_syn]), len(self.class_counts))
         if phase.name == "chr":  # backbone frozen in eval mode, so one pass over real + synthetic equals two
             x = torch.cat([batch.x, x_syn])
             logits = net(x).logits if ctx.runtime.merge_teacher else torch.cat([net(batch.x).logits, net(x_syn).logits])
             y = torch.cat([batch.y, y_syn])
             terms = {"gce": c.lambda_ce * F.cross_entropy(logits.float(), y, weight=self.class_weights)}
             if c.chr_hkd and c.old_kd == "hkd":
-                terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])
+                terms["hkd"] = w_hkd * hkd(logits[b:], t_syn[0])
             return terms
         logits, feat, _ = student_pass(net, batch.x, x_syn, "separate", ctx.runtime.merge_student)  # the reference's BN
-        terms = {"lce": w.lce * local_ce(logits[:b], batch.y, n_old)}
+        terms = {"lce": w_lce * local_ce(logits[:b], batch.y, new)}
         if c.old_kd == "hkd":  # old knowledge on synthetic data
-            terms["hkd"] = w.hkd * hkd_l1(logits[b:, :n_old], t_syn[0])
+            terms["hkd"] = w_hkd * hkd(logits[b:], t_syn[0])
         elif c.old_kd == "rkd":
-            terms["rkd_syn"] = w.rkd * self._rkd(feat[b:], t_syn[1])
+            terms["rkd_syn"] = w_rkd * self._rkd(feat[b:], t_syn[1])
         if c.new_kd == "rkd":  # the structure of the new data in the old feature space
-            terms["rkd"] = w.rkd * self._rkd(feat[:b], t_real[1])
+            terms["rkd"] = w_rkd * self._rkd(feat[:b], t_real[1])
         elif c.new_kd == "hkd":
-            terms["hkd_new"] = w.hkd * hkd_l1(logits[:b, :n_old], t_real[0])
+            terms["hkd_new"] = w_hkd * hkd(logits[:b], t_real[0])
         return terms
 
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:

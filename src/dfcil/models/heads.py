@@ -57,6 +57,12 @@ class BlockHead(nn.Module):
     def weight(self) -> Tensor:
         return torch.cat([b.weight for b in self.blocks])
 
+    mask: Tensor | None = None  # every column is a seen class's (a static head masks the unseen ones)
+
+    def reset_parameters(self) -> None:
+        for block in self.blocks:
+            self.init_block(block)
+
 
 @HEADS.register("linear")
 class IncrementalLinear(BlockHead):
@@ -113,3 +119,105 @@ class LocalSimilarity(BlockHead):
         if not self.blocks:
             return features.new_zeros(features.shape[0], 0)
         return self.eta * self.similarities(features)
+
+
+MASKED_LOGIT = -1e9  # a masked column's logit: exp(MASKED_LOGIT - max) is exactly 0 in fp32 and bf16, so it adds
+# nothing to a softmax, a log-sum-exp or an argmax; finite, so 0 · log-probability stays 0 (an entropy, soft KD)
+
+
+class StaticLinear(nn.Module):
+    """:class:`IncrementalLinear` allocated for all ``capacity`` classes of the run at once, so that its shape, and a
+    training step's graph with it, never changes between tasks (``model.static_head``).
+
+    The rows of classes not yet seen are zero and their logits are ``MASKED_LOGIT``: they add nothing to a softmax,
+    CE or argmax, and receive no gradient. With zero weight and zero gradient, SGD's update and weight decay leave
+    them exactly zero, until :meth:`expand` initialises a task's rows from the same random draws as the growing head.
+    Losses that compare columns take :attr:`old_mask` / :attr:`new_mask` (fixed shapes, updated in place) instead
+    of slices. Its ``state_dict`` is the growing head's (``blocks.<i>.weight``, one per task), so checkpoints, saved
+    models and teachers load into either layout.
+    """
+
+    rows_per_class = 1
+
+    def __init__(self, in_features: int, capacity: int, init_std: float = 0.001) -> None:
+        super().__init__()
+        self.in_features, self.capacity, self.init_std = in_features, capacity, init_std
+        # zeros, not nn.Linear's random init: building it draws no random numbers, as building the growing head
+        self.table = nn.Parameter(torch.zeros(capacity, in_features))
+        self.sizes: list[int] = []
+        # which columns are seen, of old tasks, of the newest task: derived from sizes, not saved
+        for name in ("mask", "old_mask", "new_mask"):
+            self.register_buffer(name, torch.zeros(capacity, dtype=torch.bool), persistent=False)
+
+    @property
+    def out_features(self) -> int:
+        return self.capacity
+
+    @property
+    def n_seen(self) -> int:
+        return sum(self.sizes)
+
+    def _update_masks(self) -> None:
+        seen, last = self.n_seen, self.sizes[-1] if self.sizes else 0
+        spans = ((0, seen), (0, seen - last), (seen - last, seen))
+        with torch.no_grad():
+            for mask, (a, b) in zip((self.mask, self.old_mask, self.new_mask), spans, strict=True):
+                mask.zero_()
+                mask[a:b] = True
+
+    def expand(self, n_new: int, device: torch.device | None = None) -> None:
+        start = self.n_seen
+        if start + n_new > self.capacity:
+            raise ValueError(f"a static head for {self.capacity} classes cannot grow to {start + n_new}")
+        block = nn.Linear(self.in_features, n_new, bias=False)  # the growing head's random draws, in its order
+        nn.init.normal_(block.weight, std=self.init_std)
+        with torch.no_grad():
+            self.table[start : start + n_new].copy_(block.weight)
+        self.sizes.append(n_new)
+        self._update_masks()
+
+    def truncate(self, n_classes: int) -> None:
+        """Keep the first ``n_classes`` classes (a block boundary); the other rows become zero and masked."""
+        bounds = [sum(self.sizes[: i + 1]) for i in range(len(self.sizes))]
+        if n_classes not in (0, *bounds):
+            raise ValueError(f"{n_classes} classes do not end on a head block boundary")
+        self.sizes = self.sizes[: bounds.index(n_classes) + 1] if n_classes else []
+        with torch.no_grad():
+            self.table[n_classes:].zero_()
+        self._update_masks()
+
+    def weight(self) -> Tensor:
+        """The seen classes' rows, (n_seen, d)."""
+        return self.table[: self.n_seen]
+
+    def reset_parameters(self) -> None:
+        """Every seen block re-initialised, in order, as the growing head's :meth:`BlockHead.reset_parameters`."""
+        start = 0
+        with torch.no_grad():
+            for n in self.sizes:
+                nn.init.normal_(self.table[start : start + n], std=self.init_std)
+                start += n
+
+    def forward(self, features: Tensor) -> Tensor:
+        return F.linear(features, self.table).masked_fill(~self.mask, MASKED_LOGIT)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:  # noqa: ANN001
+        start, w = 0, self.table if keep_vars else self.table.detach()
+        for i, n in enumerate(self.sizes):
+            destination[f"{prefix}blocks.{i}.weight"] = w[start : start + n]
+            start += n
+
+    def _load_from_state_dict(self, state_dict, prefix, metadata, strict, missing, unexpected, errors) -> None:  # noqa: ANN001
+        start, expected = 0, set()
+        for i, n in enumerate(self.sizes):
+            key = f"{prefix}blocks.{i}.weight"
+            expected.add(key)
+            if key not in state_dict:
+                missing.append(key)
+            elif state_dict[key].shape != (n, self.in_features):
+                errors.append(f"{key}: shape {tuple(state_dict[key].shape)}, expected {(n, self.in_features)}")
+            else:
+                with torch.no_grad():
+                    self.table[start : start + n].copy_(state_dict[key])
+            start += n
+        unexpected += [k for k in state_dict if k.startswith(prefix) and k not in expected]

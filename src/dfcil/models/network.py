@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from dfcil.models import resnet  # noqa: F401 - registers the ImageNet ResNet-18
 from dfcil.models.batchnorm import BNMode
-from dfcil.models.heads import HEADS
+from dfcil.models.heads import HEADS, StaticLinear
 from dfcil.models.resnet_cifar import BACKBONES, memory_format_of
 
 
@@ -67,8 +67,7 @@ class IncrementalNet(nn.Module):
     def reset_parameters(self) -> None:
         """Re-initialise backbone and head as if freshly built (the joint upper bound trains from scratch)."""
         self.backbone.reset_parameters()
-        for block in self.head.blocks:
-            self.head.init_block(block)
+        self.head.reset_parameters()
 
     def set_trainable(self, trainable: str, extra: Sequence[nn.Module] = ()) -> None:
         """Train everything (``"all"``), or only the head (``"head"``) with the backbone frozen in eval mode (its BN
@@ -121,7 +120,14 @@ def backbone_for(name: str, image_size: int) -> str:
     return name
 
 
-def build_network(backbone: str, head: str = "linear", head_init_std: float = 0.001) -> IncrementalNet:
-    """An :class:`IncrementalNet` with no classes yet (call ``expand`` per task)."""
+def build_network(
+    backbone: str, head: str = "linear", head_init_std: float = 0.001, capacity: int | None = None
+) -> IncrementalNet:
+    """An :class:`IncrementalNet` with no classes yet (call ``expand`` per task). ``capacity``: a
+    :class:`~dfcil.models.heads.StaticLinear` head for that many classes instead of a growing one (linear only)."""
     body = BACKBONES.get(backbone)()
-    return IncrementalNet(body, HEADS.get(head)(body.out_dim, init_std=head_init_std))
+    if capacity is None:
+        return IncrementalNet(body, HEADS.get(head)(body.out_dim, init_std=head_init_std))
+    if head != "linear":
+        raise ValueError(f"a static head is linear; the {head!r} head grows by blocks")
+    return IncrementalNet(body, StaticLinear(body.out_dim, capacity, init_std=head_init_std))

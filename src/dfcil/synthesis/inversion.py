@@ -41,6 +41,13 @@ class InversionConfig:
     persistent: bool = False  # ABD: one generator and Adam for the whole run, warm-started every task
 
 
+def inversion_terms(inversion: ModelInversion, z: Tensor) -> dict[str, Tensor]:
+    """The generator's images from latent codes ``z`` and their loss terms, under the run's autocast: the part of an
+    inversion step that ``engine.compile: step`` compiles (module level: compiled once for every task)."""
+    with inversion.autocast():
+        return inversion.loss_terms(inversion.generator(z))
+
+
 class ModelInversion:
     """A generator trained to produce images the frozen ``teacher`` classifies confidently and whose BN
     statistics match the teacher's running statistics.
@@ -80,6 +87,7 @@ class ModelInversion:
             extra["capturable"] = True  # the step counter lives on the device, so a replay advances it
         self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.lr, **extra)
         self.kernel = gaussian_kernel().to(self.device)
+        self.terms = runtime.compiled(inversion_terms)  # engine.compile: step compiles it
         self.step = 0  # Adam steps done; fit() continues from here
         self.names: list[str] = []  # the loss terms' names, in the order of fit()'s values
 
@@ -87,6 +95,7 @@ class ModelInversion:
     def done(self) -> bool:
         return self.step >= self.cfg.steps
 
+    @torch.compiler.disable  # torch.compile cannot trace a draw from a torch.Generator: it runs eagerly in between
     def latent(self, n: int) -> Tensor:
         return torch.randn(n, self.cfg.zdim, generator=self.rng, device=self.device)
 
@@ -97,7 +106,7 @@ class ModelInversion:
         logits = self.teacher(x, bn=BNMode(record=record)).logits.float()
         return {
             "content": c.w_content * content_loss(logits, c.tau),
-            "diversity": c.w_diversity * diversity_loss(logits),
+            "diversity": c.w_diversity * diversity_loss(logits, self.teacher.head.mask),
             "bn": c.w_bn * bn_statistics_loss(record),
             "prior": c.w_prior * smoothness_prior(x.float(), self.kernel),
         }
@@ -105,8 +114,7 @@ class ModelInversion:
     def train_step(self) -> Tensor:
         """One Adam step of the generator; returns the weighted loss terms, in the order of :attr:`names`."""
         self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
-            terms = self.loss_terms(self.generator(self.latent(self.batch_size)))
+        terms = self.terms(self, self.latent(self.batch_size))
         self.names = list(terms)
         losses = torch.stack([t.float() for t in terms.values()])
         losses.sum().backward()

@@ -17,12 +17,18 @@ def content_loss(logits: Tensor, tau: float) -> Tensor:
     return F.cross_entropy(logits / tau, logits.argmax(dim=1))
 
 
-def diversity_loss(logits: Tensor) -> Tensor:
+def diversity_loss(logits: Tensor, columns: Tensor | None = None) -> Tensor:
     """1 − normalised entropy of the batch-mean prediction (temperature 1; τ is not used here).
 
     p̄ = mean_b softmax(z_b); L = 1 + Σ_k p̄_k log p̄_k / log K. Zero when p̄ is uniform; 0 for K = 1.
-    ``xlogy`` gives 0·log 0 = 0 where the reference would produce NaN.
+    ``xlogy`` gives 0·log 0 = 0 where the reference would produce NaN. ``columns``: a static head's boolean mask
+    of the K real classes (the other columns are masked logits, whose probability is exactly 0).
     """
+    if columns is not None:  # K as a tensor: the same computation for every K, without a host sync
+        k = columns.sum().float()
+        # masked columns' p is exactly 0, where xlogy's gradient is 0/0: take p log p = 1 log 1 = 0 there instead
+        p = torch.where(columns, F.softmax(logits.float(), dim=1).mean(dim=0), 1.0)
+        return torch.where(k > 1, 1.0 + torch.special.xlogy(p, p).sum() / k.clamp(min=2).log(), 0.0)
     k = logits.shape[1]
     if k < 2:
         return logits.new_zeros(())

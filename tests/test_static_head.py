@@ -1,0 +1,184 @@
+"""The static head (``model.static_head``): allocated for every class at the start, unseen columns masked; the same
+run as the growing head within rounding, and a step whose shapes never change between tasks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import smoke_configs
+from dfcil.config import ConfigError, load_config
+from dfcil.data.device import Normalizer, TrainBatches
+from dfcil.engine import build, run
+from dfcil.losses.classification import local_ce
+from dfcil.losses.distillation import hkd_l1
+from dfcil.methods import Batch, Phase, TaskContext, build_method
+from dfcil.models.heads import MASKED_LOGIT, IncrementalLinear, StaticLinear
+from dfcil.models.network import build_network
+from dfcil.protocol import prepare
+from dfcil.runtime import Runtime
+from dfcil.synthesis.regularizers import diversity_loss
+
+
+def _heads(sizes=(3, 2), capacity=10):
+    torch.manual_seed(0)
+    grow = IncrementalLinear(8)
+    for n in sizes:
+        grow.expand(n)
+    torch.manual_seed(0)
+    static = StaticLinear(8, capacity)
+    for n in sizes:
+        static.expand(n)
+    return grow, static
+
+
+def test_static_head_draws_the_same_weights_masks_the_rest_and_saves_the_growing_layout() -> None:
+    grow, static = _heads()
+    assert torch.equal(static.weight(), grow.weight())
+    assert static.sizes == grow.sizes == [3, 2] and static.out_features == 10
+    assert static.mask.tolist() == [True] * 5 + [False] * 5
+    assert static.old_mask.tolist() == [True] * 3 + [False] * 7
+    assert static.new_mask.tolist() == [False] * 3 + [True] * 2 + [False] * 5
+    f = torch.randn(4, 8)
+    logits = static(f)
+    assert torch.equal(logits[:, :5], grow(f)) and (logits[:, 5:] == MASKED_LOGIT).all()
+    assert torch.equal(torch.softmax(logits, 1)[:, 5:], torch.zeros(4, 5))  # masked columns add exactly nothing
+    state = static.state_dict()
+    assert list(state) == ["blocks.0.weight", "blocks.1.weight"]  # the growing head's keys and shapes
+    assert grow.load_state_dict(state) is not None
+    other = StaticLinear(8, 10)
+    other.expand(3), other.expand(2)
+    other.load_state_dict(grow.state_dict())
+    assert torch.equal(other.table, static.table)
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        StaticLinear(8, 10).load_state_dict(grow.state_dict())  # no blocks yet: the saved ones are unexpected
+    static.truncate(3)
+    assert static.sizes == [3] and static.mask.sum() == 3 and static.new_mask.tolist()[:3] == [True] * 3
+    assert (static.table[3:] == 0).all()
+    with pytest.raises(ValueError, match="block boundary"):
+        static.truncate(2)
+    with pytest.raises(ValueError, match="cannot grow"):
+        static.expand(8)
+
+
+def test_unseen_rows_get_no_update_and_no_weight_decay() -> None:
+    _, static = _heads()
+    opt = torch.optim.SGD(static.parameters(), lr=0.5, momentum=0.9, weight_decay=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        F.cross_entropy(static(torch.randn(16, 8)), torch.randint(0, 5, (16,))).backward()
+        assert (static.table.grad[5:] == 0).all() and static.table.grad[:5].abs().sum() > 0
+        opt.step()
+    assert (static.table[5:] == 0).all()  # zero weight, zero gradient: SGD and weight decay leave them at zero
+
+
+def test_masked_losses_equal_the_sliced_ones() -> None:
+    torch.manual_seed(1)
+    _, static = _heads()
+    s, t = torch.randn(6, 10), torch.randn(6, 10)
+    s[:, 5:] = t[:, 5:] = MASKED_LOGIT
+    y = torch.randint(3, 5, (6,))
+    torch.testing.assert_close(local_ce(s, y, static.new_mask), local_ce(s[:, :5], y, 3), rtol=1e-6, atol=0)
+    torch.testing.assert_close(hkd_l1(s, t, static.old_mask), hkd_l1(s[:, :3], t[:, :3]), rtol=1e-6, atol=0)
+    torch.testing.assert_close(diversity_loss(s, static.mask), diversity_loss(s[:, :5]), rtol=1e-6, atol=1e-7)
+    z = s.clone().requires_grad_()
+    diversity_loss(z, static.mask).backward()  # finite: a masked column's probability is exactly 0
+    assert torch.isfinite(z.grad).all() and (z.grad[:, 5:] == 0).all()
+    one = StaticLinear(8, 10)
+    one.expand(1)
+    assert diversity_loss(s, one.mask) == 0  # one class: no diversity to ask for
+
+
+def _run(method: str, static: bool, *extra: tuple[str, str]):
+    cfg = load_config(smoke_configs(method), [("model.static_head", str(static).lower()), *extra])[0]
+    return run(cfg, progress=False), cfg
+
+
+@pytest.mark.parametrize("method", ["rdfcil", "finetune"])
+def test_static_head_run_equals_growing_head_run(method: str) -> None:
+    """The smoke preset with each head: the same accuracy matrix, and the same weights within rounding (a wider
+    matrix product or softmax may sum in another order)."""
+    (grow, _), (static, _) = _run(method, False), _run(method, True)
+    assert grow["correct_matrix"] == static["correct_matrix"]
+    np.testing.assert_allclose(grow["avg_inc_acc"], static["avg_inc_acc"])
+
+
+def _task1(capacity: int | None, phase: Phase):
+    """R-DFCIL at the start of task 1 of a smoke-sized protocol (4 + 4 classes), the generator inverted."""
+    cfg = load_config(smoke_configs("rdfcil"), [("method.inversion.steps", "3")])[0]
+    method = build_method(cfg.method, cfg.train)
+    torch.manual_seed(0)
+    net = build_network("resnet8", capacity=capacity)
+    net.expand(4)
+    net.train()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(16, 3, 32, 32) + 0.5)
+    net.expand(4)
+    x = torch.zeros(8, 32, 32, 3, dtype=torch.uint8)
+    data = TrainBatches(x, x.new_zeros(8, dtype=torch.long), 8, Normalizer((0.5,) * 3, (0.25,) * 3, x.device), None)
+    rng = torch.Generator().manual_seed(5)
+    ctx = TaskContext(task_id=1, n_old=4, n_new=4, num_tasks=2, net=net, data=data, rng=rng, runtime=Runtime())
+    method.on_task_start(ctx)
+    inv = method.replay.synth
+    z = inv.latent(8)
+    inversion = inv.loss_terms(inv.generator(z))  # the first inversion step's terms and gradients
+    sum(inversion.values()).backward()
+    inv_grads = [p.grad.clone() for p in inv.generator.parameters()]
+    inv.optimizer.zero_grad()
+    method.synthesize(ctx)
+    if phase.trainable == "head":
+        net.backbone.eval().requires_grad_(False)
+    torch.manual_seed(2)
+    terms = method.training_step(net, Batch(torch.randn(8, 3, 32, 32), torch.randint(4, 8, (8,))), ctx, phase)
+    sum(terms.values()).backward()
+    grads = {k: p.grad for k, p in net.named_parameters() if p.grad is not None}
+    head = grads.pop("head.table", None)
+    if head is not None:  # the static head's gradient: the seen rows as the growing head's blocks, zero after
+        assert (head[8:] == 0).all()
+        grads |= {"head.blocks.0.weight": head[:4], "head.blocks.1.weight": head[4:8]}
+    return inversion, inv_grads, terms, grads
+
+
+@pytest.mark.parametrize("phase", [Phase("rrl", 1, 0.1), Phase("chr", 1, 0.005, trainable="head")], ids=["rrl", "chr"])
+def test_static_head_steps_equal_growing_head_steps_within_rounding(phase: Phase) -> None:
+    """Inversion and training steps from the same state: the same loss terms and gradients, within float32
+    rounding: a wider matrix product may sum in another order, so within 1e-6 of each tensor's largest value.
+    Over a run Adam and SGD amplify such differences; test_static_head_run_equals_growing_head_run covers runs."""
+    grow, static = _task1(None, phase), _task1(12, phase)
+    for a, b, what in zip(grow, static, ("inversion terms", "generator gradients", "terms", "gradients"), strict=True):
+        a, b = (a, b) if isinstance(a, dict) else (dict(enumerate(a)), dict(enumerate(b)))
+        assert a.keys() == b.keys(), what
+        for k in a:
+            scale = float(a[k].detach().abs().max())  # a gradient 0 in exact arithmetic (bias before BN) is noise
+            torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6 * max(scale, 1.0), msg=f"{what}: {k}")
+
+
+def test_static_head_is_refused_for_methods_that_slice_columns() -> None:
+    cfg = load_config([], [("method.name", "lwf"), ("model.static_head", "true")])[0]
+    with pytest.raises(ConfigError, match="static_head: lwf .* rdfcil"):
+        prepare(cfg)
+    assert build  # the engine builds a static head only after prepare() accepted it
+
+
+def test_compile_step_needs_the_static_head() -> None:
+    cfg = load_config(smoke_configs("rdfcil"), [("engine.compile", "step")])[0]
+    with pytest.raises(ConfigError, match="compile: step .*static_head: true"):
+        prepare(cfg)
+
+
+def test_compile_step_compiles_once_per_phase_kind_and_keeps_the_results() -> None:
+    """Three tasks with ``engine.compile: step`` (dynamo with its eager backend: tracing and guards as inductor's,
+    no code generation): task 0 compiles the base step, task 1 the inversion, RRL and CHR steps, task 2 nothing.
+    The compiled run's results equal the uncompiled one's."""
+    torch._dynamo.reset()  # compiled code is cached per process: start from none
+    short = [("data.num_tasks", "3"), ("train.epochs", "2"), ("train.milestones", "[]")]
+    short += [("method.inversion.steps", "2")]
+    plain, _ = _run("rdfcil", True, *short)
+    compiled, _ = _run("rdfcil", True, *short, ("engine.compile", "step"), ("engine.compile_backend", "eager"))
+    compiles = [t.get("compiles") for t in compiled["timings"]]
+    assert compiles[0] > 0 and compiles[1] > 0 and compiles[2] == 0, compiles
+    assert all(t["compile_s"] > 0 for t in compiled["timings"][:2])
+    assert compiled["correct_matrix"] == plain["correct_matrix"]
