@@ -152,8 +152,10 @@ def steps_for(
     method, net, ctx, optimizer, batch = setup
     maybe_compiled = torch.compile if compile else (lambda f: f)
     inv = method.replay.synth
-    capturable = {"capturable": True, "fused": True} if graphs == "on" else {}
-    inv_opt = torch.optim.Adam(inv.generator.parameters(), lr=1e-3, **capturable)
+    # as the engine's: fused on CUDA, and capturable (its step count on the device) when graphed
+    kernels = {"fused": True} if ctx.device.type == "cuda" else {}
+    kernels |= {"capturable": True} if graphs == "on" else {}
+    inv_opt = torch.optim.Adam(inv.generator.parameters(), lr=1e-3, **kernels)
     test = torch.randn(1000, 3, 32, 32, device=ctx.device)
 
     def inversion_terms():
