@@ -182,3 +182,25 @@ def test_compile_step_compiles_once_per_phase_kind_and_keeps_the_results() -> No
     assert compiles[0] > 0 and compiles[1] > 0 and compiles[2] == 0, compiles
     assert all(t["compile_s"] > 0 for t in compiled["timings"][:2])
     assert compiled["correct_matrix"] == plain["correct_matrix"]
+
+
+def test_static_head_run_interrupted_in_rrl_resumes_exactly(tmp_path) -> None:
+    """Checkpoints hold the static head in the growing head's layout; a resumed run is the uninterrupted one."""
+    from conftest import StopAfterEpochs
+    from dfcil.checkpoint import loads
+    from dfcil.engine import Interrupt, RunInterrupted
+    from dfcil.runner import resume, train
+
+    over = [("model.static_head", "true"), ("train.epochs", "3"), ("train.milestones", "[1]")]
+    over += [("method.chr_epochs", "1"), ("epoch_checkpoint_interval_s", "0")]
+    cfg = load_config(smoke_configs("rdfcil"), over)[0]
+    whole = train(cfg, tmp_path / "whole", progress=False)
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted):  # after task 0's 2 epochs and the first RRL epoch of task 1
+        train(cfg, tmp_path / "split", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
+    split = resume(tmp_path / "split", progress=False)
+    assert split["correct_matrix"] == whole["correct_matrix"]
+    a, b = (loads((tmp_path / d / "model.pt").read_bytes())["net"] for d in ("whole", "split"))
+    assert a.keys() == b.keys() and "head.blocks.1.weight" in a
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
