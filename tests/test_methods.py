@@ -338,7 +338,7 @@ def test_a_parameter_unfrozen_under_a_kept_optimiser_gets_a_zero_momentum_buffer
         torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("stop", [4, 5])  # at the end of task 1; after task 2's first epoch
+@pytest.mark.parametrize("stop", [4, pytest.param(5, marks=pytest.mark.slow)])  # end of task 1; task 2's 1st epoch
 def test_abds_persistent_generator_carries_over_tasks_and_resumes_exactly(stop, tmp_path):
     """ABD keeps one generator and its Adam state for the run: task 2 warm-starts from task 1's; a resume at the
     task boundary (the carried state) or inside task 2 (its static state) continues exactly."""

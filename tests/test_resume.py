@@ -113,12 +113,14 @@ def _wait_for(proc, out, predicate, timeout=120):
 @pytest.mark.parametrize(
     "where",
     [
-        pytest.param(lambda p: p["task"] == 1 and p["stage"] == "setup", id="inversion"),
+        pytest.param(lambda p: p["task"] == 1 and p["stage"] == "setup", id="inversion", marks=pytest.mark.slow),
         pytest.param(
             lambda p: p["task"] == 1 and p["stage"] == "train" and p["phase"] == 0 and p["epoch"] >= 1, id="rrl"
         ),
         pytest.param(
-            lambda p: p["task"] == 1 and p["stage"] == "train" and p["phase"] == 1 and p["epoch"] >= 1, id="chr"
+            lambda p: p["task"] == 1 and p["stage"] == "train" and p["phase"] == 1 and p["epoch"] >= 1,
+            id="chr",
+            marks=pytest.mark.slow,
         ),
     ],
 )
@@ -243,9 +245,15 @@ def test_changed_protocol_is_refused_runtime_keys_are_not(reference, tmp_path, c
     ("edit", "message"),
     [
         (("epochs: 5", "epochs: 6"), "train.epochs: 5 in the checkpoint, 6 now"),
-        (("seed: 1", "seed: 2"), "seed: 1 in the checkpoint, 2 now"),
-        (("backbone: resnet8", "backbone: resnet20"), 'model.backbone: "resnet8" in the checkpoint, "resnet20" now'),
-        (("num_tasks: 2", "num_tasks: 3"), "data.num_tasks: 2 in the checkpoint, 3 now"),
+        pytest.param(("seed: 1", "seed: 2"), "seed: 1 in the checkpoint, 2 now", marks=pytest.mark.slow),
+        pytest.param(
+            ("backbone: resnet8", "backbone: resnet20"),
+            'model.backbone: "resnet8" in the checkpoint, "resnet20" now',
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ("num_tasks: 2", "num_tasks: 3"), "data.num_tasks: 2 in the checkpoint, 3 now", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_resume_refuses_an_edited_config_yaml_and_leaves_the_run_as_it_was(reference, tmp_path, capsys, edit, message):

@@ -96,7 +96,7 @@ def _run(method: str, static: bool, *extra: tuple[str, str]):
     return run(cfg, progress=False), cfg
 
 
-@pytest.mark.parametrize("method", ["rdfcil", "finetune"])
+@pytest.mark.parametrize("method", ["rdfcil", pytest.param("finetune", marks=pytest.mark.slow)])
 def test_static_head_run_equals_growing_head_run(method: str) -> None:
     """The smoke preset with each head: the same accuracy matrix, and the same weights within rounding (a wider
     matrix product or softmax may sum in another order)."""
@@ -184,6 +184,7 @@ def test_compile_step_compiles_once_per_phase_kind_and_keeps_the_results() -> No
     assert compiled["correct_matrix"] == plain["correct_matrix"]
 
 
+@pytest.mark.slow
 def test_static_head_run_interrupted_in_rrl_resumes_exactly(tmp_path) -> None:
     """Checkpoints hold the static head in the growing head's layout; a resumed run is the uninterrupted one."""
     from conftest import StopAfterEpochs

@@ -324,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # also while the first imports (torch) load, before any run exists
         print("dfcil: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if "dfcil.distributed" in sys.modules:  # a run over several processes (torchrun) leaves its group
+            sys.modules["dfcil.distributed"].stop()
 
 
 def _main(argv: Sequence[str] | None) -> int:

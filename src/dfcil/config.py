@@ -139,6 +139,9 @@ class EngineConfig:
     # only; eager elsewhere and for methods not marked graph-safe); check: eager, verifying on any device that
     # the steps could be replayed (for new methods); off: eager.
     cuda_graphs: OnOffCheck = "off"
+    # Under torchrun (several processes): batch norm with the statistics of the global batch, as one process
+    # computes them (the reference trains on one GPU); false: each process's own part (another algorithm)
+    sync_bn: bool = True
 
     def __post_init__(self) -> None:
         if self.cuda_graphs != "off" and self.compile in ("reduce-overhead", "max-autotune"):

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dfcil import __version__
+from dfcil import __version__, distributed
 from dfcil.callbacks import Callback, Checkpointing, Timer
 from dfcil.config import RunConfig, config_to_dict
 from dfcil.data.device import Normalizer, TrainBatches
@@ -34,27 +34,12 @@ from dfcil.optim import fill_momentum, load_optimizer_state, sgd
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
 from dfcil.runtime import Runtime, process_state_kept, resolve_device, seed_everything
-from dfcil.state import EpochProgress, Position, RunState
+from dfcil.state import EpochProgress, Interrupt, NonFiniteLossError, Position, RunInterrupted, RunState
 from dfcil.task0 import Task0Cache
 
 log = logging.getLogger("dfcil")
 
 SUMMARY_FORMAT = 1  # summary.json's layout, for readers without the engine (reports); raise it when a key changes
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss term became NaN or infinite."""
-
-
-class RunInterrupted(Exception):
-    """The run stopped on request (Ctrl-C, SIGTERM) after writing a checkpoint."""
-
-
-@dataclasses.dataclass
-class Interrupt:
-    """Set by a signal handler; the engine finishes the current step, checkpoints and stops."""
-
-    requested: bool = False
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -124,13 +109,15 @@ def run(
         loop = build(cfg, protocol, progress, interrupt)
         saver = Checkpointing(run_dir, cfg) if run_dir is not None else None
         cache = Task0Cache(cfg, protocol, loop.method) if cfg.task0_cache else None
-        loop.callbacks = [Timer(), *callbacks, *(c for c in (saver, cache) if c is not None)]
+        writers = (saver, cache) if loop.runtime.dist.main else ()  # one process writes the run's files
+        loop.callbacks = [Timer(), *callbacks, *(c for c in writers if c is not None)]
         payload = None
         if resume:
             payload = saver.load()
         elif cache is not None:  # a shared first-task model, if one is stored: task 0 is not trained again
             payload = cache.load()
         ctx = restore(loop, payload) if payload is not None else None  # the context of the task to continue
+        loop.runtime.dist.barrier()  # every process has read the checkpoint before the first writes a new one
         loop.emit("on_run_start", loop)
         state = loop.state
         if cache is not None and cache.loaded:
@@ -151,7 +138,8 @@ def run(
 
 def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, interrupt: Interrupt | None = None) -> Loop:
     """The network, the method and the run state of a new run, seeded from ``cfg.seed``."""
-    device = resolve_device(cfg.device)
+    dist = distributed.current()  # several processes under torchrun: this one's rank (docs/distributed.md)
+    device = distributed.device_of(resolve_device(cfg.device), dist)
     seed_everything(cfg.seed)
     method = build_method(cfg.method, cfg.train)
     backbone = backbone_for(cfg.model.backbone, protocol.dataset.image_size)
@@ -159,6 +147,8 @@ def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, inte
     net = build_network(backbone, type(method).head, cfg.model.head_init_std, capacity).to(device)
     if cfg.engine.channels_last:
         net.to(memory_format=torch.channels_last)
+    if dist.active and cfg.engine.sync_bn:
+        net.sync_batch_norm(dist)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = cfg.engine.cudnn_benchmark
     if cfg.engine.compile not in ("none", "step"):  # step: Runtime.compiler compiles the steps instead
@@ -167,7 +157,7 @@ def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, inte
         log.warning("%s is not marked graph_safe: its steps run eagerly (try cuda_graphs: check)", method.name)
     state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
     loop = Loop(cfg=cfg, net=net, method=method, state=state, protocol=protocol, interrupt=interrupt or Interrupt())
-    loop.runtime = Runtime.from_config(cfg.engine, device, make_progress(progress), lambda: setup_step(loop))
+    loop.runtime = Runtime.from_config(cfg.engine, device, make_progress(progress), lambda: setup_step(loop), dist)
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device, cfg.engine.channels_last)
     loop.test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device)
     return loop
@@ -191,7 +181,7 @@ def task_context(loop: Loop, task: int) -> TaskContext:
     """Task ``task``'s context: its classes and its training images on the device."""
     split, cfg, device = loop.protocol.split, loop.cfg, loop.runtime.device
     x, y = loop.protocol.train_tensors(task, type(loop.method).train_data == "seen", cfg.data.train_per_class, device)
-    data = TrainBatches(x, y, cfg.train.batch_size, loop.test.normalizer, loop.state.rngs["data"])
+    data = TrainBatches(x, y, cfg.train.batch_size, loop.test.normalizer, loop.state.rngs["data"], loop.runtime.dist)
     return TaskContext(
         task_id=task, n_old=split.offsets[task], n_new=split.task_sizes[task], num_tasks=split.num_tasks,
         net=loop.net, data=data, rng=loop.state.rngs["method"], runtime=loop.runtime,
@@ -230,7 +220,7 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
     batch, test = loop.cfg.train.eval_batch_size, loop.test
     loop.emit("on_eval_start")
     with ctx.runtime.progress(total=test.batches(task, batch), desc=f"task {task} eval") as bar, ctx.runtime.autocast():
-        state.acc.record(task, *test.evaluate(loop.net, task, batch, bar))
+        state.acc.record(task, *test.evaluate(loop.net, task, batch, bar, ctx.runtime.dist))
     loop.emit("on_eval_end")
     state.position = Position(task + 1, "start")
     loop.emit("on_task_end", state.task_record(task, loop.protocol.split))
@@ -290,6 +280,7 @@ class TrainStep:
         self.method, self.ctx, self.phase, self.optimizer = method, ctx, phase, optimizer
         self.names: list[str] = []  # the loss terms' names
         self.terms = ctx.runtime.compiled(loss_terms)  # engine.compile: step compiles it
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]
 
     def __call__(self, idx: Tensor) -> Tensor:
         ctx, optimizer = self.ctx, self.optimizer
@@ -303,10 +294,12 @@ class TrainStep:
         self.names = list(terms)
         losses = torch.stack([v.float() for v in terms.values()])
         losses.sum().backward()
+        ctx.runtime.dist.average_gradients(self.params)  # several processes: the global batch's gradient
         if self.method.grad_clip_value is not None:
             nn.utils.clip_grad_value_(ctx.net.parameters(), self.method.grad_clip_value)
         optimizer.step()
-        return losses.detach()
+        ctx.runtime.dist.share_buffers(ctx.net)  # engine.sync_bn false: the first process's BN statistics
+        return ctx.runtime.dist.mean(losses.detach())  # the global batch's terms (each process has its share's)
 
 
 def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar: Any = None) -> dict[str, float]:

@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from dfcil import distributed
 from dfcil.config import ConfigError, RunConfig
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import Normalizer, class_indices, to_device
 from dfcil.data.splits import ClassIncrementalSplit, SplitError
+from dfcil.distributed import Dist
 from dfcil.io import check_creatable_dir
 from dfcil.methods import METHODS, build_method
 from dfcil.models.generator import generator_layout
@@ -45,13 +47,9 @@ class Protocol:
         return to_device(self.dataset.train, lut, class_indices(self.dataset.train, lut, labels, per_class), device)
 
 
-def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
-    """Load the data (decoding and caching image files the first time, with ``progress`` bars) and build the
-    protocol, raising a clear error for anything that cannot run."""
-    method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
-    if cfg.model.backbone != "auto":
-        BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
-    HEADS.get(type(method).head)
+def check_engine(cfg: RunConfig, method: Any) -> None:
+    """Refuse engine and model switches that ``method`` or this launch cannot use: a static head, compiled steps,
+    several processes (:mod:`dfcil.distributed`)."""
     if cfg.model.static_head and not type(method).static_head:
         able = ", ".join(n for n in METHODS.names() if METHODS.get(n).static_head)
         raise ConfigError(
@@ -59,12 +57,36 @@ def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol
             f"which a static head's fixed width does not allow; the methods that support it: {able}. Set "
             f"model.static_head: false"
         )
-    device = resolve_device(cfg.device)
+    dist = distributed.current()
+    if dist.active:
+        able = ", ".join(n for n in METHODS.names() if METHODS.get(n).distributed)
+        if not type(method).distributed:
+            raise ConfigError(
+                f"{method.name} does not train over several processes yet (its batch-level terms are computed per "
+                f"process); the methods that do: {able}. Run it as one process"
+            )
+        if cfg.engine.cuda_graphs == "on" or cfg.engine.compile != "none":
+            raise ConfigError(
+                "engine.cuda_graphs: on and engine.compile do not work over several processes yet; set "
+                "engine.cuda_graphs: off and engine.compile: none, or run one process"
+            )
+        dist.check_batch(cfg.train.batch_size)
     if cfg.engine.compile == "step" and not cfg.model.static_head:
         raise ConfigError(
             "engine.compile: step compiles each step once per run, which needs shapes that do not change between "
             "tasks: add model.static_head: true (or use engine.compile: default, which compiles the backbones)"
         )
+
+
+def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
+    """Load the data (decoding and caching image files the first time, with ``progress`` bars) and build the
+    protocol, raising a clear error for anything that cannot run."""
+    method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
+    if cfg.model.backbone != "auto":
+        BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
+    HEADS.get(type(method).head)
+    check_engine(cfg, method)
+    device = resolve_device(cfg.device)
     if cfg.engine.compile != "none" and cfg.engine.compile_backend == "inductor":
         check_compiler(device)
     if cfg.task0_cache:
@@ -126,8 +148,17 @@ class TestSet:
         return -(-int(self.seen[task]) // batch_size)
 
     @torch.no_grad()
-    def evaluate(self, net: IncrementalNet, task: int, batch_size: int, bar: Any = None) -> tuple[np.ndarray, ...]:
+    def evaluate(
+        self,
+        net: IncrementalNet,
+        task: int,
+        batch_size: int,
+        bar: Any = None,
+        dist: Dist = Dist(),  # noqa: B008
+    ) -> tuple[np.ndarray, ...]:
         """Top-1 accuracy counts per task after ``task``, argmax over all classes the head has (the seen ones).
+        Under several processes each evaluates every ``dist.world``-th image of each batch and the counts are
+        summed: the same counts as one process's.
 
         Returns:
             (correct, count) per task 0..task.
@@ -138,7 +169,8 @@ class TestSet:
         correct = torch.zeros(task + 1, dtype=torch.long, device=self.x.device)
         count = torch.zeros(task + 1, dtype=torch.long, device=self.x.device)
         for i in range(0, n, batch_size):
-            xb, yb = self.x[i : min(i + batch_size, n)], self.y[i : min(i + batch_size, n)]
+            rows = slice(i + dist.rank, min(i + batch_size, n), dist.world)
+            xb, yb = self.x[rows], self.y[rows]
             pred = net(self.normalizer(xb)).logits.argmax(dim=1)
             t = self.task_of_label[yb]
             correct.index_add_(0, t, (pred == yb).long())
@@ -146,4 +178,6 @@ class TestSet:
             if bar is not None:
                 bar.update(1)
         net.train(was_training)
+        dist.sum_(correct)
+        dist.sum_(count)
         return correct.cpu().numpy(), count.cpu().numpy()

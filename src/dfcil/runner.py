@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from filelock import FileLock, Timeout
 
+from dfcil import distributed
 from dfcil.callbacks import Callback, ConsoleLogger, JsonlLogger
 from dfcil.checkpoint import FORMAT, Checkpointer, dumps, loads
 from dfcil.config import (
@@ -132,6 +133,9 @@ def train(
     """
     out = Path(out)
     cfg = with_absolute_paths(cfg)
+    dist = distributed.start(resolve_device(cfg.device).type)  # torchrun: join the other processes
+    if not dist.main:
+        return _follow(cfg, out, dist, progress, callbacks, interrupt)
     if (out / "config.yaml").exists():
         saved = load_config([out / "config.yaml"])[0]
         changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
@@ -154,6 +158,7 @@ def train(
         with locked(out):
             write_atomic(out / "config.yaml", dump_config(cfg))
             write_json(out / "meta.json", provenance(cfg, argv))
+            dist.barrier()  # the other processes follow once the run directory exists (_follow)
             return _execute(cfg, out, protocol, False, progress, callbacks, interrupt)
     except BaseException:
         if not Checkpointer(out).exists():  # failed before its first checkpoint: nothing to resume, leave nothing
@@ -200,16 +205,41 @@ def resume(
             f"cannot change {', '.join(changed)} when resuming {run_dir}: these keys shape the protocol or the "
             f"model. Only {', '.join(sorted(RUNTIME_KEYS))} may change; start a new run for the rest"
         )
+    dist = distributed.start(resolve_device(cfg.device).type)  # torchrun: join the other processes
+    if not dist.main:
+        return _follow(cfg, run_dir, dist, progress, callbacks, interrupt)
     protocol = prepare(cfg, make_progress(progress))
     callbacks = [*build_loggers(cfg.log, run_dir), *callbacks]
     with locked(run_dir):
         has_checkpoint = Checkpointer(run_dir).exists()
+        dist.barrier()  # the other processes follow from the same checkpoint (_follow)
         if not has_checkpoint:  # stopped before its first checkpoint: start over in place
             metrics = run_dir / "metrics.jsonl"
             if metrics.exists() and metrics.stat().st_size:
                 log.warning("%s has no checkpoint (deleted?): the run starts over from its first task", run_dir)
             metrics.unlink(missing_ok=True)
         return _execute(cfg, run_dir, protocol, has_checkpoint, progress, callbacks, interrupt)
+
+
+def _follow(
+    cfg: RunConfig,
+    out: Path,
+    dist: distributed.Dist,
+    progress: bool | None,
+    callbacks: Sequence[Callback],
+    interrupt: Interrupt | None,
+) -> dict[str, Any]:
+    """A process other than the first of a run over several: it validates as the first does, waits until the first
+    has created or locked the run directory, then trains its share, reading checkpoints but writing nothing."""
+    protocol = prepare(cfg, make_progress(False))
+    dist.barrier()
+    resuming = Checkpointer(out).exists()
+    quiet = logging.Filter("dfcil.quiet")  # the first process logs for the run
+    log.addFilter(quiet)
+    try:
+        return run(cfg, callbacks, out, resuming, protocol=protocol, progress=False, interrupt=interrupt)
+    finally:
+        log.removeFilter(quiet)
 
 
 def _execute(

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from dfcil.config import ConfigError, EngineConfig
+from dfcil.distributed import Dist
 from dfcil.graphs import GraphMode
 from dfcil.progress import ProgressFactory, make_progress
 
@@ -39,6 +40,7 @@ class Runtime:
     # a long task setup calls this at consistent points: the engine may checkpoint there, or stop on an interrupt
     setup_step: Callable[[], None] = _nothing
     compiler: StepCompiler | None = None  # engine.compile: step; None: steps run as written
+    dist: Dist = Dist()  # this process's place in a run over several processes (torchrun)
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` through :attr:`compiler` under ``engine.compile: step``, else ``fn`` itself."""
@@ -46,7 +48,12 @@ class Runtime:
 
     @classmethod
     def from_config(
-        cls, engine: EngineConfig, device: torch.device, progress: ProgressFactory, setup_step: Callable[[], None]
+        cls,
+        engine: EngineConfig,
+        device: torch.device,
+        progress: ProgressFactory,
+        setup_step: Callable[[], None],
+        dist: Dist = Dist(),  # noqa: B008 - frozen
     ) -> Runtime:
         merge = engine.merge_passes
         if merge == "auto":  # a merged 256-image pass is slower than two 128-image ones on a CPU
@@ -55,7 +62,7 @@ class Runtime:
             device=device, precision=engine.precision, merge_teacher=merge != "none", merge_student=merge == "all",
             channels_last=engine.channels_last, fused=engine.fused_optimizer and device.type == "cuda",
             graphs=engine.cuda_graphs, progress=progress, setup_step=setup_step,
-            compiler=StepCompiler(engine.compile_backend) if engine.compile == "step" else None,
+            compiler=StepCompiler(engine.compile_backend) if engine.compile == "step" else None, dist=dist,
         )  # fmt: skip
 
     def autocast(self) -> AbstractContextManager:

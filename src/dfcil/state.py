@@ -36,6 +36,21 @@ class Position:
     step: int = 0
 
 
+class NonFiniteLossError(FloatingPointError):
+    """A loss term became NaN or infinite."""
+
+
+class RunInterrupted(Exception):
+    """The run stopped on request (Ctrl-C, SIGTERM) after writing a checkpoint."""
+
+
+@dataclasses.dataclass
+class Interrupt:
+    """Set by a signal handler; the engine finishes the current step, checkpoints and stops."""
+
+    requested: bool = False
+
+
 @dataclasses.dataclass
 class EpochProgress:
     """A partly done epoch: its batch order, batches done and each step's loss terms so far (for mid-epoch

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dfcil.data.datasets import ImageArrays
+from dfcil.distributed import Dist
 
 
 def class_indices(
@@ -116,6 +117,8 @@ class TrainBatches:
         batch_size: images per batch.
         normalizer: maps uint8 images to normalised floats.
         generator: random stream for shuffling and augmentation.
+        dist: several processes: each batch is drawn and augmented whole on every process, which keeps its rows
+            (the random streams stay equal on every process, and the global batch is a single process's).
         pad: crop padding (0 disables crop; flip stays).
         augment: apply crop and flip.
     """
@@ -127,10 +130,12 @@ class TrainBatches:
         batch_size: int,
         normalizer: Normalizer,
         generator: torch.Generator,
+        dist: Dist = Dist(),  # noqa: B008 - frozen
         pad: int = 4,
         augment: bool = True,
     ) -> None:
         self.x, self.y = x, y
+        self.dist = dist
         self.batch_size = batch_size
         self.normalizer = normalizer
         self.generator = generator
@@ -162,11 +167,14 @@ class TrainBatches:
             yield perm[i * self.batch_size : (i + 1) * self.batch_size]
 
     def load(self, idx: Tensor) -> tuple[Tensor, Tensor]:
-        """The augmented, normalised images and the labels of one batch (all on the device, no host sync)."""
+        """The augmented, normalised images and the labels of one batch (all on the device, no host sync); under
+        several processes this process's rows of it."""
         x = self.x[idx]
         if self.augment:
-            return self.normalizer.to_nchw(crop_flip(self.normalizer.nhwc(x), self.pad, self.generator)), self.y[idx]
-        return self.normalizer(x), self.y[idx]
+            x = self.normalizer.to_nchw(crop_flip(self.normalizer.nhwc(x), self.pad, self.generator))
+        else:
+            x = self.normalizer(x)
+        return self.dist.shard(x), self.dist.shard(self.y[idx])
 
     def iterate(self, perm: Tensor, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
         """The batches of the epoch with order ``perm``, from batch ``start`` on (to continue a partial epoch)."""

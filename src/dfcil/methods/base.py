@@ -91,6 +91,9 @@ class Method:
     # Its losses work on a static head's full-width logits (model.static_head): unseen columns are masked, and it
     # compares old or new columns through the head's masks, never by slicing with the task's class counts.
     static_head: ClassVar[bool] = False
+    # It trains over several processes (torchrun): every loss term is a mean over samples, or computed over the
+    # global batch through ctx.runtime.dist (dfcil.distributed).
+    distributed: ClassVar[bool] = False
     Config: ClassVar[type[MethodConfig]] = MethodConfig
 
     def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:

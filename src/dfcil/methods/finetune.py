@@ -15,6 +15,7 @@ class Finetune(Method):
 
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
     static_head = True  # plain CE over all columns: the masked ones add nothing
+    distributed = True  # a mean over samples: the processes' mean is the global batch's
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}

@@ -23,6 +23,7 @@ class Joint(Method):
 
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
     static_head = True  # plain CE over all columns: the masked ones add nothing
+    distributed = True  # a mean over samples: the processes' mean is the global batch's
 
     Config = JointConfig
     train_data = "seen"

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dfcil.config import ConfigError, MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
+from dfcil.distributed import Dist
 from dfcil.losses.classification import balanced_class_weights, class_histogram, local_ce
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Method, Phase, Task, TaskContext, register_method
@@ -64,6 +65,15 @@ def rdfcil_loss_weights(lambda_ce: float, lambda_hkd: float, lambda_rkd: float, 
     )
 
 
+def weighted_ce(logits: Tensor, y: Tensor, weight: Tensor, dist: Dist) -> Tensor:
+    """Class-weighted CE, Σ w_y·CE / Σ w_y over the global batch: under several processes each process's numerator
+    over the global denominator, times the number of processes (the engine averages the gradients over them)."""
+    if not dist.active:
+        return F.cross_entropy(logits.float(), y, weight=weight)
+    total = dist.sum_(weight[y].sum())
+    return F.cross_entropy(logits.float(), y, weight=weight, reduction="sum") * dist.world / total
+
+
 @register_method("rdfcil")
 class RDFCIL(Method):
     """R-DFCIL (Gao et al., 2022): relation-guided representation learning, then head refinement.
@@ -73,6 +83,7 @@ class RDFCIL(Method):
 
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
     static_head = True  # old and new columns through the head's masks when it is static
+    distributed = True  # its batch-level terms (RKD, weighted CE, label counts) over the global batch
 
     Config = RDFCILConfig
 
@@ -137,7 +148,7 @@ class RDFCIL(Method):
         if phase.name == "base":  # task 0
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
         assert self.term_weights is not None
-        c, b, teacher, head = self.cfg, len(batch.x), self.replay.teacher, net.head
+        c, b, teacher, head, dist = self.cfg, len(batch.x), self.replay.teacher, net.head, ctx.runtime.dist
         w_lce, w_hkd, w_rkd = self.term_weights
         # old and new columns: by the task's class counts, or a static head's masks (shapes fixed for the run)
         new = head.new_mask if head.mask is not None else ctx.n_old
@@ -147,7 +158,8 @@ class RDFCIL(Method):
                 return hkd_l1(student, teacher, head.old_mask)
             return hkd_l1(student[:, : ctx.n_old], teacher)
 
-        x_syn = self.replay.generate(b)  # fresh, unaugmented, as many as real images
+        # fresh, unaugmented, as many as real images (several processes: drawn for the global batch, then shared)
+        x_syn = dist.shard(self.replay.generate(b * dist.world))
         need_real = phase.name == "rrl" and c.new_kd != "none"  # teacher outputs on real data: new-data KD only
         with torch.no_grad():
             if ctx.runtime.merge_teacher:  # eval mode: one pass over real + synthetic is exact
@@ -159,12 +171,12 @@ class RDFCIL(Method):
                 syn = teacher(x_syn)
                 t_real, t_syn = (real.logits, real.features) if real is not None else None, (syn.logits, syn.features)
         y_syn = t_syn[0].argmax(dim=1)  # pseudo-labels: the old model's argmax over the old classes
-        self.class_counts += class_histogram(torch.cat([batch.y, y_syn]), len(self.class_counts))
+        self.class_counts += dist.sum_(class_histogram(torch.cat([batch.y, y_syn]), len(self.class_counts)))
         if phase.name == "chr":  # backbone frozen in eval mode, so one pass over real + synthetic equals two
             x = torch.cat([batch.x, x_syn])
             logits = net(x).logits if ctx.runtime.merge_teacher else torch.cat([net(batch.x).logits, net(x_syn).logits])
             y = torch.cat([batch.y, y_syn])
-            terms = {"gce": c.lambda_ce * F.cross_entropy(logits.float(), y, weight=self.class_weights)}
+            terms = {"gce": c.lambda_ce * weighted_ce(logits, y, self.class_weights, dist)}
             if c.chr_hkd and c.old_kd == "hkd":
                 terms["hkd"] = w_hkd * hkd(logits[b:], t_syn[0])
             return terms
@@ -173,9 +185,9 @@ class RDFCIL(Method):
         if c.old_kd == "hkd":  # old knowledge on synthetic data
             terms["hkd"] = w_hkd * hkd(logits[b:], t_syn[0])
         elif c.old_kd == "rkd":
-            terms["rkd_syn"] = w_rkd * self._rkd(feat[b:], t_syn[1])
-        if c.new_kd == "rkd":  # the structure of the new data in the old feature space
-            terms["rkd"] = w_rkd * self._rkd(feat[:b], t_real[1])
+            terms["rkd_syn"] = w_rkd * self._rkd(dist.gather(feat[b:]), dist.gather(t_syn[1]))
+        if c.new_kd == "rkd":  # the structure of the new data in the old feature space (over the global batch)
+            terms["rkd"] = w_rkd * self._rkd(dist.gather(feat[:b]), dist.gather(t_real[1]))
         elif c.new_kd == "hkd":
             terms["hkd_new"] = w_hkd * hkd(logits[:b], t_real[0])
         return terms

@@ -79,7 +79,34 @@ class BNMode:
 
 
 class BatchNorm2d(nn.BatchNorm2d):
-    """``nn.BatchNorm2d`` that understands :class:`BNMode`; identical to it when ``bn`` is None."""
+    """``nn.BatchNorm2d`` that understands :class:`BNMode`; identical to it when ``bn`` is None. With :attr:`sync`
+    (a :class:`dfcil.distributed.Dist` of several processes, set by the engine under ``engine.sync_bn``) a training
+    batch is normalised with the statistics of the global batch, every process's part of each BN group together."""
+
+    sync = None  # a Dist of several processes: synchronise batch statistics
+
+    def _synchronised(self, x: Tensor) -> Tensor:
+        """Batch norm of ``x`` with mean and variance over the global batch: per-channel sums, sums of squares and
+        counts summed over processes (differentiably), the running statistics updated as one process would."""
+        if self.momentum is None:
+            raise ValueError("synchronised batch norm needs a momentum (the cumulative average is not supported)")
+        c, xf = x.shape[1], x.float()
+        n = torch.full((1,), xf.numel() // c, dtype=torch.float32, device=x.device)
+        stats = self.sync.all_sum(torch.cat([xf.sum(dim=(0, 2, 3)), xf.square().sum(dim=(0, 2, 3)), n]))
+        total = stats[2 * c]
+        mean = stats[:c] / total
+        var = (stats[c : 2 * c] / total - mean.square()).clamp(min=0)
+        with torch.no_grad():
+            self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+            unbiased = var.detach() * total / (total - 1).clamp(min=1)
+            self.running_var.lerp_(unbiased.to(self.running_var.dtype), self.momentum)
+        scale = torch.rsqrt(var + self.eps)
+        if self.weight is not None:
+            scale = scale * self.weight
+        out = (xf - mean[None, :, None, None]) * scale[None, :, None, None]
+        if self.bias is not None:
+            out = out + self.bias[None, :, None, None]
+        return out.to(x.dtype)
 
     def forward(self, x: Tensor, bn: BNMode | None = None) -> Tensor:  # type: ignore[override]
         if bn is None:
@@ -92,7 +119,11 @@ class BatchNorm2d(nn.BatchNorm2d):
         if x.shape[0] % bn.splits:
             raise ValueError(f"batch of {x.shape[0]} does not split into {bn.splits} equal BN groups")
         parts = x.chunk(bn.splits) if bn.splits > 1 else (x,)
-        if self.momentum is None:  # a cumulative average depends on the count between the groups: count as nn does
+        if self.sync is not None and self.sync.active:  # statistics over every process's part (engine.sync_bn)
+            out = [self._synchronised(part) for part in parts]
+            if self.num_batches_tracked is not None:
+                bn.tracked.append(self.num_batches_tracked)
+        elif self.momentum is None:  # a cumulative average depends on the count between the groups: count as nn does
             out = [super(BatchNorm2d, self).forward(part) for part in parts]
         else:
             out = [

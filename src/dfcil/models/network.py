@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from dfcil.models import resnet  # noqa: F401 - registers the ImageNet ResNet-18
-from dfcil.models.batchnorm import BNMode
+from dfcil.models.batchnorm import BatchNorm2d, BNMode
 from dfcil.models.heads import HEADS, StaticLinear
 from dfcil.models.resnet_cifar import BACKBONES, memory_format_of
 
@@ -95,6 +95,13 @@ class IncrementalNet(nn.Module):
         """
         self.compile_options = options
         self.backbone.compile(**options)
+
+    def sync_batch_norm(self, dist: Any) -> None:
+        """Normalise training batches with the global batch's statistics over ``dist``'s processes (every BN layer of
+        the backbone; frozen copies are in eval mode and use running statistics)."""
+        for module in self.backbone.modules():
+            if isinstance(module, BatchNorm2d):
+                module.sync = dist
 
     def expand(self, n_new: int) -> None:
         self.head.expand(n_new, device=next(self.backbone.parameters()).device)

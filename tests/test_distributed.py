@@ -1,0 +1,149 @@
+"""One run over two processes (torchrun, gloo on the CPU): the same run as one process with the same global batch,
+within rounding; files written once; a run killed inside RRL resumes under torchrun to the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import CONFIGS
+from dfcil.checkpoint import Checkpointer, CheckpointError, loads, peek_position
+from dfcil.config import ConfigError, load_config
+from dfcil.distributed import Dist
+
+SMOKE = str(CONFIGS / "smoke.yaml")
+# inversion.steps 0: the generator stays at its initialisation, so its images do not depend on the teacher's
+# rounding (Adam turns a teacher that differs in the last bit into visibly different images)
+ARGS = ["--train.batch_size", "32", "--method.inversion.steps", "0", "--device", "cpu", "--no-progress"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    return env | {"OMP_NUM_THREADS": "1"}
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "dfcil",
+        *args,
+    ]
+
+
+def _one(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dfcil", *args]
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _losses(run) -> list[dict[str, float]]:
+    return [
+        r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["type"] == "epoch"
+    ]
+
+
+def _weights(run) -> dict[str, torch.Tensor]:
+    return loads((run / "model.pt").read_bytes())["net"]
+
+
+@pytest.mark.parametrize("method", ["rdfcil", pytest.param("finetune", marks=pytest.mark.slow)])
+def test_two_processes_train_as_one_with_the_same_global_batch(tmp_path, method):
+    """Each process a half of every batch, BN statistics over both halves, RKD and the weighted CE over the global
+    batch, gradients averaged: the losses of every epoch and the final weights equal one process's within rounding,
+    the accuracy counts exactly; metrics.jsonl is written once."""
+    config = SMOKE
+    if method == "finetune":  # the smoke preset's data, model and schedule; its R-DFCIL keys do not apply
+        config = str(tmp_path / "finetune.yaml")
+        (tmp_path / "finetune.yaml").write_text(
+            "method:\n  name: finetune\ndata:\n  name: fake\n  num_tasks: 2\nmodel:\n  backbone: resnet8\n"
+            "train:\n  epochs: 3\n  milestones: [2]\nseed: 1\n"
+        )
+    args = ARGS if method == "rdfcil" else [a for a in ARGS if "inversion" not in a and a != "0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _run(_one("train", "--config", config, *args, "--out", str(one)))
+    _run(_torchrun("train", "--config", config, *args, "--out", str(two)))
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (one, two))
+    assert a["correct_matrix"] == b["correct_matrix"]
+    la, lb = _losses(one), _losses(two)
+    assert len(la) == len(lb)  # one line per epoch: the second process writes none
+    for x, y in zip(la, lb, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert y[k] == pytest.approx(x[k], rel=1e-3, abs=1e-6), (k, x, y)
+    wa, wb = _weights(one), _weights(two)
+    for k in wa:
+        scale = float(wa[k].float().abs().max()) or 1.0
+        torch.testing.assert_close(wb[k].float(), wa[k].float(), rtol=0, atol=2e-2 * scale, msg=k)
+
+
+def _peek(run):
+    try:
+        return peek_position(Checkpointer(run).last.read_bytes())
+    except (OSError, CheckpointError):
+        return None
+
+
+@pytest.mark.slow
+def test_killed_in_rrl_resumes_under_torchrun_to_the_uninterrupted_run(tmp_path):
+    """One process killed once task 1's RRL has checkpointed an epoch (torchrun then stops the other);
+    ``torchrun ... dfcil resume`` finishes the run with the same weights, bit for bit, as an uninterrupted run."""
+    args = [*ARGS, "--train.epochs", "5", "--method.chr_epochs", "2", "--epoch_checkpoint_interval_s", "0"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    _run(_torchrun("train", "--config", SMOKE, *args, "--out", str(whole)))
+    proc = subprocess.Popen(
+        _torchrun("train", "--config", SMOKE, *args, "--out", str(cut)),
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        pos = _peek(cut)
+        if pos and pos["task"] == 1 and pos["stage"] == "train" and pos["phase"] == 0 and pos["epoch"] >= 1:
+            break
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        time.sleep(0.01)
+    workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    os.kill(int(workers[-1]), signal.SIGKILL)  # one rank
+    try:
+        proc.wait(timeout=120)  # torchrun stops the other rank and fails
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert not (cut / "summary.json").exists()
+    _run(_torchrun("resume", str(cut), "--no-progress"))
+    assert json.loads((cut / "summary.json").read_text())["resumed"] is True
+    wa, wb = _weights(whole), _weights(cut)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert _losses(whole) == _losses(cut)
+
+
+def test_batch_must_split_over_the_processes_and_methods_must_support_it(monkeypatch):
+    with pytest.raises(ConfigError, match="multiple of the number of processes"):
+        Dist(0, 3).check_batch(32)
+    from dfcil import distributed
+    from dfcil.protocol import prepare
+
+    monkeypatch.setattr(distributed, "current", lambda: Dist(0, 2))
+    cfg = load_config([], [("method.name", "lwf")])[0]
+    with pytest.raises(ConfigError, match="lwf does not train over several processes"):
+        prepare(cfg)
+    cfg = load_config([SMOKE], [("engine.cuda_graphs", "on")])[0]
+    with pytest.raises(ConfigError, match="cuda_graphs: on and engine.compile do not work over several"):
+        prepare(cfg)
