@@ -100,9 +100,11 @@ def _peek(run):
 
 
 @pytest.mark.slow
-def test_killed_in_rrl_resumes_under_torchrun_to_the_uninterrupted_run(tmp_path):
-    """One process killed once task 1's RRL has checkpointed an epoch (torchrun then stops the other);
-    ``torchrun ... dfcil resume`` finishes the run with the same weights, bit for bit, as an uninterrupted run."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+def test_killed_in_rrl_resumes_under_torchrun_to_the_uninterrupted_run(tmp_path, sig):
+    """One process killed (SIGKILL: torchrun then stops the other) or stopped (SIGTERM: every process stops at the
+    same step, the first writes a checkpoint) once task 1's RRL has checkpointed an epoch; ``torchrun ... dfcil
+    resume`` finishes the run with the same weights, bit for bit, as an uninterrupted run."""
     args = [*ARGS, "--train.epochs", "5", "--method.chr_epochs", "2", "--epoch_checkpoint_interval_s", "0"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     _run(_torchrun("train", "--config", SMOKE, *args, "--out", str(whole)))
@@ -118,7 +120,7 @@ def test_killed_in_rrl_resumes_under_torchrun_to_the_uninterrupted_run(tmp_path)
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         time.sleep(0.01)
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    os.kill(int(workers[-1]), signal.SIGKILL)  # one rank
+    os.kill(int(workers[-1]), sig)  # one rank
     try:
         proc.wait(timeout=120)  # torchrun stops the other rank and fails
     finally:

@@ -78,6 +78,12 @@ class Loop:
         }  # fmt: skip
 
 
+def stopping(loop: Loop) -> bool:
+    """Whether an interrupt was requested here or, over several processes, in any (all then stop at this point)."""
+    loop.interrupt.requested = loop.runtime.dist.flag(loop.interrupt.requested)
+    return loop.interrupt.requested
+
+
 def stop(loop: Loop, where: str) -> None:
     """Checkpoint (``on_interrupt``) and stop the run."""
     loop.emit("on_interrupt")
@@ -190,7 +196,7 @@ def task_context(loop: Loop, task: int) -> TaskContext:
 
 def setup_step(loop: Loop) -> None:
     """A consistent point inside a task's setup: stop there on an interrupt, else let callbacks checkpoint."""
-    if loop.interrupt.requested:
+    if stopping(loop):
         stop(loop, f"in task {loop.state.position.task}, setup")
     loop.emit("on_setup_step")
 
@@ -213,7 +219,7 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
         method.synthesize(ctx)  # model inversion; a task resumed inside it continues it
         state.position = Position(task, "train")
         loop.emit("on_setup_end")
-        if loop.interrupt.requested:
+        if stopping(loop):
             raise RunInterrupted(f"interrupted after the setup of task {task}")
     fit_task(loop, ctx, phases)
     method.on_task_end(ctx)
@@ -225,7 +231,7 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
     state.position = Position(task + 1, "start")
     loop.emit("on_task_end", state.task_record(task, loop.protocol.split))
     loop.ctx = None
-    if loop.interrupt.requested and task + 1 < ctx.num_tasks:
+    if stopping(loop) and task + 1 < ctx.num_tasks:
         raise RunInterrupted(f"interrupted after task {task}")
 
 
@@ -263,11 +269,11 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
                 for group in state.optimizer.param_groups:
                     group["lr"] = lr
                 train_epoch(loop, ctx, phase, step, bar)
-                if loop.interrupt.requested and epoch + 1 < phase.epochs:
+                if stopping(loop) and epoch + 1 < phase.epochs:
                     stop(loop, f"in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
         loop.emit("on_phase_end", phase)
         loop.graph = None
-        if loop.interrupt.requested:
+        if stopping(loop):
             raise RunInterrupted(f"interrupted in task {ctx.task_id}, at the end of phase {phase.name}")
     state.optimizer = None
 
@@ -319,7 +325,7 @@ def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar
         ep.record(losses, step.names, len(data))
         if bar is not None:
             bar.update(1)
-        if loop.interrupt.requested and ep.step < len(data):
+        if stopping(loop) and ep.step < len(data):
             state.position = dataclasses.replace(state.position, step=ep.step)
             stop(loop, f"in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")
     bad = ep.first_non_finite()  # (step, term): later ones usually follow from it
