@@ -170,3 +170,18 @@ def test_log_names_reach_each_run_as_dfcil_train_takes_them():
     argv = runs[0].argv(Path("x"))
     assert argv[argv.index("--log") + 1] == "csv,tensorboard"
     assert "--log" not in plan([["configs/smoke.yaml"]])[0].argv(Path("x"))
+
+
+@pytest.mark.slow
+def test_slurm_launcher_starts_a_run_of_two_processes_under_torchrun(tmp_path):
+    """--slurm.procs 2: the job starts torchrun with two processes (gloo on this CPU); one run, written once."""
+    pytest.importorskip("submitit")
+    out = tmp_path / "sweep"
+    args = ["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=3", "--out", str(out), *TINY, "--device", "cpu"]
+    slurm = ["--launcher", "slurm", "--slurm.cluster", "local", "--slurm.procs", "2", "--slurm.gpus_per_node", "0"]
+    assert main([*args, *slurm, "--slurm.timeout_min", "10"]) == 0
+    record = _records(out)["smoke"]
+    assert record["state"] == "done" and record["result"]["last_acc"] is not None
+    lines = (out / "smoke" / "metrics.jsonl").read_text().splitlines()
+    assert len([x for x in lines if '"type": "task"' in x]) == 2  # two tasks, each recorded once
+    assert json.loads((out / "smoke" / "meta.json").read_text())["processes"] == 2

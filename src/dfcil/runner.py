@@ -83,6 +83,7 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
         "torch_threads": torch.get_num_threads(),
+        "processes": distributed.current().world,  # torchrun: the run's processes (docs/distributed.md)
         "argv": list(argv) if argv is not None else sys.argv,
     }
 

@@ -449,16 +449,21 @@ def run_local(sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int]
 
 
 class SweepJob:
-    """A submitit job: one run's ``dfcil train`` command line, in-process. A preempted or timed-out job is
-    requeued (``checkpoint``) and resumes from the run's newest checkpoint."""
+    """A submitit job: one run's ``dfcil train`` command line, in-process; with ``procs`` > 1 under
+    ``torchrun --standalone --nproc-per-node procs`` (one process per GPU of the job; docs/distributed.md). A
+    preempted or timed-out job is requeued (``checkpoint``) and resumes from the run's newest checkpoint."""
 
-    def __init__(self, argv: list[str]) -> None:
-        self.argv = argv
+    def __init__(self, argv: list[str], procs: int = 1) -> None:
+        self.argv, self.procs = argv, procs
 
     def __call__(self) -> int:
-        from dfcil.cli import main
+        if self.procs > 1:  # torchrun forwards a preemption's SIGTERM to every process: they stop together
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+            code = subprocess.call([*torchrun, str(self.procs), "-m", "dfcil", *self.argv])
+        else:
+            from dfcil.cli import main
 
-        code = main(self.argv)
+            code = main(self.argv)
         if code != 0:
             raise RuntimeError(f"dfcil {' '.join(self.argv)} exited with {code}")
         return code
@@ -466,12 +471,13 @@ class SweepJob:
     def checkpoint(self) -> Any:
         import submitit
 
-        return submitit.helpers.DelayedSubmission(SweepJob(self.argv))
+        return submitit.helpers.DelayedSubmission(SweepJob(self.argv, self.procs))
 
 
 SLURM_OPTIONS = {  # --slurm.<key>: (type, submitit parameter, help)
     "partition": (str, "slurm_partition", "the partition"),
-    "gpus_per_node": (int, "gpus_per_node", "GPUs per run (default 1)"),
+    "gpus_per_node": (int, "gpus_per_node", "GPUs per run (default: procs)"),
+    "procs": (int, None, "processes per run (default 1); more start each run under torchrun, one per GPU"),
     "cpus_per_task": (int, "cpus_per_task", "CPU cores per run"),
     "mem_gb": (float, "mem_gb", "host memory per run, GB"),
     "timeout_min": (int, "timeout_min", "time limit per job, minutes (a job that hits it is requeued)"),
@@ -490,8 +496,10 @@ def run_slurm(sweep: Sweep, todo: list[SweepRun], options: dict[str, Any], wait:
         raise ConfigError("--launcher slurm needs submitit: pip install 'dfcil[slurm]'") from None
     folder = sweep.out / "slurm"
     executor = submitit.AutoExecutor(folder=folder / "%j", cluster=cluster)
-    params = {"gpus_per_node": 1, "timeout_min": 24 * 60, "slurm_signal_delay_s": 120}
-    params |= {SLURM_OPTIONS[k][1]: v for k, v in options.items() if k in SLURM_OPTIONS and v is not None}
+    procs = options.get("procs") or 1
+    params = {"gpus_per_node": procs, "timeout_min": 24 * 60, "slurm_signal_delay_s": 120}
+    submitit_keys = {k: v[1] for k, v in SLURM_OPTIONS.items() if v[1] is not None}  # procs is dfcil's own
+    params |= {submitit_keys[k]: v for k, v in options.items() if k in submitit_keys and v is not None}
     if cluster == "local":  # the local executor knows no SLURM keys
         params = {k: v for k, v in params.items() if not k.startswith("slurm_")}
     executor.update_parameters(name="dfcil-sweep", **params)
@@ -508,7 +516,7 @@ def run_slurm(sweep: Sweep, todo: list[SweepRun], options: dict[str, Any], wait:
                 continue
         submit.append(run)
     resumed = {r.name: run_status(sweep.out / r.name) == "unfinished" for r in submit}
-    fns = [SweepJob(r.argv(sweep.out / r.name)) for r in submit]
+    fns = [SweepJob(r.argv(sweep.out / r.name), procs) for r in submit]
     if options.get("array", True):
         jobs = executor.submit_array(fns) if fns else []
     else:
