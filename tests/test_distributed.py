@@ -99,15 +99,9 @@ def _peek(run):
         return None
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
-def test_killed_in_rrl_resumes_under_torchrun_to_the_uninterrupted_run(tmp_path, sig):
-    """One process killed (SIGKILL: torchrun then stops the other) or stopped (SIGTERM: every process stops at the
-    same step, the first writes a checkpoint) once task 1's RRL has checkpointed an epoch; ``torchrun ... dfcil
-    resume`` finishes the run with the same weights, bit for bit, as an uninterrupted run."""
-    args = [*ARGS, "--train.epochs", "5", "--method.chr_epochs", "2", "--epoch_checkpoint_interval_s", "0"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    _run(_torchrun("train", "--config", SMOKE, *args, "--out", str(whole)))
+def _stopped_in_rrl(tmp_path, args, sig):
+    """A two-process run stopped by ``sig`` to one process once task 1's RRL has checkpointed an epoch."""
+    cut = tmp_path / "cut"
     proc = subprocess.Popen(
         _torchrun("train", "--config", SMOKE, *args, "--out", str(cut)),
         env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
@@ -122,18 +116,48 @@ def test_killed_in_rrl_resumes_under_torchrun_to_the_uninterrupted_run(tmp_path,
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     os.kill(int(workers[-1]), sig)  # one rank
     try:
-        proc.wait(timeout=120)  # torchrun stops the other rank and fails
+        proc.wait(timeout=120)  # SIGKILL: torchrun stops the other rank; SIGTERM: both stop at the same step
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
     assert not (cut / "summary.json").exists()
+    return cut
+
+
+RESUME_ARGS = [*ARGS, "--train.epochs", "5", "--method.chr_epochs", "2", "--epoch_checkpoint_interval_s", "0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+def test_killed_in_rrl_resumes_under_torchrun_to_the_uninterrupted_run(tmp_path, sig):
+    """One process killed (SIGKILL: torchrun then stops the other) or stopped (SIGTERM: every process stops at the
+    same step, the first writes a checkpoint) once task 1's RRL has checkpointed an epoch; ``torchrun ... dfcil
+    resume`` finishes the run with the same weights, bit for bit, as an uninterrupted run."""
+    whole = tmp_path / "whole"
+    _run(_torchrun("train", "--config", SMOKE, *RESUME_ARGS, "--out", str(whole)))
+    cut = _stopped_in_rrl(tmp_path, RESUME_ARGS, sig)
     _run(_torchrun("resume", str(cut), "--no-progress"))
     assert json.loads((cut / "summary.json").read_text())["resumed"] is True
     wa, wb = _weights(whole), _weights(cut)
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     assert _losses(whole) == _losses(cut)
+
+
+@pytest.mark.slow
+def test_a_two_process_run_resumes_as_one_process_within_rounding(tmp_path):
+    """The processes' random streams are equal and each step is the global batch's, so a checkpoint of two
+    processes continues in one: the run ends as the uninterrupted two-process run, within rounding."""
+    whole = tmp_path / "whole"
+    _run(_torchrun("train", "--config", SMOKE, *RESUME_ARGS, "--out", str(whole)))
+    cut = _stopped_in_rrl(tmp_path, RESUME_ARGS, signal.SIGTERM)
+    _run(_one("resume", str(cut), "--no-progress"))
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, cut))
+    assert a["correct_matrix"] == b["correct_matrix"]
+    for x, y in zip(_losses(whole), _losses(cut), strict=True):
+        for k in x:
+            assert y[k] == pytest.approx(x[k], rel=1e-3, abs=1e-6), (k, x, y)
 
 
 def test_batch_must_split_over_the_processes_and_methods_must_support_it(monkeypatch):
