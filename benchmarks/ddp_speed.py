@@ -1,13 +1,15 @@
 """Training images per second over 1 and K processes, and the gradient all-reduce's share of a step.
 
-    python benchmarks/ddp_speed.py                        # CPU, gloo: 1 and 2 processes
+    python benchmarks/ddp_speed.py [--phase inversion]    # CPU, gloo: 1 and 2 processes
     python benchmarks/ddp_speed.py --device cuda --procs 1,2,4,8   # a machine with several GPUs (NCCL)
 
 Each setting starts ``torchrun --standalone --nproc-per-node K`` on this file. Every process times steps of the
 student's RRL pass as a run over K processes does them: its share of the global batch (real and synthetic halves,
 per-half batch norm synchronised over the processes), backward, the gradients averaged over the processes
 (``Dist.average_gradients``), a fused SGD step where the device has one. Medians over rounds; the all-reduce is
-timed apart, on a step boundary. On a 2-core CPU two processes share the cores, so expect little speed-up there.
+timed apart, on a step boundary. ``--phase inversion`` times model-inversion steps instead (batch ``--batch``),
+split over the processes or the same on each (``engine.distributed_inversion``). On a 2-core CPU two processes
+share the cores, so expect little speed-up there.
 """
 
 from __future__ import annotations
@@ -44,7 +46,18 @@ def worker(args: argparse.Namespace) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    if args.phase == "inversion":  # the generator's steps, split over the processes or the same on each
+        from dfcil.runtime import Runtime
+        from dfcil.synthesis.inversion import InversionConfig, ModelInversion
+
+        runtime = Runtime(device=device, dist=dist, split_inversion=args.sync_bn == 1, fused=device.type == "cuda")
+        inv = ModelInversion(net.frozen_copy(40), InversionConfig(), 32, args.batch, torch.Generator(device), runtime)
+        inv.generator.train()
+
     def step() -> float:
+        if args.phase == "inversion":
+            inv.train_step()
+            return 0.0
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(net(x, bn=BNMode(splits=2)).logits, y).backward()
         sync()
@@ -80,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sync-bn", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--phase", default="rrl", choices=["rrl", "inversion"], help="which step to time")
     args = p.parse_args(argv)
     if args.worker:
         worker(args)
@@ -88,7 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.device}, global batch {args.batch} real + {args.batch} synthetic, ResNet-32, torch {torch.__version__}"
     )
-    print("| processes | BN statistics | ms / step | of which gradient all-reduce ms | real images / s | speed-up |")
+    what = {1: "global batch (sync_bn)", 0: "each process's share"}
+    if args.phase == "inversion":
+        what = {1: "split (engine.distributed_inversion)", 0: "same on every process"}
+    print(f"{args.phase} steps")
+    header = "BN statistics | ms / step | of which gradient all-reduce ms"
+    if args.phase == "inversion":
+        header = "inversion | ms / step | (all-reduces inside the step)"
+    print(f"| processes | {header} | images / s | speed-up |")
     print("|---:|---|---:|---:|---:|---:|")
     base = None
     for k in (int(v) for v in args.procs.split(",")):
@@ -96,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             env = dict(os.environ, OMP_NUM_THREADS=str(max(1, threads // k)))
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(k), __file__,
                    "--worker", "--device", args.device, "--batch", str(args.batch), "--rounds", str(args.rounds),
-                   "--steps", str(args.steps), "--sync-bn", str(sync)]  # fmt: skip
+                   "--steps", str(args.steps), "--sync-bn", str(sync), "--phase", args.phase]  # fmt: skip
             out = subprocess.run(cmd, env=env, capture_output=True, text=True)
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT")), None)
-            bn = "global batch (sync_bn)" if sync else "each process's share"
+            bn = what[sync] if k > 1 else ""
             if line is None:
                 print(f"| {k} | {bn} | failed: {out.stderr.strip().splitlines()[-1:]} | | | |")
                 continue

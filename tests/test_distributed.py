@@ -160,6 +160,63 @@ def test_a_two_process_run_resumes_as_one_process_within_rounding(tmp_path):
             assert y[k] == pytest.approx(x[k], rel=1e-3, abs=1e-6), (k, x, y)
 
 
+INVERSION_WORKER = """
+import json, sys, torch
+from dfcil import distributed
+from dfcil.models.network import build_network
+from dfcil.runtime import Runtime
+from dfcil.synthesis.inversion import InversionConfig, ModelInversion
+
+def setup(dist):
+    torch.manual_seed(0)
+    net = build_network("resnet8"); net.expand(4); net.train()
+    with torch.no_grad():
+        for _ in range(3): net(torch.randn(16, 3, 32, 32) + 0.5)
+    torch.manual_seed(1)
+    cfg = InversionConfig(steps=1, zdim=32)
+    return ModelInversion(net.frozen_copy(4), cfg, 32, 16, torch.Generator().manual_seed(3), Runtime(dist=dist))
+
+def step(inv):
+    inv.generator.train()
+    terms = inv.loss_terms(inv.generator(inv.dist.shard(inv.latent(inv.batch_size))))
+    sum(terms.values()).backward()
+    inv.dist.average_gradients(list(inv.generator.parameters()))
+    values = inv.dist.mean(torch.stack([t.detach() for t in terms.values()]))
+    return values.tolist(), {n: p.grad.tolist() for n, p in inv.generator.named_parameters()}
+
+if __name__ == "__main__":
+    dist = distributed.start("cpu")
+    out = step(setup(dist))
+    if dist.main:
+        json.dump(out, open(sys.argv[1], "w"))
+    distributed.stop()
+"""
+
+
+def test_split_inversion_step_equals_one_process_step(tmp_path):
+    """engine.distributed_inversion split: each of two processes trains the generator on half the latent batch, with
+    the teacher's BN statistics, the generator's BN and the diversity term over the global batch: the loss terms and
+    the averaged gradients are one process's within rounding."""
+    import importlib.util
+
+    script = tmp_path / "inversion_worker.py"
+    script.write_text(INVERSION_WORKER)
+    out = tmp_path / "two.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    done = subprocess.run([*cmd, str(out)], env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    spec = importlib.util.spec_from_file_location("inversion_worker", script)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    terms, grads = worker.step(worker.setup(Dist()))
+    two_terms, two_grads = json.loads(out.read_text())
+    assert two_terms == pytest.approx(terms, rel=1e-5, abs=1e-7)
+    for name, g in grads.items():
+        a, b = torch.tensor(g), torch.tensor(two_grads[name])
+        scale = max(float(a.abs().max()), 1.0)  # a conv bias before BN has a gradient of 0 plus rounding noise
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
 def test_batch_must_split_over_the_processes_and_methods_must_support_it(monkeypatch):
     with pytest.raises(ConfigError, match="multiple of the number of processes"):
         Dist(0, 3).check_batch(32)

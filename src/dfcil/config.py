@@ -142,6 +142,10 @@ class EngineConfig:
     # Under torchrun (several processes): batch norm with the statistics of the global batch, as one process
     # computes them (the reference trains on one GPU); false: each process's own part (another algorithm)
     sync_bn: bool = True
+    # Model inversion under torchrun. split: each process trains the generator on its share of the latent batch,
+    # BN statistics and the diversity term over the global batch, gradients averaged; same: every process trains
+    # the same generator on the whole batch (no communication, no speed-up). docs/distributed.md measures both.
+    distributed_inversion: Literal["split", "same"] = "split"
 
     def __post_init__(self) -> None:
         if self.cuda_graphs != "off" and self.compile in ("reduce-overhead", "max-autotune"):

@@ -41,6 +41,7 @@ class Runtime:
     setup_step: Callable[[], None] = _nothing
     compiler: StepCompiler | None = None  # engine.compile: step; None: steps run as written
     dist: Dist = Dist()  # this process's place in a run over several processes (torchrun)
+    split_inversion: bool = True  # engine.distributed_inversion: split (else every process inverts alike)
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` through :attr:`compiler` under ``engine.compile: step``, else ``fn`` itself."""
@@ -63,6 +64,7 @@ class Runtime:
             channels_last=engine.channels_last, fused=engine.fused_optimizer and device.type == "cuda",
             graphs=engine.cuda_graphs, progress=progress, setup_step=setup_step,
             compiler=StepCompiler(engine.compile_backend) if engine.compile == "step" else None, dist=dist,
+            split_inversion=engine.distributed_inversion == "split",
         )  # fmt: skip
 
     def autocast(self) -> AbstractContextManager:

@@ -39,6 +39,34 @@ def batch_moments(x: Tensor) -> tuple[Tensor, Tensor]:
     return _BatchMoments.apply(x)
 
 
+def global_moments(x: Tensor, dist, count: bool = False) -> tuple[Tensor, ...]:  # noqa: ANN001
+    """:func:`batch_moments` over every process's ``x`` together (``dist`` a :class:`dfcil.distributed.Dist`):
+    per-channel sums, sums of squares and counts summed over processes, differentiably; with ``count`` also the
+    number of values per channel."""
+    c, xf = x.shape[1], x.float()
+    n = torch.full((1,), xf.numel() // c, dtype=torch.float32, device=x.device)
+    stats = dist.all_sum(torch.cat([xf.sum(dim=(0, 2, 3)), xf.square().sum(dim=(0, 2, 3)), n]))
+    total = stats[2 * c]
+    mean = stats[:c] / total
+    var = (stats[c : 2 * c] / total - mean.square()).clamp(min=0)
+    return (mean, var, total) if count else (mean, var)
+
+
+def synchronise(module: nn.Module, dist) -> None:  # noqa: ANN001
+    """Make every batch-norm layer of ``module`` normalise training batches with the global batch's statistics over
+    ``dist``'s processes; plain ``nn.BatchNorm2d`` layers (a generator's) are replaced by :class:`BatchNorm2d`."""
+    for name, child in list(module.named_children()):
+        if type(child) is nn.BatchNorm2d:
+            twin = BatchNorm2d(child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats)
+            twin.load_state_dict(child.state_dict())
+            child = twin.to(next(iter(child.buffers())).device)
+            setattr(module, name, child)
+        if isinstance(child, BatchNorm2d):
+            child.sync = dist
+        else:
+            synchronise(child, dist)
+
+
 _TWO_PASS_DEVICES = frozenset({"cpu"})  # where var_mean is slow; benchmarks/op_count.py counts CUDA's path
 
 
@@ -68,6 +96,7 @@ class BNMode:
 
     splits: int = 1  # statistics groups along the batch (train mode only)
     record: list[BNStats] | None = None  # when a list, every BN layer appends its input statistics
+    record_sync: object = None  # a Dist of several processes: record the global batch's statistics
     tracked: list[Tensor] = dataclasses.field(default_factory=list)  # counters that :meth:`count` advances
 
     def count(self) -> None:
@@ -90,12 +119,8 @@ class BatchNorm2d(nn.BatchNorm2d):
         counts summed over processes (differentiably), the running statistics updated as one process would."""
         if self.momentum is None:
             raise ValueError("synchronised batch norm needs a momentum (the cumulative average is not supported)")
-        c, xf = x.shape[1], x.float()
-        n = torch.full((1,), xf.numel() // c, dtype=torch.float32, device=x.device)
-        stats = self.sync.all_sum(torch.cat([xf.sum(dim=(0, 2, 3)), xf.square().sum(dim=(0, 2, 3)), n]))
-        total = stats[2 * c]
-        mean = stats[:c] / total
-        var = (stats[c : 2 * c] / total - mean.square()).clamp(min=0)
+        xf = x.float()
+        mean, var, total = global_moments(x, self.sync, count=True)
         with torch.no_grad():
             self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
             unbiased = var.detach() * total / (total - 1).clamp(min=1)
@@ -109,10 +134,15 @@ class BatchNorm2d(nn.BatchNorm2d):
         return out.to(x.dtype)
 
     def forward(self, x: Tensor, bn: BNMode | None = None) -> Tensor:  # type: ignore[override]
+        if bn is None and self.training and self.sync is not None and self.sync.active:
+            out = self._synchronised(x)  # a layer called without a BNMode (a generator's)
+            if self.num_batches_tracked is not None:
+                self.num_batches_tracked.add_(1)
+            return out
         if bn is None:
             return super().forward(x)
         if bn.record is not None:
-            mean, var = batch_moments(x)
+            mean, var = batch_moments(x) if bn.record_sync is None else global_moments(x, bn.record_sync)
             bn.record.append(BNStats(mean, var, self.running_mean, self.running_var))
         if not self.training:
             return super().forward(x)

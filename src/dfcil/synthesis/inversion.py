@@ -12,8 +12,9 @@ import torch
 from torch import Tensor
 
 from dfcil.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, configclass
+from dfcil.distributed import Dist
 from dfcil.graphs import GraphMode, StepGraph
-from dfcil.models.batchnorm import BNMode, BNStats
+from dfcil.models.batchnorm import BNMode, BNStats, synchronise
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet
 from dfcil.optim import load_optimizer_state
@@ -80,6 +81,10 @@ class ModelInversion:
         self.device = next(teacher.parameters()).device
         memory_format = torch.channels_last if runtime.channels_last else torch.contiguous_format
         self.generator = build_generator(image_size, cfg.zdim).to(self.device, memory_format=memory_format)
+        # several processes, engine.distributed_inversion split: each trains on its share of the latent batch
+        self.dist = runtime.dist if runtime.dist.active and runtime.split_inversion else Dist()
+        if self.dist.active:
+            synchronise(self.generator, self.dist)  # its BN over the global batch
         graphs = runtime.graphs
         self.graphs: GraphMode = graphs if self.device.type == "cuda" or graphs == "check" else "off"
         extra = {"fused": True} if runtime.fused else {}
@@ -103,10 +108,11 @@ class ModelInversion:
         """The four weighted inversion terms for generated images ``x`` (B, 3, H, W)."""
         c = self.cfg
         record: list[BNStats] = []
-        logits = self.teacher(x, bn=BNMode(record=record)).logits.float()
+        sync = self.dist if self.dist.active else None  # the global batch's statistics, of split inversions
+        logits = self.teacher(x, bn=BNMode(record=record, record_sync=sync)).logits.float()
         return {
             "content": c.w_content * content_loss(logits, c.tau),
-            "diversity": c.w_diversity * diversity_loss(logits, self.teacher.head.mask),
+            "diversity": c.w_diversity * diversity_loss(logits, self.teacher.head.mask, sync),
             "bn": c.w_bn * bn_statistics_loss(record),
             "prior": c.w_prior * smoothness_prior(x.float(), self.kernel),
         }
@@ -114,12 +120,13 @@ class ModelInversion:
     def train_step(self) -> Tensor:
         """One Adam step of the generator; returns the weighted loss terms, in the order of :attr:`names`."""
         self.optimizer.zero_grad(set_to_none=True)
-        terms = self.terms(self, self.latent(self.batch_size))
+        terms = self.terms(self, self.dist.shard(self.latent(self.batch_size)))  # split: this process's rows
         self.names = list(terms)
         losses = torch.stack([t.float() for t in terms.values()])
         losses.sum().backward()
+        self.dist.average_gradients(list(self.generator.parameters()))
         self.optimizer.step()
-        return losses.detach()
+        return self.dist.mean(losses.detach())
 
     def fit(self, on_step: Callable[[int, Tensor], None] | None = None) -> None:
         """Run the remaining Adam steps, then freeze the generator in eval mode.

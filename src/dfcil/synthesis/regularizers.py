@@ -17,13 +17,20 @@ def content_loss(logits: Tensor, tau: float) -> Tensor:
     return F.cross_entropy(logits / tau, logits.argmax(dim=1))
 
 
-def diversity_loss(logits: Tensor, columns: Tensor | None = None) -> Tensor:
+def diversity_loss(logits: Tensor, columns: Tensor | None = None, dist=None) -> Tensor:  # noqa: ANN001
     """1 − normalised entropy of the batch-mean prediction (temperature 1; τ is not used here).
 
     p̄ = mean_b softmax(z_b); L = 1 + Σ_k p̄_k log p̄_k / log K. Zero when p̄ is uniform; 0 for K = 1.
     ``xlogy`` gives 0·log 0 = 0 where the reference would produce NaN. ``columns``: a static head's boolean mask
-    of the K real classes (the other columns are masked logits, whose probability is exactly 0).
+    of the K real classes (the other columns are masked logits, whose probability is exactly 0). ``dist``: a
+    :class:`dfcil.distributed.Dist` whose processes each hold a share of the batch: p̄ over the global batch.
     """
+    if dist is not None and dist.active:
+        probs = F.softmax(logits.float(), dim=1)
+        p = dist.all_sum(probs.sum(dim=0)) / (probs.shape[0] * dist.world)
+        k = columns.sum().float() if columns is not None else logits.new_tensor(float(logits.shape[1]))
+        p = torch.where(columns, p, 1.0) if columns is not None else p
+        return torch.where(k > 1, 1.0 + torch.special.xlogy(p, p).sum() / k.clamp(min=2).log(), 0.0)
     if columns is not None:  # K as a tensor: the same computation for every K, without a host sync
         k = columns.sum().float()
         # masked columns' p is exactly 0, where xlogy's gradient is 0/0: take p log p = 1 log 1 = 0 there instead
