@@ -227,6 +227,9 @@ def test_batch_must_split_over_the_processes_and_methods_must_support_it(monkeyp
     cfg = load_config([], [("method.name", "lwf")])[0]
     with pytest.raises(ConfigError, match="lwf does not train over several processes"):
         prepare(cfg)
+    cfg = load_config([SMOKE], [("method.inversion.batch_size", "15")])[0]
+    with pytest.raises(ConfigError, match="method.inversion.batch_size 15 does not split over 2"):
+        prepare(cfg)
     cfg = load_config([SMOKE], [("engine.cuda_graphs", "on")])[0]
     with pytest.raises(ConfigError, match="cuda_graphs: on and engine.compile do not work over several"):
         prepare(cfg)

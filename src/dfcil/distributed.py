@@ -47,10 +47,10 @@ class Dist:
         """Rank 0: the process that writes the run directory."""
         return self.rank == 0
 
-    def check_batch(self, batch_size: int) -> None:
+    def check_batch(self, batch_size: int, key: str = "train.batch_size") -> None:
         if batch_size % self.world:
             raise ConfigError(
-                f"train.batch_size {batch_size} does not split over {self.world} processes; the global batch stays "
+                f"{key} {batch_size} does not split over {self.world} processes; the global batch stays "
                 f"the configured size, so it must be a multiple of the number of processes"
             )
 
@@ -129,6 +129,14 @@ class Dist:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+    def decide(self, value: bool) -> bool:
+        """The first process's ``value``, on every process."""
+        if not self.active:
+            return value
+        t = torch.tensor([float(value)], device=_collective_device())
+        dist.broadcast(t, src=0)
+        return bool(t.item())
 
     def flag(self, value: bool) -> bool:
         """True on every rank if ``value`` is true on any (an interrupt requested on one rank)."""

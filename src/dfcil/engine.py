@@ -87,6 +87,7 @@ def stopping(loop: Loop) -> bool:
 def stop(loop: Loop, where: str) -> None:
     """Checkpoint (``on_interrupt``) and stop the run."""
     loop.emit("on_interrupt")
+    loop.runtime.dist.barrier()  # several processes: none exits (torchrun would stop the rest) before it is saved
     raise RunInterrupted(f"interrupted {where}")
 
 
@@ -121,7 +122,7 @@ def run(
         if resume:
             payload = saver.load()
         elif cache is not None:  # a shared first-task model, if one is stored: task 0 is not trained again
-            payload = cache.load()
+            payload = cache.load(loop.runtime.dist)
         ctx = restore(loop, payload) if payload is not None else None  # the context of the task to continue
         loop.runtime.dist.barrier()  # every process has read the checkpoint before the first writes a new one
         loop.emit("on_run_start", loop)

@@ -71,6 +71,9 @@ def check_engine(cfg: RunConfig, method: Any) -> None:
                 "engine.cuda_graphs: off and engine.compile: none, or run one process"
             )
         dist.check_batch(cfg.train.batch_size)
+        inversion = getattr(cfg.method, "inversion", None)
+        if inversion is not None and inversion.batch_size and cfg.engine.distributed_inversion == "split":
+            dist.check_batch(inversion.batch_size, "method.inversion.batch_size")
     if cfg.engine.compile == "step" and not cfg.model.static_head:
         raise ConfigError(
             "engine.compile: step compiles each step once per run, which needs shapes that do not change between "

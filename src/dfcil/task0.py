@@ -18,6 +18,7 @@ from dfcil import __version__
 from dfcil.callbacks import Callback
 from dfcil.checkpoint import FORMAT, CheckpointError, dumps, loads
 from dfcil.config import RunConfig, config_to_dict
+from dfcil.distributed import Dist
 from dfcil.io import write_atomic
 from dfcil.methods import METHODS, Method, Task, build_method
 from dfcil.protocol import Protocol
@@ -69,11 +70,19 @@ class Task0Cache(Callback):
         self.loaded = False  # this run starts from the shared model
         self.unusable = False  # the shared model exists but could not be read: replace it
 
-    def load(self) -> dict[str, Any] | None:
+    def load(self, dist: Dist = Dist()) -> dict[str, Any] | None:  # noqa: B008 - frozen
         """The shared first-task model's payload, or None. One that cannot be read is trained again here (and
-        replaced at the end of task 0)."""
-        if self.path is None or not self.path.exists():
+        replaced at the end of task 0). Over several processes the first decides for all (another run may write the
+        file while they look), and the others read what it read."""
+        there = self.path is not None and self.path.exists()
+        if not dist.active:
+            return self._read() if there else None
+        payload = self._read() if dist.main and there else None
+        if not dist.decide(payload is not None):
             return None
+        return payload if dist.main else self._read()
+
+    def _read(self) -> dict[str, Any] | None:
         try:
             payload = loads(self.path.read_bytes(), str(self.path))
         except CheckpointError as err:
