@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -65,16 +66,12 @@ class Dist:
         """Replace every gradient by its mean over ranks: one all-reduce of all gradients flattened together."""
         if not self.active:
             return
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        flat /= self.world
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+
+        def mean_(flat: Tensor) -> None:
+            dist.all_reduce(flat)
+            flat /= self.world
+
+        _flat([p.grad for p in params if p.grad is not None], mean_)
 
     def sum_(self, x: Tensor) -> Tensor:
         """``x`` summed over ranks, in place (no gradient)."""
@@ -117,14 +114,7 @@ class Dist:
             b for m in net.modules() if isinstance(m, _BatchNorm) and getattr(m, "sync", None) is None
             for b in (m.running_mean, m.running_var) if b is not None
         ]  # fmt: skip
-        if not buffers:
-            return
-        flat = torch.cat([b.reshape(-1) for b in buffers])
-        dist.broadcast(flat, src=0)
-        offset = 0
-        for b in buffers:
-            b.copy_(flat[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()
+        _flat(buffers, lambda flat: dist.broadcast(flat, src=0))
 
     def barrier(self) -> None:
         if self.active:
@@ -145,6 +135,18 @@ class Dist:
         t = torch.tensor([float(value)], device=_collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
+
+
+def _flat(tensors: list[Tensor], collective: Callable[[Tensor], object]) -> None:
+    """Run ``collective`` (in place) once on all of ``tensors`` flattened together, and copy the result back."""
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    collective(flat)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def device_of(device: torch.device, dist: Dist) -> torch.device:

@@ -25,16 +25,15 @@ def diversity_loss(logits: Tensor, columns: Tensor | None = None, dist=None) -> 
     of the K real classes (the other columns are masked logits, whose probability is exactly 0). ``dist``: a
     :class:`dfcil.distributed.Dist` whose processes each hold a share of the batch: p̄ over the global batch.
     """
-    if dist is not None and dist.active:
+    split = dist is not None and dist.active
+    if columns is not None or split:  # K as a tensor: the same computation for every K, without a host sync
         probs = F.softmax(logits.float(), dim=1)
-        p = dist.all_sum(probs.sum(dim=0)) / (probs.shape[0] * dist.world)
-        k = columns.sum().float() if columns is not None else logits.new_tensor(float(logits.shape[1]))
-        p = torch.where(columns, p, 1.0) if columns is not None else p
-        return torch.where(k > 1, 1.0 + torch.special.xlogy(p, p).sum() / k.clamp(min=2).log(), 0.0)
-    if columns is not None:  # K as a tensor: the same computation for every K, without a host sync
-        k = columns.sum().float()
-        # masked columns' p is exactly 0, where xlogy's gradient is 0/0: take p log p = 1 log 1 = 0 there instead
-        p = torch.where(columns, F.softmax(logits.float(), dim=1).mean(dim=0), 1.0)
+        p = dist.all_sum(probs.sum(dim=0)) / (probs.shape[0] * dist.world) if split else probs.mean(dim=0)
+        k = logits.new_tensor(float(logits.shape[1]))
+        if columns is not None:
+            k = columns.sum().float()
+            # masked columns' p is exactly 0, where xlogy's gradient is 0/0: take p log p = 1 log 1 = 0 there
+            p = torch.where(columns, p, 1.0)
         return torch.where(k > 1, 1.0 + torch.special.xlogy(p, p).sum() / k.clamp(min=2).log(), 0.0)
     k = logits.shape[1]
     if k < 2:
