@@ -26,7 +26,8 @@ import torch
 
 from dfcil.callbacks import Checkpointing
 from dfcil.checkpoint import dumps, loads
-from dfcil.config import load_config
+from dfcil.load import load_config
+from dfcil.loop import RunOptions
 from dfcil.runner import train
 
 
@@ -77,7 +78,7 @@ def one_run(interval: float, device: str, root: Path) -> tuple[list[float], floa
         overrides += [("method.inversion.steps", "5"), ("method.chr_epochs", "3")]
         cfg = load_config([str(Path(__file__).parents[1] / "configs" / "smoke.yaml")], overrides)[0]
         out = root / f"run-{interval}-{time.monotonic_ns()}"
-        summary = train(cfg, out, progress=False)
+        summary = train(cfg, out, options=RunOptions(progress=False))
     finally:
         Checkpointing.save = original
     epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

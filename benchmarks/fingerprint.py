@@ -48,7 +48,10 @@ def _digest(t: torch.Tensor) -> str:
 
 
 def fingerprint(name: str, out: Path) -> dict[str, Any]:
-    from dfcil.config import load_config
+    try:
+        from dfcil.load import load_config
+    except ImportError:  # before dfcil.load existed
+        from dfcil.config import load_config
     from dfcil.runner import train
 
     try:
@@ -57,7 +60,12 @@ def fingerprint(name: str, out: Path) -> dict[str, Any]:
         from dfcil.state import loads
 
     cfg, _ = load_config(smoke_configs(name), [("method.name", name)])
-    train(cfg, out, progress=False)
+    try:
+        from dfcil.loop import RunOptions
+    except ImportError:  # before run options were one object
+        train(cfg, out, progress=False)
+    else:
+        train(cfg, out, RunOptions(progress=False))
     summary = json.loads((out / "summary.json").read_text())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     weights = loads((out / "model.pt").read_bytes())["net"]

@@ -1,8 +1,8 @@
 """Move the prepared CIFAR-100 arrays to a machine that only takes small uploads.
 
-    python benchmarks/pack_cifar.py pack ../shared/data .devdata --parts 2     # here: parts of about 61 MB
+    python benchmarks/pack_cifar.py pack DATA .devdata --parts 2     # here: parts of about 61 MB
     python benchmarks/pack_cifar.py unpack .devdata /tmp/data                  # there: DIR/cifar100/{train,test}.npz
-    python benchmarks/pack_cifar.py pack ../shared/data .devdata --parts 1 --orders 0,1,2 --num-classes 20 \
+    python benchmarks/pack_cifar.py pack DATA .devdata --parts 1 --orders 0,1,2 --num-classes 20 \
         --train-per-class 250    # only what cifar100-mini reads on class orders 0, 1, 2 (about 43 MB)
 
 A subset keeps the arrays' layout and labels: the images of the first ``--num-classes`` classes of each class order

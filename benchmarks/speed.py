@@ -48,9 +48,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from dfcil.config import load_config
 from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.graphs import StepGraph
+from dfcil.load import load_config
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.batchnorm import BNStats
 from dfcil.models.network import build_network

@@ -6,18 +6,20 @@ cifar100-mini overlays.
 The presets are generated so that all methods share the backbone, protocol, class order, schedule and synthesizer
 unless a preset says otherwise; each file's header names the paper row it reproduces and its number. Methods are
 found through the registry: a method with no row below gets presets with its config's defaults (and the shared
-synthesizer where it has one).
+synthesizer where it has one). tests/test_presets.py checks every committed preset against what this writes, and
+requires the presets of the rows in PAPER_ROWS; a new method's presets are committed when wanted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
 
-from dfcil.config import METHOD_CONFIGS
+from dfcil.methods import METHODS
 from dfcil.paper import VARIANTS, PaperRow, find_row
 
 HERE = Path(__file__).parent
@@ -214,24 +216,26 @@ def full_config(method: dict, train: dict, tasks: int, base: int) -> dict:
 def defaults(name: str) -> dict:
     """The method section of a registered method without a paper row: its config's defaults, with the shared
     synthesizer where it has one."""
-    section = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(METHOD_CONFIGS.get(name)())))  # tuples → lists
+    section = yaml.safe_load(yaml.safe_dump(dataclasses.asdict(METHODS.get(name).Config())))  # tuples → lists
     return section | ({"inversion": INVERSION} if "inversion" in section else {})
 
 
 def method_rows() -> dict[str, tuple]:
     """Every registered method's row: the paper's where it has one, else its defaults and no number."""
     rows = dict(PAPER_ROWS)
-    for name in METHOD_CONFIGS.names():
+    for name in METHODS.names():
         if name not in rows:
             rows[name] = (defaults(name), {}, f"{name} (no number in the paper)", "")
     return rows
 
 
-def presets() -> dict[Path, str]:
-    """Every generated preset: its path and its text (header and YAML body)."""
+def presets(keys: Iterable[str] | None = None) -> dict[Path, str]:
+    """The generated CIFAR-100 presets: path and text (header and YAML body). ``keys``: only those of these rows
+    (method names, or a row such as ``abd_faithful``) and R-DFCIL's ablations; None: every registered method's."""
     files: dict[Path, str] = {}
     out = HERE / "cifar100"
-    for key, (method, train, row, notes) in method_rows().items():
+    rows = {k: row for k, row in method_rows().items() if keys is None or k in keys}
+    for key, (method, train, row, notes) in rows.items():
         for setting, (tasks, base, desc, tab) in SETTINGS.items():
             name = f"{key}_{setting}.yaml"
             paper = find_row("cifar100", setting, *paper_key(key))
@@ -263,11 +267,14 @@ def presets() -> dict[Path, str]:
         lines = [ln for block in head for ln in block.split("\n")]
         files[out / "ablations" / name] = text(lines, full_config(rd_method | method, rd_train | train, 20, 0))
     for key, body in mini_overlays().items():
+        if keys is not None and key not in keys and not key.startswith("rdfcil_"):
+            continue
         head = [
             f"cifar100-mini overlay: {key.replace('rdfcil_', 'rdfcil, ablation ')}, on the",
-            "cifar100-mini protocol, schedule and synthesizer budget (80 inversion steps). Use it after the base:",
+            "cifar100-mini protocol, schedule and synthesizer budget (80 inversion steps). Use it after the base",
+            "(DATA: the data root, README section Data):",
             f"  dfcil train --config configs/cifar100-mini.yaml --config configs/cifar100-mini/{key}.yaml \\",
-            f"      --data.root ../shared/data --out runs/mini-{key}-s1",
+            f"      --data.root DATA --out runs/mini-{key}-s1",
         ]
         files[HERE / "cifar100-mini" / f"{key}.yaml"] = text(head, body)
     return files
@@ -281,9 +288,9 @@ def mini_overlays() -> dict[str, dict]:
         "abd": {"name": "abd", "inversion": {"steps": 80, "persistent": False}},
         "podnet_df": {"name": "podnet_df", "ft_epochs": 3} | budget,
     }
-    for name in METHOD_CONFIGS.names():
+    for name in METHODS.names():
         if name not in overlays and name != "rdfcil":
-            has_inversion = "inversion" in {f.name for f in dataclasses.fields(METHOD_CONFIGS.get(name))}
+            has_inversion = "inversion" in {f.name for f in dataclasses.fields(METHODS.get(name).Config)}
             overlays[name] = {"name": name} | (budget if has_inversion else {})
     overlays = dict(sorted(overlays.items()))
     for k in ABLATIONS:

@@ -11,7 +11,8 @@ import yaml
 
 from conftest import CONFIGS
 from dfcil.cli import main
-from dfcil.config import build_config, load_config
+from dfcil.load import build_config, load_config
+from dfcil.loop import RunOptions
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 
@@ -154,7 +155,7 @@ def test_compile_without_a_compiler_for_the_device_is_refused_before_the_run_sta
 
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path):
     from dfcil.callbacks import Callback
-    from dfcil.config import load_config
+    from dfcil.load import load_config
     from dfcil.runner import train
 
     class Fails(Callback):
@@ -165,7 +166,7 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path):
     for out in (tmp_path / "new", tmp_path / "empty"):
         (tmp_path / "empty").mkdir(exist_ok=True)
         with pytest.raises(RuntimeError, match="boom"):
-            train(cfg, out, progress=False, callbacks=[Fails()])
+            train(cfg, out, options=RunOptions(progress=False, callbacks=[Fails()]))
         assert not out.exists() if out.name == "new" else not any(out.iterdir())
 
 
@@ -188,9 +189,9 @@ def test_tiny_run_on_real_cifar(cifar_root, tmp_path):
 def test_the_saved_model_reproduces_the_last_accuracy_row(smoke_run):
     """model.pt rebuilds the final network (load_model); evaluating it apart from the engine (all test images of
     the seen classes, normalised by hand) gives the summary's last row of correct counts."""
-    from dfcil.config import load_config
+    from dfcil.load import load_config
+    from dfcil.model_file import load_model
     from dfcil.protocol import prepare
-    from dfcil.runner import load_model
 
     cfg = load_config([smoke_run / "config.yaml"])[0]
     protocol = prepare(cfg)

@@ -2,7 +2,9 @@ import pytest
 import yaml
 
 from conftest import CONFIGS
-from dfcil.config import ConfigError, build_config, config_diff, config_to_dict, dump_config, load_config
+from dfcil.config import config_diff, config_to_dict, dump_config
+from dfcil.errors import ConfigError
+from dfcil.load import build_config, load_config
 from dfcil.methods.rdfcil import RDFCILConfig
 
 

@@ -12,9 +12,11 @@ import yaml
 
 from conftest import CONFIGS, REPO
 from dfcil.callbacks import Callback
-from dfcil.config import load_config
-from dfcil.engine import Interrupt, RunInterrupted
+from dfcil.errors import RunInterrupted
+from dfcil.load import load_config
+from dfcil.loop import RunOptions
 from dfcil.methods import METHODS, unregister_method
+from dfcil.state import Interrupt
 
 SRC = REPO / "src" / "dfcil"
 CORE = ["engine", "state", "callbacks", "protocol", "runtime", "task0", "checkpoint", "optim", "graphs", "runner"]
@@ -25,15 +27,17 @@ def _python(code: str) -> str:
     return done.stdout
 
 
-def test_the_config_layer_does_not_import_the_methods():
+def test_the_config_types_know_no_method_and_no_torch():
+    """dfcil.config declares the config's types; dfcil.load looks the methods up, visibly, above them."""
     out = _python("""
         import sys
         import dfcil.config
-        print("dfcil.methods" in sys.modules)
-        cfg, _ = dfcil.config.load_config([], [("method.name", "lwf")])  # a lookup registers the built-in methods
+        print("dfcil.methods" in sys.modules, "torch" in sys.modules)
+        import dfcil.load
+        cfg, _ = dfcil.load.load_config([], [("method.name", "lwf")])
         print(cfg.method.name, "dfcil.methods" in sys.modules)
     """)
-    assert out.split() == ["False", "lwf", "True"]
+    assert out.split() == ["False", "False", "lwf", "True"]
 
 
 def test_nothing_below_the_engine_imports_the_checkpoints_or_the_engine():
@@ -126,14 +130,18 @@ def test_a_method_starts_each_task_once_even_when_resumed_inside_its_setup(tmp_p
 
     cfg = load_config([CONFIGS / "smoke.yaml"], [("method.inversion.steps", "6"), ("checkpoint_interval_s", "0")])[0]
     with METHODS.replaced("rdfcil", Counting):
-        reference = train(cfg, tmp_path / "a", progress=False)
+        reference = train(cfg, tmp_path / "a", options=RunOptions(progress=False))
         assert starts == [0, 1]
         starts.clear()
         interrupt = Interrupt()
         with pytest.raises(RunInterrupted, match="setup"):
-            train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[_StopInSetup(interrupt, 3)])
+            train(
+                cfg,
+                tmp_path / "b",
+                options=RunOptions(progress=False, interrupt=interrupt, callbacks=[_StopInSetup(interrupt, 3)]),
+            )
         assert starts == [0, 1]
-        resumed = resume(tmp_path / "b", progress=False)
+        resumed = resume(tmp_path / "b", options=RunOptions(progress=False))
     assert starts == [0, 1]  # not again in the resumed process
     assert resumed["correct_matrix"] == reference["correct_matrix"]
 
@@ -147,8 +155,7 @@ from dfcil.methods import Method, register_method
 
 @configclass
 class ToyConfig(MethodConfig):
-    name: str = "toy"
-    scale: PositiveFloat = 1.0
+    scale: PositiveFloat = 1.0  # no name of its own: registering names it
 
 
 @register_method("toy")
@@ -160,45 +167,83 @@ class Toy(Method):
 
     def training_step(self, net, batch, ctx, phase):
         return {"ce": self.cfg.scale * F.cross_entropy(net(batch.x).logits, batch.y)}
+
+
+@register_method("toy_plain")
+class ToyPlain(Method):
+    """A toy method without a config of its own, not marked graph-safe: plain CE."""
+
+    def training_step(self, net, batch, ctx, phase):
+        return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
 '''
 
 
 @pytest.fixture
-def toy_method(tmp_path, monkeypatch):
-    """A method defined in a module of its own, outside the package, registered by importing it."""
+def toy_methods(tmp_path, monkeypatch):
+    """Methods defined in a module of their own, outside the package, registered by importing it."""
     (tmp_path / "toy_method.py").write_text(TOY)
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = importlib.util.spec_from_file_location("toy_method", tmp_path / "toy_method.py")
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    yield "toy"
+    yield "toy", "toy_plain"
     unregister_method("toy")
+    unregister_method("toy_plain")
 
 
-def test_registering_a_method_is_enough_for_the_smoke_graph_and_preset_machinery(toy_method, tmp_path, capsys):
-    from dfcil.cli import main
-    from test_graphs import test_every_graph_safe_method_passes_the_check_and_trains_identically as graph_check
-    from test_methods import test_every_method_resumes_exactly_inside_an_incremental_task as resume_check
-    from test_methods import test_two_task_run_of_every_method as smoke
-
-    assert main(["methods"]) == 0 and "A toy method" in capsys.readouterr().out
-    smoke(toy_method, tmp_path / "smoke")
-    graph_check(toy_method)
-    resume_check(toy_method, tmp_path / "resume")
+def _make_presets():
     spec = importlib.util.spec_from_file_location("make_presets", CONFIGS / "make_presets.py")
     make_presets = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_presets)
-    files = {path.relative_to(CONFIGS).as_posix(): text for path, text in make_presets.presets().items()}
-    assert {"cifar100/toy_n5.yaml", "cifar100/toy_b50_n26.yaml", "cifar100-mini/toy.yaml"} <= set(files)
-    preset = tmp_path / "toy_n5.yaml"
-    preset.write_text(files["cifar100/toy_n5.yaml"])
+    return make_presets
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["own-config-graph-safe", "no-config-not-graph-safe"])
+def test_registering_a_method_is_enough_for_the_smoke_graph_and_preset_machinery(
+    toy_methods, index, tmp_path, capsys, caplog
+):
+    from dfcil.cli import main
+    from test_graphs import test_every_method_keeps_its_graph_promise as graph_check
+    from test_methods import test_every_method_resumes_exactly_inside_an_incremental_task as resume_check
+    from test_methods import test_two_task_run_of_every_method as smoke
+
+    name = toy_methods[index]
+    assert main(["methods"]) == 0 and "A toy method" in capsys.readouterr().out
+    assert METHODS.get(name).Config().name == name  # a config made from the defaults selects this method
+    smoke(name, tmp_path / "smoke")
+    graph_check(name, caplog)  # graph-safe: replays exactly; not: eager, with one warning
+    resume_check(name, tmp_path / "resume")
+    files = {path.relative_to(CONFIGS).as_posix(): text for path, text in _make_presets().presets().items()}
+    assert {f"cifar100/{name}_n5.yaml", f"cifar100/{name}_b50_n26.yaml", f"cifar100-mini/{name}.yaml"} <= set(files)
+    preset = tmp_path / f"{name}_n5.yaml"
+    preset.write_text(files[f"cifar100/{name}_n5.yaml"])
     cfg = load_config([preset])[0]
-    assert cfg.method.name == "toy" and cfg.data.num_tasks == 5 and cfg.train.epochs == 160
-    assert yaml.safe_load(files["cifar100-mini/toy.yaml"]) == {"method": {"name": "toy"}}
+    assert cfg.method.name == name and cfg.data.num_tasks == 5 and cfg.train.epochs == 160
+    assert yaml.safe_load(files[f"cifar100/{name}_n5.yaml"])["method"]["name"] == name
+    assert yaml.safe_load(files[f"cifar100-mini/{name}.yaml"]) == {"method": {"name": name}}
+    assert main(["train", "--config", str(preset), "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["method"]["name"] == name
+
+
+def test_a_config_that_names_another_method_is_refused_at_registration():
+    from dfcil.config import MethodConfig, configclass
+    from dfcil.errors import RegistryError
+    from dfcil.methods import Method, register_method
+
+    @configclass
+    class Named(MethodConfig):
+        name: str = "lwf"
+
+    class Mislabelled(Method):
+        Config = Named
+
+    with pytest.raises(RegistryError, match="registered as 'mislabelled'.*default 'mislabelled'"):
+        register_method("mislabelled")(Mislabelled)
+    assert "mislabelled" not in METHODS
 
 
 def test_the_public_api_trains_and_resumes_a_run_directory(tmp_path):
     import dfcil
-    from dfcil.config import ConfigError
+    from dfcil.errors import ConfigError
 
     assert dfcil.__all__ == ["__version__", "list_methods", "load_config", "resume", "train"]
     cfg, _ = dfcil.load_config([CONFIGS / "smoke.yaml"], [("train.epochs", "2"), ("train.milestones", "[1]")])
@@ -225,7 +270,11 @@ def test_a_failing_callback_never_costs_the_checkpoint(tmp_path):
     interrupt = Interrupt()
     stop = StopAfterEpochs(interrupt, 3)  # task 0 has 2 epochs: after the first RRL epoch of task 1
     with pytest.raises(OSError, match="disk is full"):
-        train(cfg, tmp_path / "run", progress=False, interrupt=interrupt, callbacks=[stop, _FailsOnInterrupt()])
+        train(
+            cfg,
+            tmp_path / "run",
+            options=RunOptions(progress=False, interrupt=interrupt, callbacks=[stop, _FailsOnInterrupt()]),
+        )
     position = loads(Checkpointer(tmp_path / "run").last.read_bytes())["position"]
     assert position == {"task": 1, "stage": "train", "phase": 0, "epoch": 1, "step": 0}
 
@@ -250,11 +299,15 @@ def test_a_run_resumed_at_a_phase_end_finishes_the_task_as_an_uninterrupted_one(
 
     cfg = load_config([CONFIGS / "smoke.yaml"])[0]
     plain = _BackboneAtEvaluation()
-    reference = train(cfg, tmp_path / "a", progress=False, callbacks=[plain])
+    reference = train(cfg, tmp_path / "a", options=RunOptions(progress=False, callbacks=[plain]))
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted, match="end of phase chr"):  # task 0: 2 epochs; task 1: 2 RRL, 1 CHR
-        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 5)])
+        train(
+            cfg,
+            tmp_path / "b",
+            options=RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 5)]),
+        )
     resumed = _BackboneAtEvaluation()
-    summary = resume(tmp_path / "b", progress=False, callbacks=[resumed])
+    summary = resume(tmp_path / "b", options=RunOptions(progress=False, callbacks=[resumed]))
     assert plain.seen == [(True, True), (False, False)] and resumed.seen == [(False, False)]
     assert summary["correct_matrix"] == reference["correct_matrix"]

@@ -7,6 +7,7 @@ import torch
 
 from conftest import CONFIGS
 from dfcil.cli import main
+from dfcil.loop import RunOptions
 from dfcil.methods import Batch, Phase
 
 SMOKE = str(CONFIGS / "smoke.yaml")
@@ -70,17 +71,22 @@ def test_resume_on_cuda_inside_a_task_continues(tmp_path):
     back in its parameters' layout (fused kernels need it) and the run ends like an uninterrupted one (CUDA's
     kernels are not bit-deterministic here, so the accuracy is compared, not the weights)."""
     from conftest import StopAfterEpochs
-    from dfcil.config import load_config
-    from dfcil.engine import Interrupt, RunInterrupted
+    from dfcil.errors import RunInterrupted
+    from dfcil.load import load_config
     from dfcil.runner import resume, train
+    from dfcil.state import Interrupt
 
     overrides = [("device", "cuda"), ("engine.channels_last", "true"), ("engine.cuda_graphs", "on")]
     cfg = load_config([SMOKE], overrides)[0]
-    a = train(cfg, tmp_path / "a", progress=False)
+    a = train(cfg, tmp_path / "a", options=RunOptions(progress=False))
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted):  # task 0 has 2 epochs: stop after the first of task 1
-        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
-    b = resume(tmp_path / "b", progress=False)
+        train(
+            cfg,
+            tmp_path / "b",
+            options=RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)]),
+        )
+    b = resume(tmp_path / "b", options=RunOptions(progress=False))
     assert b["resumed"] is True and len(b["acc_per_task"]) == 2
     assert b["last_acc"] == pytest.approx(a["last_acc"], abs=10)
 

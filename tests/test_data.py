@@ -11,9 +11,10 @@ import torch
 
 from dfcil.config import DataConfig
 from dfcil.data import datasets as ds
-from dfcil.data.archive import DatasetError, safe_extract
+from dfcil.data.archive import safe_extract
 from dfcil.data.datasets import ImageArrays, build_dataset, read_npz
 from dfcil.data.device import Normalizer, TrainBatches, crop_flip, select_classes
+from dfcil.errors import DatasetError
 
 # ------------------------------------------------------------------------------------------- augmentation
 

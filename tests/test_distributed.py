@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from conftest import CONFIGS
-from dfcil.checkpoint import Checkpointer, CheckpointError, loads, peek_position
-from dfcil.config import ConfigError, load_config
+from dfcil.checkpoint import Checkpointer, loads, peek_position
 from dfcil.distributed import Dist
+from dfcil.errors import CheckpointError, ConfigError
+from dfcil.load import load_config
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 # inversion.steps 0: the generator stays at its initialisation, so its images do not depend on the teacher's

@@ -9,8 +9,9 @@ import torch
 
 from conftest import CONFIGS
 from dfcil.cli import main
-from dfcil.config import load_config
 from dfcil.data.device import Normalizer, TrainBatches
+from dfcil.load import load_config
+from dfcil.loop import RunOptions
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.network import build_network
 from dfcil.runtime import Runtime
@@ -36,7 +37,7 @@ def _setup(merge: str, seed: int = 0, device: str = "cpu"):
     rng = torch.Generator(device=device).manual_seed(5)
     ctx = TaskContext(task_id=1, n_old=4, n_new=4, num_tasks=2, net=net, data=data, rng=rng, runtime=runtime)
     method.on_task_start(ctx)
-    method.synthesize(ctx)
+    method.synthesize(ctx, lambda: None)
     return method, net, ctx
 
 
@@ -84,8 +85,8 @@ def test_fast_and_reference_reach_the_same_accuracy_on_the_smoke_preset(tmp_path
 
 def test_bf16_and_channels_last_run_and_stay_close_to_fp32():
     from dfcil.callbacks import Callback
-    from dfcil.config import load_config
     from dfcil.engine import run
+    from dfcil.load import load_config
 
     class Losses(Callback):
         def __init__(self):
@@ -103,7 +104,7 @@ def test_bf16_and_channels_last_run_and_stay_close_to_fp32():
         "bf16": [("engine.precision", "bf16"), ("engine.channels_last", "true")],
     }.items():
         losses = Losses()
-        summary = run(load_config([SMOKE], overrides)[0], callbacks=[losses], progress=False)
+        summary = run(load_config([SMOKE], overrides)[0], options=RunOptions(callbacks=[losses], progress=False))
         results[name] = (summary, losses.net, losses.epochs)
     (_, _, l32), (s16, net16, l16) = results["fp32"], results["bf16"]
     conv = next(m for m in net16.modules() if isinstance(m, torch.nn.Conv2d))
@@ -158,8 +159,11 @@ def test_compile_traces_each_backbone_variant_once_for_the_whole_run(monkeypatch
     torch._dynamo.reset()
     counters.clear()
     per_task = GraphsPerTask()
-    compiled_run = run(load_config([SMOKE], [*five, ("engine.compile", "default")])[0], [per_task], progress=False)
-    eager_run = run(load_config([SMOKE], five)[0], progress=False)
+    compiled_run = run(
+        load_config([SMOKE], [*five, ("engine.compile", "default")])[0],
+        options=RunOptions(callbacks=[per_task], progress=False),
+    )
+    eager_run = run(load_config([SMOKE], five)[0], options=RunOptions(progress=False))
     assert compiled == [("CifarResNet", {"mode": None})] * 5  # the student's backbone, then each task's teacher's
     assert 4 <= per_task.after[1] <= 8
     assert per_task.after == {0: per_task.after[0], **dict.fromkeys(range(1, 5), per_task.after[1])}

@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from dfcil.engine import run
-from dfcil.graphs import GraphCaptureError, GraphSafetyError, StepGraph
+from dfcil.errors import GraphCaptureError, GraphSafetyError
+from dfcil.graphs import StepGraph
+from dfcil.loop import RunOptions
 from dfcil.methods import METHODS
 from dfcil.runtime import Runtime
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
@@ -205,24 +207,29 @@ def test_a_batch_of_another_shape_under_one_key_is_an_error():
         step("k", torch.randn(8, 4), torch.randint(0, 3, (8,)))
 
 
-def test_the_built_in_methods_are_graph_safe():
-    builtin = METHODS.names()
-    assert [name for name in builtin if not METHODS.get(name).graph_safe] == []
-
-
 @pytest.mark.parametrize("name", METHODS.names())
-def test_every_graph_safe_method_passes_the_check_and_trains_identically(name):
-    """A 2-task run with engine.cuda_graphs=check: every training step (and the inversion) recorded and compared;
-    on the CPU the result equals the eager run's bit for bit."""
-    if not METHODS.get(name).graph_safe:
-        pytest.skip(f"{name} is not marked graph_safe: the engine runs its steps eagerly")
+def test_every_method_keeps_its_graph_promise(name, caplog):
+    """What the README promises. A graph-safe method: a 2-task run with engine.cuda_graphs=check records and
+    compares every training step (and the inversion), and on the CPU equals the eager run bit for bit. A method not
+    marked graph-safe: with engine.cuda_graphs=on the engine runs its steps eagerly, says so once, and the run
+    equals the eager one."""
     extra = [("train.epochs", "3"), ("train.milestones", "[2]")]
-    eager = run(tiny_config(name, extra), progress=False)
-    checked = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "check")]), progress=False)
-    assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
-    phases = [p for t in checked["timings"] for p in t["phases"].values()]
-    assert phases and all(p["cuda_graphs"] == "check" and p["captures"] >= 1 and "capture_s" not in p for p in phases)
+    eager = run(tiny_config(name, extra), options=RunOptions(progress=False))
     assert all("cuda_graphs" not in p for t in eager["timings"] for p in t["phases"].values())
+    if METHODS.get(name).graph_safe:
+        checked = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "check")]), options=RunOptions(progress=False))
+        assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
+        phases = [p for t in checked["timings"] for p in t["phases"].values()]
+        assert phases and all(
+            p["cuda_graphs"] == "check" and p["captures"] >= 1 and "capture_s" not in p for p in phases
+        )
+        return
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dfcil"):
+        on = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "on")]), options=RunOptions(progress=False))
+    assert caplog.text.count("not marked graph_safe") == 1
+    assert on["accuracy_matrix"] == eager["accuracy_matrix"]
+    assert all(p["cuda_graphs"] == "off" for t in on["timings"] for p in t["phases"].values())
 
 
 def test_rdfcil_class_weights_rebound_at_epoch_end_would_be_caught():
@@ -238,7 +245,7 @@ def test_rdfcil_class_weights_rebound_at_epoch_end_would_be_caught():
     extra = [("train.epochs", "4"), ("method.chr_epochs", "2"), ("engine.cuda_graphs", "check")]
     cfg = tiny_config("rdfcil", extra)  # two CHR epochs, the phase that reads the weights
     with METHODS.replaced("rdfcil", Rebinding), pytest.raises(GraphSafetyError, match="replaced"):
-        run(cfg, progress=False)
+        run(cfg, options=RunOptions(progress=False))
 
 
 def test_inversion_under_check_equals_the_eager_inversion():
@@ -274,10 +281,8 @@ def test_a_method_not_marked_graph_safe_runs_eagerly_with_one_warning(caplog):
     class Unmarked(Finetune):
         graph_safe = False
 
-    with METHODS.replaced("finetune", Unmarked), caplog.at_level("WARNING", logger="dfcil"):
-        summary = run(tiny_config("finetune", [("engine.cuda_graphs", "on")]), progress=False)
-    assert caplog.text.count("not marked graph_safe") == 1
-    assert all(p["cuda_graphs"] == "off" for t in summary["timings"] for p in t["phases"].values())
+    with METHODS.replaced("finetune", Unmarked):
+        test_every_method_keeps_its_graph_promise("finetune", caplog)
 
 
 def test_a_phase_record_explains_the_mode_of_the_last_process():

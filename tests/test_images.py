@@ -13,9 +13,9 @@ from PIL import Image
 from conftest import REPO
 from dfcil.config import DataConfig
 from dfcil.data import images as img
-from dfcil.data.archive import DatasetError
 from dfcil.data.datasets import build_dataset
 from dfcil.data.images import BaseTransform, decode
+from dfcil.errors import DatasetError
 
 TINY_SUBSET = REPO.parent / "shared" / "data" / "tiny-imagenet-200" / "tiny-imagenet-200-sub100.zip"
 

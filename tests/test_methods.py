@@ -10,9 +10,11 @@ import torch
 
 from conftest import StopAfterEpochs, smoke_configs
 from dfcil.callbacks import Callback
-from dfcil.config import load_config
 from dfcil.data.device import Normalizer, TrainBatches
-from dfcil.engine import Loop, NonFiniteLossError, fit_task, run
+from dfcil.engine import Loop, fit_task, run
+from dfcil.errors import NonFiniteLossError
+from dfcil.load import load_config
+from dfcil.loop import RunOptions
 from dfcil.methods import METHODS, Batch, Method, Phase, Task, TaskContext, build_method
 from dfcil.models.network import build_network
 from dfcil.state import Position, RunState
@@ -59,7 +61,10 @@ def test_two_task_run_of_every_method(name, tmp_path):
 
 def test_lr_schedule_follows_phase_milestones():
     rec = Records()
-    run(tiny_config("finetune", [("train.epochs", "4"), ("train.milestones", "[1, 3]")]), callbacks=[rec])
+    run(
+        tiny_config("finetune", [("train.epochs", "4"), ("train.milestones", "[1, 3]")]),
+        options=RunOptions(callbacks=[rec]),
+    )
     assert [r["lr"] for r in rec.epochs if r["task"] == 0] == pytest.approx([0.1, 0.01, 0.01, 0.001])
 
 
@@ -77,13 +82,17 @@ def test_a_run_gives_the_process_its_random_streams_and_cudnn_switch_back():
     benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = not benchmark  # a run on CUDA sets it from engine.cudnn_benchmark
     try:
-        first = run(tiny_config("rdfcil"), progress=False)  # seeds every global stream with cfg.seed
+        first = run(
+            tiny_config("rdfcil"), options=RunOptions(progress=False)
+        )  # seeds every global stream with cfg.seed
         assert torch.backends.cudnn.benchmark is (not benchmark)
     finally:
         torch.backends.cudnn.benchmark = benchmark
     got = draws()
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
-    second = run(tiny_config("rdfcil"), progress=False)  # and a second run in the process is the same run
+    second = run(
+        tiny_config("rdfcil"), options=RunOptions(progress=False)
+    )  # and a second run in the process is the same run
     assert second["accuracy_matrix"] == first["accuracy_matrix"]
 
 
@@ -105,7 +114,7 @@ def _task1_setup(extra=(), name="rdfcil", n=24, old=3, new=3):
         task_id=1, n_old=old, n_new=new, num_tasks=2, net=net, data=batches, rng=torch.Generator().manual_seed(0)
     )
     method.on_task_start(ctx)
-    method.synthesize(ctx)
+    method.synthesize(ctx, lambda: None)
     return cfg, method, net, ctx, batches
 
 
@@ -214,21 +223,22 @@ def test_non_finite_losses_are_named():
 @pytest.mark.parametrize("name", METHODS.names())
 def test_every_method_resumes_exactly_inside_an_incremental_task(name, tmp_path):
     from dfcil.checkpoint import loads
-    from dfcil.engine import Interrupt, RunInterrupted
+    from dfcil.errors import RunInterrupted
     from dfcil.runner import resume, train
+    from dfcil.state import Interrupt
 
     cfg = tiny_config(name, [("method.inversion.zdim", "32")] if "inversion" in _fields(name) else [])
-    train(cfg, tmp_path / "a", progress=False)
+    train(cfg, tmp_path / "a", options=RunOptions(progress=False))
     interrupt = Interrupt()
     # stop after the first epoch of task 1: task 0 has 2 epochs, or 1 where the last epoch of a task belongs to a
     # head-only phase (CHR, PODNet's finetuning), which task 0 does not run; resuming then starts that phase
     task0 = Task(task_id=0, n_old=0, n_new=3, num_tasks=2)
     stop = StopAfterEpochs(interrupt, sum(p.epochs for p in build_method(cfg.method, cfg.train).phases(task0)) + 1)
     with pytest.raises(RunInterrupted):
-        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[stop])
+        train(cfg, tmp_path / "b", options=RunOptions(progress=False, interrupt=interrupt, callbacks=[stop]))
     position = loads((tmp_path / "b" / "checkpoints" / "last.pt").read_bytes())["position"]
     assert position["task"] == 1 and position["stage"] == "train" and position["epoch"] + position["phase"] == 1
-    resume(tmp_path / "b", progress=False)
+    resume(tmp_path / "b", options=RunOptions(progress=False))
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a["correct_matrix"] == b["correct_matrix"]
     wa, wb = (loads((tmp_path / d / "model.pt").read_bytes())["net"] for d in "ab")
@@ -343,21 +353,26 @@ def test_abds_persistent_generator_carries_over_tasks_and_resumes_exactly(stop, 
     """ABD keeps one generator and its Adam state for the run: task 2 warm-starts from task 1's; a resume at the
     task boundary (the carried state) or inside task 2 (its static state) continues exactly."""
     from dfcil.checkpoint import Checkpointer, loads
-    from dfcil.engine import Interrupt, RunInterrupted
+    from dfcil.errors import RunInterrupted
     from dfcil.runner import resume, train
+    from dfcil.state import Interrupt
 
     extra = [("data.num_tasks", "3"), ("method.inversion.zdim", "32"), ("method.inversion.persistent", "true")]
     cfg = tiny_config("abd", extra)
     assert cfg.method.inversion.persistent
-    train(cfg, tmp_path / "a", progress=False)
+    train(cfg, tmp_path / "a", options=RunOptions(progress=False))
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted):
-        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, stop)])
+        train(
+            cfg,
+            tmp_path / "b",
+            options=RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, stop)]),
+        )
     payload = Checkpointer(tmp_path / "b").load_latest()
     assert payload["position"]["task"] == stop - 3
     if stop == 4:  # the end of task 1: its trained generator and Adam state travel for task 2's warm start
         assert {"generator", "optimizer"} <= set(payload["static_state"]["replay"])
-    resume(tmp_path / "b", progress=False)
+    resume(tmp_path / "b", options=RunOptions(progress=False))
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert len(a["acc_per_task"]) == 3 and a["correct_matrix"] == b["correct_matrix"]
     wa, wb = (loads((tmp_path / d / "model.pt").read_bytes())["net"] for d in "ab")
@@ -562,7 +577,7 @@ def test_joint_trains_on_every_task_so_far(last_only):
     seen = {}
     for name, extra in {"finetune": [], "joint": [("method.last_only", str(last_only).lower())]}.items():
         seen[name] = Records()
-        run(tiny_config(name, extra), callbacks=[seen[name]])
+        run(tiny_config(name, extra), options=RunOptions(callbacks=[seen[name]]))
     ft, joint = seen["finetune"], seen["joint"]
     assert joint.starts[1]["train_images"] == 2 * ft.starts[1]["train_images"] == 2 * joint.starts[0]["train_images"]
     assert [r["task"] for r in joint.epochs] == ([1, 1] if last_only else [0, 0, 1, 1])

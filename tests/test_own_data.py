@@ -8,8 +8,11 @@ import pytest
 
 from conftest import StopAfterEpochs
 from dfcil.cli import main
-from dfcil.engine import Interrupt, RunInterrupted, run
+from dfcil.engine import run
+from dfcil.errors import RunInterrupted
+from dfcil.loop import RunOptions
 from dfcil.methods import METHODS
+from dfcil.state import Interrupt
 from test_images import encode, pattern
 from test_methods import tiny_config
 
@@ -43,7 +46,7 @@ def data_overrides(own_data, kind):
 @pytest.mark.parametrize("kind", ["folder", "arrays"])
 @pytest.mark.parametrize("name", METHODS.names())
 def test_every_method_runs_on_your_own_data(own_data, kind, name):
-    summary = run(tiny_config(name, data_overrides(own_data, kind)), progress=False)
+    summary = run(tiny_config(name, data_overrides(own_data, kind)), options=RunOptions(progress=False))
     assert len(summary["acc_per_task"]) == 2 and summary["dataset"] == kind
     assert summary.get("class_names") == ([f"class_{c}" for c in range(6)] if kind == "folder" else None)
 
@@ -62,11 +65,15 @@ def test_a_run_on_a_folder_resumes_exactly(own_data, tmp_path):
     from dfcil.runner import resume, train
 
     cfg = tiny_config("rdfcil", data_overrides(own_data, "folder"))
-    train(cfg, tmp_path / "a", progress=False)
+    train(cfg, tmp_path / "a", options=RunOptions(progress=False))
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted):
-        train(cfg, tmp_path / "b", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 2)])
-    resume(tmp_path / "b", progress=False)
+        train(
+            cfg,
+            tmp_path / "b",
+            options=RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 2)]),
+        )
+    resume(tmp_path / "b", options=RunOptions(progress=False))
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a["correct_matrix"] == b["correct_matrix"] and b["class_names"] == a["class_names"]
 
@@ -94,5 +101,5 @@ def test_rdfcil_runs_at_other_image_sizes_and_backbones(overrides, generator):
 
     seen = Seen()
     few = [("data.train_per_class", "8"), ("train.batch_size", "16")]  # the shapes are what is checked: quick
-    summary = run(tiny_config("rdfcil", [*overrides, *few]), callbacks=[seen], progress=False)
+    summary = run(tiny_config("rdfcil", [*overrides, *few]), options=RunOptions(callbacks=[seen], progress=False))
     assert len(summary["acc_per_task"]) == 2 and seen.generator == generator

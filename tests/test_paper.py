@@ -6,9 +6,10 @@ import re
 import pytest
 
 from conftest import CONFIGS, REPO
-from dfcil.config import config_to_dict, load_config
+from dfcil.config import config_to_dict
+from dfcil.load import load_config
 from dfcil.paper import VARIANTS, Value, find_row, paper_rows, paper_value, protocol_name, variant_of
-from dfcil.report import setting_of
+from dfcil.runs import setting_of
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ import yaml
 from conftest import CONFIGS, REPO
 from dfcil.cli import main
 from dfcil.metrics import AccuracyMatrix
-from dfcil.report import Stat, find_runs, group_runs, records, report, setting_of
+from dfcil.report import Stat, records, report
+from dfcil.runs import find_runs, group_runs, setting_of
 
 
 def write_run(root: Path, name: str, data: dict, method: dict, seed: int = 1, summary: dict | None = None) -> Path:

@@ -16,11 +16,13 @@ from filelock import FileLock
 
 from conftest import CONFIGS, StopAfterEpochs
 from dfcil.callbacks import Callback
-from dfcil.checkpoint import FORMAT, MAGIC, Checkpointer, CheckpointError, dumps, loads, peek_position
+from dfcil.checkpoint import FORMAT, MAGIC, Checkpointer, dumps, loads, peek_position
 from dfcil.cli import main
-from dfcil.config import load_config
-from dfcil.engine import Interrupt, RunInterrupted
+from dfcil.errors import CheckpointError, RunInterrupted
+from dfcil.load import load_config
+from dfcil.loop import RunOptions
 from dfcil.runner import train
+from dfcil.state import Interrupt
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 # 15 steps per epoch; task 1: 40 inversion steps (checkpointed every step), 2 RRL and 3 CHR epochs
@@ -166,7 +168,11 @@ def _unfinished(tmp_path, epochs=3):
     out = tmp_path / "run"
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted):
-        train(cfg, out, progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, epochs)])
+        train(
+            cfg,
+            out,
+            options=RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, epochs)]),
+        )
     return cfg, out
 
 
@@ -194,7 +200,7 @@ def test_epoch_checkpoints_follow_the_interval_and_a_crash_loses_only_what_follo
     monkeypatch.setattr(Checkpointer, "save", lambda self, p: (saved.append(p["position"]), save(self, p))[1])
     out = tmp_path / "run"
     with pytest.raises(_Crash):  # task 0: 2 epochs; task 1: 2 RRL epochs, then a crash after the 2nd CHR epoch
-        train(cfg, out, progress=False, callbacks=[_CrashAfterEpochs(6)])
+        train(cfg, out, options=RunOptions(progress=False, callbacks=[_CrashAfterEpochs(6)]))
     # after each setup, at each phase's end and each task's end; no epoch-end checkpoint inside a phase
     assert [(p["task"], p["stage"], p["phase"], p["epoch"], p["step"]) for p in saved] == [
         (0, "train", 0, 0, 0), (0, "train", 0, 2, 0), (1, "start", 0, 0, 0), (1, "train", 0, 0, 0),
@@ -608,7 +614,9 @@ def test_a_relative_data_root_is_saved_absolute_and_resumes_from_another_directo
     out = tmp_path / "run"
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted):
-        train(cfg, out, progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 2)])
+        train(
+            cfg, out, options=RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 2)])
+        )
     saved = load_config([out / "config.yaml"])[0]
     assert saved.data.root == str(start / "data")
     assert saved.task0_cache == str(tmp_path / "home" / "c")

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from dfcil.data.splits import ClassIncrementalSplit, SplitError, class_order_from_seed, task_sizes
+from dfcil.data.splits import ClassIncrementalSplit, class_order_from_seed, task_sizes
+from dfcil.errors import SplitError
 
 
 def test_class_orders_match_abd_and_rdfcil():

@@ -9,9 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import smoke_configs
-from dfcil.config import ConfigError, load_config
 from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.engine import build, run
+from dfcil.errors import ConfigError
+from dfcil.load import load_config
+from dfcil.loop import RunOptions
 from dfcil.losses.classification import local_ce
 from dfcil.losses.distillation import hkd_l1
 from dfcil.methods import Batch, Phase, TaskContext, build_method
@@ -93,7 +95,7 @@ def test_masked_losses_equal_the_sliced_ones() -> None:
 
 def _run(method: str, static: bool, *extra: tuple[str, str]):
     cfg = load_config(smoke_configs(method), [("model.static_head", str(static).lower()), *extra])[0]
-    return run(cfg, progress=False), cfg
+    return run(cfg, options=RunOptions(progress=False)), cfg
 
 
 @pytest.mark.parametrize("method", ["rdfcil", pytest.param("finetune", marks=pytest.mark.slow)])
@@ -128,7 +130,7 @@ def _task1(capacity: int | None, phase: Phase):
     sum(inversion.values()).backward()
     inv_grads = [p.grad.clone() for p in inv.generator.parameters()]
     inv.optimizer.zero_grad()
-    method.synthesize(ctx)
+    method.synthesize(ctx, lambda: None)
     if phase.trainable == "head":
         net.backbone.eval().requires_grad_(False)
     torch.manual_seed(2)
@@ -189,17 +191,22 @@ def test_static_head_run_interrupted_in_rrl_resumes_exactly(tmp_path) -> None:
     """Checkpoints hold the static head in the growing head's layout; a resumed run is the uninterrupted one."""
     from conftest import StopAfterEpochs
     from dfcil.checkpoint import loads
-    from dfcil.engine import Interrupt, RunInterrupted
+    from dfcil.errors import RunInterrupted
     from dfcil.runner import resume, train
+    from dfcil.state import Interrupt
 
     over = [("model.static_head", "true"), ("train.epochs", "3"), ("train.milestones", "[1]")]
     over += [("method.chr_epochs", "1"), ("epoch_checkpoint_interval_s", "0")]
     cfg = load_config(smoke_configs("rdfcil"), over)[0]
-    whole = train(cfg, tmp_path / "whole", progress=False)
+    whole = train(cfg, tmp_path / "whole", options=RunOptions(progress=False))
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted):  # after task 0's 2 epochs and the first RRL epoch of task 1
-        train(cfg, tmp_path / "split", progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
-    split = resume(tmp_path / "split", progress=False)
+        train(
+            cfg,
+            tmp_path / "split",
+            options=RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)]),
+        )
+    split = resume(tmp_path / "split", options=RunOptions(progress=False))
     assert split["correct_matrix"] == whole["correct_matrix"]
     a, b = (loads((tmp_path / d / "model.pt").read_bytes())["net"] for d in ("whole", "split"))
     assert a.keys() == b.keys() and "head.blocks.1.weight" in a

@@ -10,10 +10,13 @@ import pytest
 
 from conftest import StopAfterEpochs
 from dfcil.cli import main
-from dfcil.config import ConfigError, load_config
-from dfcil.engine import Interrupt, RunInterrupted
+from dfcil.errors import ConfigError, RunInterrupted
+from dfcil.load import load_config
+from dfcil.loop import RunOptions
 from dfcil.runner import train
-from dfcil.sweep import SweepRun, default_jobs, parse_grid, plan, split_values
+from dfcil.state import Interrupt
+from dfcil.sweep.gpus import default_jobs
+from dfcil.sweep.plan import SweepRun, parse_grid, plan, split_values
 
 TINY = ["--train.epochs", "2", "--train.milestones", "[1]", "--method.inversion.steps", "2"]  # a few seconds a run
 
@@ -83,7 +86,11 @@ def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
     cfg, _ = load_config(["configs/smoke.yaml"], [*tiny, ("seed", "2")])
     interrupt = Interrupt()
     with pytest.raises(RunInterrupted):
-        train(cfg, out / "seed=2", progress=False, callbacks=[StopAfterEpochs(interrupt, 2)], interrupt=interrupt)
+        train(
+            cfg,
+            out / "seed=2",
+            options=RunOptions(progress=False, callbacks=[StopAfterEpochs(interrupt, 2)], interrupt=interrupt),
+        )
     assert not (out / "seed=2" / "summary.json").exists()
 
     args = ["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), *TINY]
@@ -136,7 +143,7 @@ def test_slurm_launcher_through_submitits_local_executor(tmp_path, capsys):
 
 
 def test_runs_go_to_cards_with_room_and_to_the_devices_this_process_sees(monkeypatch):
-    from dfcil.sweep import placement, visible_device
+    from dfcil.sweep.gpus import placement, visible_device
 
     assert placement([(0, 80.0), (1, 0.5)], 3.0, 7) == [0] * 6 + [0]  # six fit on card 0, none on the full one
     assert placement([(0, 9.0), (1, 9.0)], 3.0, 4) == [0, 1, 0, 1]

@@ -13,7 +13,9 @@ from PIL import Image
 from conftest import CONFIGS
 from dfcil.callbacks import Callback
 from dfcil.cli import main
-from dfcil.config import ConfigError, load_config
+from dfcil.errors import ConfigError
+from dfcil.load import load_config
+from dfcil.loop import RunOptions
 from dfcil.state import Position
 
 SMOKE = str(CONFIGS / "smoke.yaml")
@@ -68,7 +70,7 @@ def test_the_grids_and_loggers_leave_the_results_unchanged(finished):
     from dfcil.engine import run
 
     final = _Final()
-    bare = run(load_config([SMOKE])[0], [final], progress=False)
+    bare = run(load_config([SMOKE])[0], options=RunOptions(callbacks=[final], progress=False))
     summary = json.loads((finished / "summary.json").read_text())
     assert bare["correct_matrix"] == summary["correct_matrix"]
     weights = loads((finished / "model.pt").read_bytes())["net"]
@@ -170,7 +172,7 @@ def test_loggers_and_grids_survive_a_crash_and_resume_without_repeating_rows(fin
     cfg = load_config([SMOKE], [("log", "[csv, tensorboard]"), ("epoch_checkpoint_interval_s", "3600")])[0]
     out = tmp_path / "run"
     with pytest.raises(RuntimeError, match="killed"):
-        train(cfg, out, progress=False, callbacks=[_Crash(3)])
+        train(cfg, out, options=RunOptions(progress=False, callbacks=[_Crash(3)]))
     assert len(_csv(out / "metrics.csv")) == 3
     (out / "synthetic_task1.png").unlink()
     assert main(["resume", str(out), "--no-progress", "--log", "csv", "--log", "tensorboard"]) == 0
@@ -260,8 +262,8 @@ def test_commands_on_a_run_without_a_final_model_say_so(finished, tmp_path, caps
 def test_exported_safetensors_rebuild_the_final_network(finished, tmp_path, capsys):
     from safetensors.torch import load_file
 
+    from dfcil.model_file import load_model
     from dfcil.models.network import build_network
-    from dfcil.runner import load_model
 
     out = tmp_path / "export" / "net.safetensors"
     out.parent.mkdir()

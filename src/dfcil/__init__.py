@@ -13,7 +13,7 @@ loggers and checkpoints.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from dfcil.version import __version__
 
 __all__ = ["__version__", "list_methods", "load_config", "resume", "train"]
 
@@ -24,23 +24,25 @@ def load_config(paths=(), overrides=()):
     Returns:
         ``(config, dropped_method_keys)``, see :func:`dfcil.config.load_config`.
     """
-    from dfcil.config import load_config as _load
+    from dfcil.load import load_config as _load
 
     return _load(paths, overrides)
 
 
 def train(cfg, out, progress=None):
     """Train ``cfg`` into the new run directory ``out``; returns the summary dict (also ``out/summary.json``)."""
+    from dfcil.runner import RunOptions
     from dfcil.runner import train as _train
 
-    return _train(cfg, out, progress=progress)
+    return _train(cfg, out, RunOptions(progress=progress))
 
 
 def resume(run_dir, progress=None):
     """Continue the unfinished run in ``run_dir`` from its newest checkpoint; returns the summary dict."""
+    from dfcil.runner import RunOptions
     from dfcil.runner import resume as _resume
 
-    return _resume(run_dir, progress=progress)
+    return _resume(run_dir, options=RunOptions(progress=progress))
 
 
 def list_methods() -> list[str]:

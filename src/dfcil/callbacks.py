@@ -1,8 +1,8 @@
-"""Callbacks: what happens around the training loop (logs, metric records, timings, checkpoints) without living in
-it. The engine calls every hook of every callback in order, at fixed points (``loop.emit``); records are plain
-JSON-able dicts. :class:`Timer` runs first and :class:`Checkpointing` after the user's callbacks (only the shared
-first-task cache follows it), so that a checkpoint holds what the others did at the same point (a metrics line,
-a timing)."""
+"""The engine's own callbacks: what happens around the training loop (logs, metric records, timings, checkpoints)
+without living in it. The engine calls every hook (:class:`~dfcil.loop.Callback`) of every callback in order, at
+fixed points (``loop.emit``); records are plain JSON-able dicts. :class:`Timer` runs first and
+:class:`Checkpointing` after the user's callbacks (only the shared first-task cache follows it), so that a checkpoint
+holds what the others did at the same point (a metrics line, a timing)."""
 
 from __future__ import annotations
 
@@ -10,57 +10,18 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from dfcil.checkpoint import Checkpointer
 from dfcil.config import RunConfig, check_unchanged
+from dfcil.context import Phase
+from dfcil.graphs import StepGraph
+from dfcil.loop import Callback, Loop
 from dfcil.runtime import peak_memory_mb
 
-if TYPE_CHECKING:
-    from dfcil.engine import Loop
-    from dfcil.graphs import StepGraph
-    from dfcil.methods import Phase
-
 log = logging.getLogger("dfcil")
-
-
-class Callback:
-    """The engine's hook points, in the order a task meets them."""
-
-    def on_run_start(self, loop: Loop) -> None:
-        """The run is built (and restored, when resuming); ``loop`` holds its live parts for the other hooks."""
-
-    def on_task_start(self, info: dict[str, Any]) -> None:
-        """A task begins (or continues, after a resume): its classes, images and phases."""
-
-    def on_setup_step(self) -> None:
-        """A consistent point inside a long task setup (every inversion step)."""
-
-    def on_setup_end(self) -> None:
-        """The method's task setup is done; training follows."""
-
-    def on_phase_start(self, phase: Phase) -> None: ...
-
-    def on_epoch_end(self, record: dict[str, Any]) -> None:
-        """An epoch ended: its mean loss terms, lr, time and speed."""
-
-    def on_phase_end(self, phase: Phase) -> None: ...
-
-    def on_eval_start(self) -> None: ...
-
-    def on_eval_end(self) -> None: ...
-
-    def on_task_end(self, record: dict[str, Any]) -> None:
-        """A task is trained and evaluated: its accuracy row and timings (a line of metrics.jsonl)."""
-
-    def on_interrupt(self) -> None:
-        """A stop was requested and the run stops at a point no other hook checkpoints: inside a setup, mid-epoch,
-        or at an epoch end inside a phase. At the end of a setup, a phase or a task the run stops right after that
-        hook (:meth:`on_setup_end`, :meth:`on_phase_end`, :meth:`on_task_end`) instead."""
-
-    def on_run_end(self, summary: dict[str, Any]) -> None: ...
 
 
 class ConsoleLogger(Callback):

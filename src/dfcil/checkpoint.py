@@ -9,7 +9,7 @@ tensor index is checked against the block.
 Layout of ``<run>/checkpoints``: ``last.pt`` (newest), ``prev.pt`` (the one before, the fallback), and
 ``task<t>-static.pt`` (per-task state that never changes after the task's setup: frozen teacher and generator),
 written once and referenced by digest so that per-epoch checkpoints stay small. What a checkpoint holds is
-:meth:`dfcil.engine.Loop.snapshot` plus the static file's reference and ``metrics.jsonl``'s length
+:meth:`dfcil.loop.Loop.snapshot` plus the static file's reference and ``metrics.jsonl``'s length
 (:class:`dfcil.callbacks.Checkpointing`).
 """
 
@@ -28,16 +28,13 @@ from typing import Any
 
 import torch
 
+from dfcil.errors import CheckpointError
 from dfcil.io import fsync_dir, write_atomic
 
 log = logging.getLogger("dfcil")
 
 MAGIC = b"DFCILCK2"  # an archive of the containers, then every tensor's bytes in one block
 FORMAT = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, truncated, tampered with or from another run."""
 
 
 def dumps(payload: dict[str, Any]) -> bytes:

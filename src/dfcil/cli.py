@@ -19,14 +19,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from dfcil import report
-from dfcil.config import TOP_LEVEL_SCALARS, ConfigError, RunConfig, dump_config, load_config
+from dfcil.config import TOP_LEVEL_SCALARS, RunConfig, dump_config
+from dfcil.errors import (
+    CheckpointError,
+    ConfigError,
+    DatasetError,
+    NonFiniteLossError,
+    RegistryError,
+    RunInterrupted,
+    SplitError,
+)
+from dfcil.progress import log_to_console
 
 log = logging.getLogger("dfcil")
 
@@ -107,7 +117,7 @@ Running the same command again skips finished runs, resumes unfinished ones and 
 
 
 def _add_sweep_parser(sub) -> None:
-    from dfcil.sweep import SLURM_OPTIONS
+    from dfcil.sweep.slurm import SLURM_OPTIONS
 
     sweep = sub.add_parser(
         "sweep", help="many runs from one command: configs x grid, restartable", epilog=SWEEP_EPILOG,
@@ -134,18 +144,21 @@ def _add_sweep_parser(sub) -> None:
 
 
 def _sweep(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Sequence[str]) -> int:
-    from dfcil.sweep import SLURM_OPTIONS, parse_grid, sweep
+    from dfcil.sweep import SweepSpec, sweep
+    from dfcil.sweep.plan import parse_grid
+    from dfcil.sweep.slurm import SLURM_OPTIONS
 
     if args.device:
         overrides.append(("device", args.device))
     if args.log is not None:
         overrides.append(("log", json.dumps(_log_names(args.log))))
     slurm = {key: getattr(args, f"slurm_{key}") for key in (*SLURM_OPTIONS, "array", "cluster")}
-    groups = [part.split("+") for part in args.config]
-    return sweep(
-        groups, parse_grid(args.grid), overrides, args.out, jobs=args.jobs, dry_run=args.dry_run,
-        launcher=args.launcher, slurm=slurm, wait=args.wait, command=["dfcil", *argv],
+    spec = SweepSpec(
+        configs=[part.split("+") for part in args.config], grid=parse_grid(args.grid), fixed=overrides,
+        out=Path(args.out), jobs=args.jobs, dry_run=args.dry_run, launcher=args.launcher, slurm=slurm,
+        wait=args.wait, command=["dfcil", *argv],
     )  # fmt: skip
+    return sweep(spec)
 
 
 # ------------------------------------------------------------------------- eval, export, inspect, --log
@@ -261,6 +274,8 @@ def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Seq
         overrides.append(("log", json.dumps(_log_names(args.log))))
     if not args.config:
         raise ConfigError("dfcil train needs --config FILE.yaml (try configs/smoke.yaml)")
+    from dfcil.load import load_config
+
     cfg, dropped = load_config(args.config, overrides)
     if dropped:
         log.warning("method switched to %r: ignoring the config file's %s", cfg.method.name, ", ".join(dropped))
@@ -270,14 +285,15 @@ def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Seq
     if args.dry_run:
         _print_protocol(cfg)
         return 0
-    from dfcil.runner import train
+    from dfcil import runner
 
     out = args.out or f"runs/{cfg.method.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    return _interruptible(out, lambda interrupt: train(cfg, Path(out), args.progress, argv, interrupt=interrupt))
+    options = runner.RunOptions(progress=args.progress, argv=argv)
+    return _interruptible(out, options, lambda: runner.train(cfg, Path(out), options))
 
 
 def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from dfcil.runner import resume
+    from dfcil import runner
 
     overrides = {"device": args.device} if args.device else {}
     if args.cuda_graphs:
@@ -286,35 +302,22 @@ def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
         overrides["data.root"] = args.data_root
     if args.log is not None:
         overrides["log"] = _log_names(args.log)
-    return _interruptible(
-        args.run_dir, lambda interrupt: resume(args.run_dir, overrides, args.progress, argv, interrupt=interrupt)
-    )
+    options = runner.RunOptions(progress=args.progress, argv=argv)
+    return _interruptible(args.run_dir, options, lambda: runner.resume(args.run_dir, overrides, options))
 
 
-def _interruptible(run_dir: str, work) -> int:
-    """Run ``work(interrupt)`` so that the first Ctrl-C or SIGTERM stops it cleanly after a checkpoint."""
+def _interruptible(run_dir: str, options: Any, work: Callable[[], object]) -> int:
+    """Run ``work()`` so that the first Ctrl-C or SIGTERM stops it cleanly after a checkpoint (exit 130)."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from dfcil.engine import Interrupt, RunInterrupted
+    from dfcil.runner import stop_on_signals
 
-    interrupt = Interrupt()
-
-    def handler(signum, frame):
-        if interrupt.requested:  # a second signal aborts at once
-            raise KeyboardInterrupt
-        interrupt.requested = True
-        log.warning("%s: finishing the current step, then writing a checkpoint", signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with logging_redirect_tqdm(loggers=[log]):
-            work(interrupt)
+        with stop_on_signals(options.interrupt), logging_redirect_tqdm(loggers=[log]):
+            work()
     except RunInterrupted as err:
         print(f"dfcil: {err}; checkpoint written. Continue with: dfcil resume {run_dir}", file=sys.stderr)
         return 130
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
     return 0
 
 
@@ -333,20 +336,9 @@ def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    log_to_console()
     if args.command == "report":  # before the training imports below: a report never loads torch
         return report.main(args) if not unknown else parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-
-    from dfcil.checkpoint import CheckpointError
-    from dfcil.data.archive import DatasetError
-    from dfcil.data.splits import SplitError
-    from dfcil.engine import NonFiniteLossError
-    from dfcil.registry import RegistryError
 
     try:
         if args.command not in ("train", "sweep") and unknown:

@@ -1,10 +1,12 @@
-"""Typed run configuration: frozen dataclasses, strict YAML decoding, dotted overrides, resolved-config saving.
+"""The run configuration's types: frozen, validated dataclasses (one per section), strict decoding of one section,
+YAML reading, and saving the resolved config.
 
-A run is described by one YAML document with the sections ``method``, ``data``, ``model`` and ``train`` and the
-top-level keys ``seed`` and ``device``. ``method.name`` selects a registered method, whose own ``Config`` dataclass
-(declared next to its code) validates the rest of the ``method`` section. Validation is strict: unknown keys and
-ill-typed values are errors that name the key and the fix. The validated config is saved as ``config.yaml`` in
-every run directory and is all that is needed to repeat the run.
+A run is described by one YAML document with the sections ``method``, ``data``, ``model``, ``train`` and ``engine``
+and a few top-level keys (``seed``, ``device``, ...). Validation is strict: unknown keys and ill-typed values are
+errors that name the key and the fix. Every method's hyper-parameters are a :class:`MethodConfig` subclass declared
+next to its code; which one validates a config's ``method`` section is looked up by :mod:`dfcil.load`, which sits
+above the methods. This module knows no method. The validated config is saved as ``config.yaml`` in every run
+directory and is all that is needed to repeat the run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 import difflib
 import json
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -21,7 +23,7 @@ import yaml
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
-from dfcil.registry import Registry, RegistryError
+from dfcil.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -49,10 +51,6 @@ def _yaml_switch(value: Any) -> Any:
 
 
 OnOffCheck = Annotated[Literal["off", "on", "check"], BeforeValidator(_yaml_switch)]
-
-
-class ConfigError(ValueError):
-    """A config that cannot be run: unknown key, wrong type, impossible value."""
 
 
 def configclass(cls: type[T]) -> type[T]:
@@ -159,12 +157,8 @@ class EngineConfig:
 class MethodConfig:
     """Base of every method's config; the method's own fields are added by its ``Config`` subclass."""
 
-    name: str = "rdfcil"  # registered method (see `dfcil methods`)
-
-
-# Each method's config class, by method name: filled by ``dfcil.methods.register_method``; the built-in methods
-# register when this registry is first read, so that importing this module never imports the methods.
-METHOD_CONFIGS: Registry[type[MethodConfig]] = Registry("method", builtins="dfcil.methods")
+    # the registered method (see `dfcil methods`); register_method makes it default to the method's own name
+    name: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,35 +251,7 @@ def validate_section(cls: type[T], raw: Any, where: str) -> T:
         raise ConfigError(_format_errors(err, cls, where)) from None
 
 
-def build_config(raw: Mapping[str, Any]) -> RunConfig:
-    """Validate a raw config mapping (merged YAML + overrides) into a :class:`RunConfig`."""
-    allowed = {"method", *SECTIONS, *TOP_LEVEL_SCALARS}
-    for key in raw:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {key!r}.{hint} Valid top-level keys: {', '.join(sorted(allowed))}")
-    method_raw = dict(raw.get("method") or {})
-    name = method_raw.get("name", MethodConfig.name)
-    if not isinstance(name, str):
-        raise ConfigError(f"method.name must be a string, got {name!r}")
-    try:
-        method_config = METHOD_CONFIGS.get(name)
-    except RegistryError as err:
-        raise ConfigError(f"method.name: {err}. List them with `dfcil methods`.") from None
-    method_raw["name"] = name
-    method_cfg = validate_section(method_config, method_raw, "method")
-    kwargs: dict[str, Any] = {name: validate_section(cls, raw.get(name), name) for name, cls in SECTIONS.items()}
-    for key, typ in TOP_LEVEL_SCALARS.items():
-        if key in raw:
-            try:
-                kwargs[key] = TypeAdapter(typ).validate_python(raw[key])
-            except ValidationError as err:
-                raise ConfigError(f"{key}: {err.errors()[0]['msg']} (got {raw[key]!r})") from None
-    return RunConfig(method=method_cfg, **kwargs)
-
-
-# --------------------------------------------------------------------------------------------------- loading
+# --------------------------------------------------------------------------------------------------- reading
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -357,62 +323,6 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
             raise ConfigError(f"override {key!r}: {part!r} is not a section")
         node = child
     node[parts[-1]] = value
-
-
-def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
-    """Set ``method.name``; if that switches to another method, drop the method keys it does not have."""
-    if not isinstance(name, str):
-        raise ConfigError(f"method.name must be a method's name (a string), got {name!r}; see `dfcil methods`")
-    section = raw.setdefault("method", {})
-    if not isinstance(section, dict):
-        raise ConfigError(f"method must be a section (a mapping with a name and the method's keys), got {section!r}")
-    old = section.get("name", MethodConfig.name)
-    section["name"] = name
-    if name == old or name not in METHOD_CONFIGS:
-        return []
-    fields = set(_field_names(METHOD_CONFIGS.get(name)))
-    dropped = sorted(k for k in section if k not in fields)
-    for key in dropped:
-        del section[key]
-    return [f"method.{k}" for k in dropped]
-
-
-def load_config(
-    paths: Sequence[str | Path] = (),
-    overrides: Iterable[tuple[str, str]] = (),
-    base: Mapping[str, Any] | None = None,
-) -> tuple[RunConfig, list[str]]:
-    """Merge YAML files, then ``key=value`` overrides (command-line strings), into a validated config.
-
-    Sources apply in order. When one switches ``method.name`` (a later file, or ``--method.name``), the method
-    keys gathered so far that the new method does not accept are dropped, so ``--config rdfcil.yaml --method.name
-    finetune`` and ``--config cifar100-mini.yaml --config cifar100-mini/lwf.yaml`` work; the dropped names are
-    returned so the caller can say so. Keys given by the switching source itself are never dropped.
-
-    Returns:
-        The config and the list of dropped ``method.*`` keys.
-    """
-    raw: dict[str, Any] = deep_merge({}, base or {})
-    dropped: list[str] = []
-    for path in paths:
-        data = read_yaml(path)
-        method = data.get("method") or {}
-        if not isinstance(method, dict):
-            raise ConfigError(
-                f"{path}: method must be a section (e.g. method: {{name: {method}}}), got {type(method).__name__}"
-            )
-        name = method.get("name")
-        if name is not None:
-            dropped += _switch_method(raw, name)
-        deep_merge(raw, data)
-    overrides = list(overrides)
-    for key, text in overrides:  # a method switch first, so that the other overrides land in the new method
-        if key == "method.name":
-            dropped += _switch_method(raw, parse_value(text))
-    for key, text in overrides:
-        if key != "method.name":
-            set_dotted(raw, key, parse_value(text))
-    return build_config(raw), dropped
 
 
 # --------------------------------------------------------------------------------------------------- saving

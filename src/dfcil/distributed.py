@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from dfcil.config import ConfigError
+from dfcil.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,12 +8,14 @@
   ``engine.cuda_graphs`` on, a CUDA graph replays that step body (:mod:`dfcil.graphs`).
 
 Methods supply the loss terms (:mod:`dfcil.methods`); checkpoints, timings and logs are callbacks
-(:mod:`dfcil.callbacks`) the engine calls at fixed points, ``loop.emit(hook, ...)``.
+(:mod:`dfcil.callbacks`) the engine calls at fixed points, ``loop.emit(hook, ...)``; the live run they see is a
+:class:`~dfcil.loop.Loop`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -23,59 +25,26 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dfcil import __version__, distributed
-from dfcil.callbacks import Callback, Checkpointing, Timer
-from dfcil.config import RunConfig, config_to_dict
+from dfcil import distributed
+from dfcil.callbacks import Checkpointing, Timer
+from dfcil.config import RunConfig
 from dfcil.data.device import Normalizer, TrainBatches
+from dfcil.errors import NonFiniteLossError, RunInterrupted
 from dfcil.graphs import StepGraph
+from dfcil.loop import Loop, RunOptions
 from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
-from dfcil.models.network import IncrementalNet, backbone_for, build_network
+from dfcil.models.network import backbone_for, build_network
 from dfcil.optim import fill_momentum, load_optimizer_state, sgd
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
 from dfcil.runtime import Runtime, process_state_kept, resolve_device, seed_everything
-from dfcil.state import EpochProgress, Interrupt, NonFiniteLossError, Position, RunInterrupted, RunState
+from dfcil.state import EpochProgress, Position, RunState
 from dfcil.task0 import Task0Cache
+from dfcil.version import __version__
 
 log = logging.getLogger("dfcil")
 
 SUMMARY_FORMAT = 1  # summary.json's layout, for readers without the engine (reports); raise it when a key changes
-
-
-@dataclasses.dataclass(kw_only=True)
-class Loop:
-    """The live parts of one run, shared by the functions below; callbacks get it in ``on_run_start``."""
-
-    cfg: RunConfig
-    net: IncrementalNet
-    method: Method
-    state: RunState
-    runtime: Runtime = Runtime()  # build() sets the run's; the default computes eagerly on the CPU
-    protocol: Protocol | None = None  # set by build(): run_task and restore need them, fit_task does not
-    test: TestSet | None = None
-    callbacks: Sequence[Callback] = ()
-    interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)
-    ctx: TaskContext | None = None  # the running task's
-    graph: StepGraph | None = None  # the running phase's step graph (engine.cuda_graphs on or check)
-
-    def emit(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` on every callback, in order. If one raises, the rest still run (a failing logger never
-        costs a checkpoint) and the first error is raised afterwards."""
-        error: Exception | None = None
-        for callback in self.callbacks:
-            try:
-                getattr(callback, hook)(*args)
-            except Exception as err:  # noqa: BLE001 - re-raised below, once every callback has run
-                error = error or err
-        if error is not None:
-            raise error
-
-    def snapshot(self) -> dict[str, Any]:
-        """What a checkpoint holds, besides the method's static state: :func:`restore` continues from it."""
-        return {
-            **self.state.state_dict(), "head_sizes": self.net.head.sizes, "net": self.net.state_dict(),
-            "method": self.method.state_dict(), "config": config_to_dict(self.cfg),
-        }  # fmt: skip
 
 
 def stopping(loop: Loop) -> bool:
@@ -93,31 +62,30 @@ def stop(loop: Loop, where: str) -> None:
 
 def run(
     cfg: RunConfig,
-    callbacks: Sequence[Callback] = (),
     run_dir: Path | None = None,
     resume: bool = False,
-    *,
+    options: RunOptions | None = None,
     protocol: Protocol | None = None,
-    progress: bool | None = None,
-    interrupt: Interrupt | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg.method`` through every task of the protocol and return the summary (:mod:`dfcil.metrics`).
 
     ``run_dir``: where checkpoints (``run_dir/checkpoints``) and ``metrics.jsonl`` live; None: no checkpoints.
-    ``resume``: continue from the newest usable checkpoint in ``run_dir``. ``interrupt``: when its flag is set,
-    the run finishes the step, checkpoints and raises :class:`RunInterrupted`. The process's global random
-    streams and cuDNN switch are as before afterwards (:func:`dfcil.runtime.process_state_kept`).
+    ``resume``: continue from the newest usable checkpoint in ``run_dir``. ``options``: progress bars, the
+    caller's callbacks, and the interrupt: when its flag is set, the run finishes the step, checkpoints and raises
+    :class:`RunInterrupted`. ``protocol``: the prepared data, where the caller has it already. The process's global
+    random streams and cuDNN switch are as before afterwards (:func:`dfcil.runtime.process_state_kept`).
     """
     if resume and run_dir is None:
         raise ValueError("resume continues a run directory's checkpoints: give run_dir")
+    options = options or RunOptions()
     started = time.perf_counter()
     with process_state_kept():
-        protocol = protocol or prepare(cfg, make_progress(progress))
-        loop = build(cfg, protocol, progress, interrupt)
+        protocol = protocol or prepare(cfg, make_progress(options.progress))
+        loop = build(cfg, protocol, options)
         saver = Checkpointing(run_dir, cfg) if run_dir is not None else None
         cache = Task0Cache(cfg, protocol, loop.method) if cfg.task0_cache else None
         writers = (saver, cache) if loop.runtime.dist.main else ()  # one process writes the run's files
-        loop.callbacks = [Timer(), *callbacks, *(c for c in writers if c is not None)]
+        loop.callbacks = [Timer(), *options.callbacks, *(c for c in writers if c is not None)]
         payload = None
         if resume:
             payload = saver.load()
@@ -143,8 +111,9 @@ def run(
         return summary
 
 
-def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, interrupt: Interrupt | None = None) -> Loop:
+def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None) -> Loop:
     """The network, the method and the run state of a new run, seeded from ``cfg.seed``."""
+    options = options or RunOptions()
     dist = distributed.current()  # several processes under torchrun: this one's rank (docs/distributed.md)
     device = distributed.device_of(resolve_device(cfg.device), dist)
     seed_everything(cfg.seed)
@@ -163,8 +132,9 @@ def build(cfg: RunConfig, protocol: Protocol, progress: bool | None = None, inte
     if cfg.engine.cuda_graphs == "on" and not method.graph_safe:
         log.warning("%s is not marked graph_safe: its steps run eagerly (try cuda_graphs: check)", method.name)
     state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
-    loop = Loop(cfg=cfg, net=net, method=method, state=state, protocol=protocol, interrupt=interrupt or Interrupt())
-    loop.runtime = Runtime.from_config(cfg.engine, device, make_progress(progress), lambda: setup_step(loop), dist)
+    runtime = Runtime.from_config(cfg.engine, device, make_progress(options.progress), dist)
+    loop = Loop(cfg=cfg, net=net, method=method, state=state, runtime=runtime, protocol=protocol,
+                interrupt=options.interrupt)  # fmt: skip
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device, cfg.engine.channels_last)
     loop.test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device)
     return loop
@@ -196,7 +166,8 @@ def task_context(loop: Loop, task: int) -> TaskContext:
 
 
 def setup_step(loop: Loop) -> None:
-    """A consistent point inside a task's setup: stop there on an interrupt, else let callbacks checkpoint."""
+    """A consistent point inside a task's setup (the method calls it after every inversion step): stop there on an
+    interrupt, else let callbacks checkpoint."""
     if stopping(loop):
         stop(loop, f"in task {loop.state.position.task}, setup")
     loop.emit("on_setup_step")
@@ -217,7 +188,7 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
     if not begun:
         method.on_task_start(ctx)  # once per task: a resumed task has the method's state restored instead
     if state.position.stage == "setup":
-        method.synthesize(ctx)  # model inversion; a task resumed inside it continues it
+        method.synthesize(ctx, functools.partial(setup_step, loop))  # model inversion; a resumed one continues
         state.position = Position(task, "train")
         loop.emit("on_setup_end")
         if stopping(loop):
@@ -246,10 +217,10 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
     for index, phase in enumerate(phases[start.phase :], start=start.phase):
         first_epoch = start.epoch if index == start.phase else 0
         if state.optimizer is None or (phase.reset_optimizer and first_epoch == 0):
-            state.optimizer = sgd(params, phase.lr, train, ctx.runtime.fused)
-            if state.resumed_optimizer is not None:
-                load_optimizer_state(state.optimizer, state.resumed_optimizer)
-                state.resumed_optimizer = None
+            state.optimizer = sgd(params, phase.lr, train.momentum, train.weight_decay, ctx.runtime.fused)
+            if state.optimizer_handoff is not None:  # a checkpoint's optimiser state, for this optimiser
+                load_optimizer_state(state.optimizer, state.optimizer_handoff)
+                state.optimizer_handoff = None
         ctx.net.set_trainable(phase.trainable, extra)  # "head": the backbone frozen in eval mode
         for part in method.frozen(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             part.requires_grad_(False)

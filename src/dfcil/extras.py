@@ -5,11 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from dfcil.config import ConfigError
-
-
-class MissingExtraError(ConfigError):
-    """A feature needs an optional dependency that is not installed."""
+from dfcil.errors import MissingExtraError
 
 
 def require(module: str, extra: str, feature: str, package: str | None = None) -> ModuleType:

@@ -32,19 +32,13 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from dfcil.errors import GraphCaptureError, GraphSafetyError
+
 __all__ = ["GraphCaptureError", "GraphMode", "GraphSafetyError", "StepGraph"]
 
 log = logging.getLogger("dfcil")
 
 GraphMode = Literal["off", "on", "check"]
-
-
-class GraphSafetyError(RuntimeError):
-    """A step does something a CUDA graph cannot replay faithfully."""
-
-
-class GraphCaptureError(RuntimeError):
-    """A CUDA graph capture failed after it began; the process's CUDA state is not to be trusted any more."""
 
 
 class StepGraph:

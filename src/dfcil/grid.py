@@ -11,20 +11,17 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfcil.callbacks import Callback
 from dfcil.io import write_atomic
+from dfcil.loop import Callback, Loop
+from dfcil.methods import Method
 from dfcil.synthesis.replay import Replay
-
-if TYPE_CHECKING:
-    from dfcil.engine import Loop
-    from dfcil.methods import Method
 
 GRID_IMAGES = 64  # images per grid, 8 × 8
 GRID_ROW = 8  # images per row

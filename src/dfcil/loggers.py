@@ -19,18 +19,15 @@ import io
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dfcil.callbacks import Callback
 from dfcil.extras import require
 from dfcil.grid import synthetic_grid
 from dfcil.io import write_atomic
+from dfcil.loop import Callback, Loop
 from dfcil.methods import Task
 from dfcil.registry import Registry
 from dfcil.state import Position
-
-if TYPE_CHECKING:
-    from dfcil.engine import Loop
 
 # A logger: built from the run directory; building it writes nothing (a bad name or a missing extra is refused
 # before the run directory exists)

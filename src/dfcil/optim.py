@@ -7,8 +7,6 @@ from typing import Any
 
 import torch
 
-from dfcil.config import TrainConfig
-
 _KERNEL_FLAGS = ("fused", "foreach", "capturable", "differentiable")  # how an optimiser computes, not its state
 
 
@@ -18,12 +16,12 @@ def fused_kwargs(params: Sequence[torch.Tensor], fused: bool) -> dict[str, bool]
     return {"fused": True} if ok else {}
 
 
-def sgd(params: Sequence[torch.Tensor], lr: float, train: TrainConfig, fused: bool) -> torch.optim.SGD:
+def sgd(
+    params: Sequence[torch.Tensor], lr: float, momentum: float, weight_decay: float, fused: bool
+) -> torch.optim.SGD:
     """The network's optimiser: SGD with the run's momentum and weight decay (on every parameter), fused on CUDA
     when ``fused``."""
-    return torch.optim.SGD(
-        params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay, **fused_kwargs(params, fused)
-    )
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **fused_kwargs(params, fused))
 
 
 def fill_momentum(optimizer: torch.optim.SGD) -> None:

@@ -17,20 +17,15 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from dfcil.errors import PlotError
 from dfcil.metrics import AccuracyMatrix
-
-if TYPE_CHECKING:
-    from dfcil.report import Group, Run
+from dfcil.runs import Group, Run
 
 SYNTHETIC = re.compile(r"synthetic_task(\d+)\.png")
-
-
-class PlotError(RuntimeError):
-    """Plots cannot be made (matplotlib missing)."""
 
 
 def _figure(**kwargs: Any) -> Any:

@@ -1,7 +1,9 @@
-"""Progress bars (tqdm): one per phase on a terminal, silent when output is not a TTY (logs, CI, SLURM)."""
+"""Console output: progress bars (tqdm), one per phase on a terminal and silent when output is not a TTY (logs, CI,
+SLURM), and the log lines of the ``dfcil`` logger."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,3 +26,15 @@ def make_progress(enabled: bool | None = None) -> ProgressFactory:
         )
 
     return factory
+
+
+def log_to_console() -> None:
+    """Print the ``dfcil`` logger's lines from INFO up to the console (stderr), with the time, and not through the
+    root logger: what every command does first. Once per process; later calls change nothing."""
+    log = logging.getLogger("dfcil")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False

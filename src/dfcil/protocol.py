@@ -13,11 +13,12 @@ import numpy as np
 import torch
 
 from dfcil import distributed
-from dfcil.config import ConfigError, RunConfig
+from dfcil.config import RunConfig
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import Normalizer, class_indices, to_device
-from dfcil.data.splits import ClassIncrementalSplit, SplitError
+from dfcil.data.splits import ClassIncrementalSplit
 from dfcil.distributed import Dist
+from dfcil.errors import ConfigError, SplitError
 from dfcil.io import check_creatable_dir
 from dfcil.methods import METHODS, build_method
 from dfcil.models.generator import generator_layout

@@ -17,19 +17,16 @@ import argparse
 import csv
 import dataclasses
 import io
-import json
-import os
 import re
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from dfcil.config import RUNTIME_KEYS
-from dfcil.paper import DATASETS, PaperRow, Value, find_row, protocol_name, variant_of
+from dfcil.errors import ReportError
+from dfcil.paper import Value
+from dfcil.runs import Group, Run, find_runs, group_runs
 
 # Our metrics: summary.json key → column title. old_acc / new_acc are the last task's entries of their lists.
 METRICS = {
@@ -40,112 +37,11 @@ METRICS = {
     "new_acc": "new acc",
 }
 PAPER_METRICS = ("last_acc", "avg_inc_acc")
-# Config keys that never split a group: what runs of one experiment may differ in (class order, training seed),
-# runtime keys, and engine switches that keep fp32 results equal within rounding (engine.precision does split).
-SAME_EXPERIMENT = {"seed", "data.class_order_seed", "data.class_order", "train.eval_batch_size"}
-SAME_EXPERIMENT |= RUNTIME_KEYS | {f"engine.{k}" for k in ("merge_passes", "channels_last", "compile")}
-SAME_EXPERIMENT |= {"engine.cudnn_benchmark", "engine.fused_optimizer"}
 DIMENSIONS = ("method", "dataset", "protocol", "config")  # what --by may name
-METHOD_ORDER = ("joint", "finetune", "lwf", "lwf_mc", "deepinversion", "dgr", "ucir_df", "podnet_df", "abd", "rdfcil")
 STD_NOTE = (
     "± is the population standard deviation (n in the denominator) over a group's finished runs, which differ "
     "only in class order or training seed; the paper's ± is over its 3 class orders (convention not stated)."
 )
-
-
-class ReportError(ValueError):
-    """Paths without runs, unreadable run files, a bad --by."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    path: Path
-    name: str  # the path from the folder given on the command line (its name included)
-    config: dict[str, Any]  # config.yaml as plain data
-    summary: dict[str, Any] | None  # summary.json; None: unfinished
-
-    def metric(self, key: str) -> float | None:
-        value = None if self.summary is None else self.summary.get(key)
-        return value[-1] if isinstance(value, list) else value  # old_acc / new_acc: the last task's
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """A run in the paper's terms: dataset, protocol (``n10``, ``b50_n11``), method and variant (:mod:`dfcil.paper`)."""
-
-    dataset: str
-    protocol: str
-    method: str
-    variant: str
-    reduced: str  # "" on the paper's protocol, else how it was shrunk ("20 classes, 250 train/class")
-
-    @property
-    def method_label(self) -> str:
-        return f"{self.method}[{self.variant}]" if self.variant else self.method
-
-    @property
-    def protocol_label(self) -> str:
-        return f"{self.protocol} ({self.reduced})" if self.reduced else self.protocol
-
-    def paper_row(self) -> PaperRow | None:
-        """The paper's row; None on a reduced protocol, where the paper's numbers do not apply."""
-        return None if self.reduced else find_row(self.dataset, self.protocol, self.method, self.variant)
-
-
-def setting_of(config: dict[str, Any]) -> Setting:
-    """The paper setting a run's config (``config.yaml``, plain) describes."""
-    data, method = config.get("data") or {}, config.get("method") or {}
-    dataset, name = data.get("name", "cifar100"), method.get("name", "rdfcil")
-    reduced = []
-    classes, pixels = DATASETS.get(dataset, (None, None))
-    if data.get("num_classes") not in (None, classes):
-        reduced.append(f"{data['num_classes']} classes")
-    for key, what in (("train_per_class", "train"), ("test_per_class", "test")):
-        if data.get(key) is not None:
-            reduced.append(f"{data[key]} {what}/class")
-    if data.get("image_size") not in (None, pixels):
-        reduced.append(f"{data['image_size']} px")
-    protocol = protocol_name(data.get("num_tasks", 5), data.get("base_classes", 0))
-    return Setting(dataset, protocol, name, variant_of(name, method), ", ".join(reduced))
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Dotted key → JSON text of the value (hashable, comparable)."""
-    out: dict[str, str] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= _flat(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = json.dumps(value)
-    return out
-
-
-@dataclasses.dataclass
-class Group:
-    """Runs of one experiment: the same config but for class order and training seed."""
-
-    setting: Setting
-    config: dict[str, str]  # the flat config its runs share (SAME_EXPERIMENT keys left out)
-    runs: list[Run]
-    config_label: str = ""  # the keys that tell it apart from other groups of the same setting
-
-    @property
-    def label(self) -> str:
-        s = self.setting
-        return " · ".join(p for p in (s.method_label, s.dataset, s.protocol_label, self.config_label) if p)
-
-    @property
-    def finished(self) -> list[Run]:
-        return [r for r in self.runs if r.summary is not None]
-
-    def values(self, metric: str) -> list[float]:
-        return [v for r in self.finished if (v := r.metric(metric)) is not None]
-
-    def dimension(self, name: str) -> str:
-        s = self.setting
-        return {"method": s.method_label, "dataset": s.dataset, "protocol": s.protocol_label}.get(
-            name, self.config_label
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,67 +69,6 @@ class Comparison:
             return None
         diff = ours.mean - paper.mean
         return cls(paper, diff, None if paper.std is None else abs(diff) <= paper.std + 1e-9)
-
-
-# ------------------------------------------------------------------------------------------------ finding runs
-
-
-def find_runs(paths: Iterable[str | os.PathLike]) -> list[Run]:
-    """Every run directory (a folder with ``config.yaml``) at or below ``paths``, in path order. A sweep's root
-    (``sweep.json``) is not a run, and runs' checkpoint folders and hidden folders are not searched."""
-    runs: dict[Path, Run | None] = {}
-    for given in map(Path, paths):
-        if not given.exists():
-            raise ReportError(f"{given} does not exist")
-        root = given.resolve()
-        for folder, subdirs, files in os.walk(root):
-            subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d != "checkpoints")
-            here = Path(folder)
-            if "config.yaml" in files and "sweep.json" not in files and here not in runs:
-                runs[here] = _read_run(here, str(Path(root.name) / here.relative_to(root)))
-    return [r for r in runs.values() if r is not None]
-
-
-def _read_run(path: Path, name: str) -> Run | None:
-    try:
-        config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
-        summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else None
-    except (OSError, ValueError, yaml.YAMLError) as err:
-        raise ReportError(f"cannot read the run in {path}: {err}") from None
-    if not isinstance(config, dict) or not isinstance(config.get("method"), dict):
-        print(f"dfcil report: skipping {path}: its config.yaml is not a dfcil run's", file=sys.stderr)
-        return None
-    return Run(path, name, config, summary)
-
-
-def group_runs(runs: Iterable[Run]) -> list[Group]:
-    """Runs grouped by everything but class order, training seed and runtime keys, in the paper's order."""
-    groups: dict[tuple[Setting, tuple[tuple[str, str], ...]], Group] = {}
-    for run in runs:
-        setting = setting_of(run.config)
-        flat = {k: v for k, v in _flat(run.config).items() if k not in SAME_EXPERIMENT}
-        key = (setting, tuple(sorted(flat.items())))
-        groups.setdefault(key, Group(setting, flat, [])).runs.append(run)
-    by_setting: dict[Setting, list[Group]] = {}
-    for group in groups.values():
-        by_setting.setdefault(group.setting, []).append(group)
-    for same in by_setting.values():  # label what tells apart groups of one setting
-        keys = sorted({k for g in same for k in g.config})
-        differ = [k for k in keys if len({g.config.get(k) for g in same}) > 1]
-        for g in same:
-            g.config_label = ", ".join(f"{k}={g.config.get(k, 'unset')}" for k in differ)
-    return sorted(groups.values(), key=_order)
-
-
-def _order(group: Group) -> tuple:
-    s = group.setting
-    datasets = list(DATASETS)
-    base, _, n = s.protocol.rpartition("_")  # "b50_n11" → ("b50", "n11"); "n10" → ("", "n10")
-    method = METHOD_ORDER.index(s.method) if s.method in METHOD_ORDER else len(METHOD_ORDER)
-    return (
-        datasets.index(s.dataset) if s.dataset in datasets else len(datasets), s.dataset, bool(s.reduced),
-        s.reduced, int(base[1:] or 0), int(n[1:]), method, s.method, s.variant, group.config_label,
-    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -436,7 +271,8 @@ def main(args: argparse.Namespace) -> int:
             notes = footer(runs, group_runs(runs), _Style("csv"), by is not None)
             print("".join(f"dfcil report: {n}\n" for n in notes if n), end="", file=sys.stderr)
         if args.plots:
-            from dfcil.plots import PlotError, write_plots
+            from dfcil.errors import PlotError
+            from dfcil.plots import write_plots
 
             try:
                 files = write_plots(group_runs(runs), Path(args.plots))

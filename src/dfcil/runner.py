@@ -6,21 +6,25 @@ A run directory holds
 * ``meta.json``: package, library and git versions, device, command line;
 * ``run.log``: the log; ``metrics.jsonl``: one JSON record per epoch and per task;
 * ``checkpoints/``: the newest and previous complete checkpoints (see :mod:`dfcil.checkpoint`);
-* ``model.pt``: the final network; ``summary.json``: written last, atomically, only when every task finished
-  (see :mod:`dfcil.metrics`).
+* ``model.pt``: the final network (:mod:`dfcil.model_file`); ``summary.json``: written last, atomically, only when
+  every task finished (see :mod:`dfcil.metrics`).
 
-Everything a report needs is in these files; reading them never imports the engine.
+Everything a report needs is in these files; reading them never imports the engine. :func:`train` and
+:func:`resume` are the API behind ``dfcil train`` and ``dfcil resume`` (and every run of a sweep); how a run is
+driven (progress bars, callbacks, the interrupt, the recorded command line) is one :class:`~dfcil.loop.RunOptions`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -31,27 +35,24 @@ import torch
 from filelock import FileLock, Timeout
 
 from dfcil import distributed
-from dfcil.callbacks import Callback, ConsoleLogger, JsonlLogger
-from dfcil.checkpoint import FORMAT, Checkpointer, dumps, loads
-from dfcil.config import (
-    RUNTIME_KEYS,
-    ConfigError,
-    RunConfig,
-    changed_keys,
-    config_to_dict,
-    dump_config,
-    load_config,
-    with_absolute_paths,
-)
-from dfcil.engine import Interrupt, Loop, RunInterrupted, run
+from dfcil.callbacks import ConsoleLogger, JsonlLogger
+from dfcil.checkpoint import Checkpointer
+from dfcil.config import RUNTIME_KEYS, RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
+from dfcil.distributed import Dist
+from dfcil.engine import run
+from dfcil.errors import ConfigError, RunInterrupted
 from dfcil.grid import SyntheticGrid
 from dfcil.io import check_creatable_dir, write_atomic, write_json
+from dfcil.load import load_config
 from dfcil.loggers import build_loggers
-from dfcil.methods import METHODS
-from dfcil.models.network import IncrementalNet, backbone_for, build_network
+from dfcil.loop import Callback, Loop, RunOptions
+from dfcil.model_file import save_model
+from dfcil.models.network import backbone_for
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, prepare
 from dfcil.runtime import resolve_device
+from dfcil.state import Interrupt
+from dfcil.version import __version__
 
 log = logging.getLogger("dfcil")
 
@@ -68,8 +69,6 @@ def _git(*args: str) -> str | None:
 
 def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, Any]:
     import numpy
-
-    from dfcil import __version__
 
     device = resolve_device(cfg.device)
     return {
@@ -120,24 +119,19 @@ def locked(run_dir: Path) -> Iterator[None]:
 def train(
     cfg: RunConfig,
     out: str | os.PathLike,
-    progress: bool | None = None,
-    argv: Sequence[str] | None = None,
-    callbacks: Sequence[Callback] = (),
+    options: RunOptions | None = None,
     protocol: Protocol | None = None,
-    interrupt: Interrupt | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` into the run directory ``out`` and return the summary.
 
     A new directory is created only after all validation (config, data, protocol) passed, so bad input leaves
     nothing behind. If ``out`` is an unfinished run with the same config (runtime keys such as ``device`` may
-    differ), it is resumed.
+    differ), it is resumed. ``protocol``: the prepared data, where the caller has it already.
     """
-    out = Path(out)
+    out, options = Path(out), options or RunOptions()
     cfg = with_absolute_paths(cfg)
     dist = distributed.start(resolve_device(cfg.device).type)  # torchrun: join the other processes
-    if not dist.main:
-        return _follow(cfg, out, dist, progress, callbacks, interrupt)
-    if (out / "config.yaml").exists():
+    if dist.main and (out / "config.yaml").exists():
         saved = load_config([out / "config.yaml"])[0]
         changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
         if changed:
@@ -146,10 +140,60 @@ def train(
             what = "a finished run" if finished else "a run"
             raise ConfigError(f"{out} holds {what} with a different config ({', '.join(changed)}); {fix}")
         runtime = {key: functools.reduce(getattr, key.split("."), cfg) for key in RUNTIME_KEYS}
-        return resume(out, runtime, progress, argv, callbacks, interrupt)
-    check_new_run_dir(out)
-    protocol = protocol or prepare(cfg, make_progress(progress))
-    callbacks = [*build_loggers(cfg.log, out), *callbacks]  # unknown names, missing extras: refused here
+        return resume(out, runtime, options)
+    if dist.main:
+        check_new_run_dir(out)
+    return _start(cfg, out, options, dist, protocol, new=True)
+
+
+def resume(
+    run_dir: str | os.PathLike,
+    overrides: dict[str, Any] | None = None,
+    options: RunOptions | None = None,
+) -> dict[str, Any]:
+    """Continue the unfinished run in ``run_dir`` from its newest usable checkpoint.
+
+    Only runtime keys (``device``, ``engine.cuda_graphs``, ...: ``config.RUNTIME_KEYS``) may be overridden; a
+    change to anything that shapes the protocol or the model is refused.
+    """
+    run_dir, options = Path(run_dir), options or RunOptions()
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
+    if (run_dir / "summary.json").exists():
+        raise ConfigError(f"the run in {run_dir} is complete (summary.json exists); nothing to resume")
+    saved = load_config([run_dir / "config.yaml"])[0]
+    cfg = load_config([run_dir / "config.yaml"], [(k, json.dumps(v)) for k, v in (overrides or {}).items()])[0]
+    cfg = with_absolute_paths(cfg)
+    changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
+    if changed:
+        raise ConfigError(
+            f"cannot change {', '.join(changed)} when resuming {run_dir}: these keys shape the protocol or the "
+            f"model. Only {', '.join(sorted(RUNTIME_KEYS))} may change; start a new run for the rest"
+        )
+    dist = distributed.start(resolve_device(cfg.device).type)  # torchrun: join the other processes
+    return _start(cfg, run_dir, options, dist, None, new=False)
+
+
+def _start(
+    cfg: RunConfig, out: Path, options: RunOptions, dist: Dist, protocol: Protocol | None, new: bool
+) -> dict[str, Any]:
+    """What a new run and a resumed one share: the data prepared and the ``--log`` loggers built (a bad name or a
+    missing extra refused) before anything is written, then the run directory locked and the run trained. Under
+    torchrun the other processes follow the first (:func:`_follow`)."""
+    if not dist.main:
+        return _follow(cfg, out, dist, options)
+    protocol = protocol or prepare(cfg, make_progress(options.progress))
+    options = dataclasses.replace(options, callbacks=[*build_loggers(cfg.log, out), *options.callbacks])
+    if not new:
+        with locked(out):
+            has_checkpoint = Checkpointer(out).exists()
+            dist.barrier()  # the other processes follow from the same checkpoint (_follow)
+            if not has_checkpoint:  # stopped before its first checkpoint: start over in place
+                metrics = out / "metrics.jsonl"
+                if metrics.exists() and metrics.stat().st_size:
+                    log.warning("%s has no checkpoint (deleted?): the run starts over from its first task", out)
+                metrics.unlink(missing_ok=True)
+            return _execute(cfg, out, protocol, has_checkpoint, options)
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -158,9 +202,9 @@ def train(
     try:
         with locked(out):
             write_atomic(out / "config.yaml", dump_config(cfg))
-            write_json(out / "meta.json", provenance(cfg, argv))
+            write_json(out / "meta.json", provenance(cfg, options.argv))
             dist.barrier()  # the other processes follow once the run directory exists (_follow)
-            return _execute(cfg, out, protocol, False, progress, callbacks, interrupt)
+            return _execute(cfg, out, protocol, False, options)
     except BaseException:
         if not Checkpointer(out).exists():  # failed before its first checkpoint: nothing to resume, leave nothing
             _remove_new_run_dir(out, created)
@@ -179,57 +223,7 @@ def _remove_new_run_dir(out: Path, created: bool) -> None:
             child.unlink(missing_ok=True)
 
 
-def resume(
-    run_dir: str | os.PathLike,
-    overrides: dict[str, Any] | None = None,
-    progress: bool | None = None,
-    argv: Sequence[str] | None = None,
-    callbacks: Sequence[Callback] = (),
-    interrupt: Interrupt | None = None,
-) -> dict[str, Any]:
-    """Continue the unfinished run in ``run_dir`` from its newest usable checkpoint.
-
-    Only runtime keys (``device``, ``engine.cuda_graphs``, ...: ``config.RUNTIME_KEYS``) may be overridden; a
-    change to anything that shapes the protocol or the model is refused.
-    """
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").exists():
-        raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
-    if (run_dir / "summary.json").exists():
-        raise ConfigError(f"the run in {run_dir} is complete (summary.json exists); nothing to resume")
-    saved = load_config([run_dir / "config.yaml"])[0]
-    cfg = load_config([run_dir / "config.yaml"], [(k, json.dumps(v)) for k, v in (overrides or {}).items()])[0]
-    cfg = with_absolute_paths(cfg)
-    changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
-    if changed:
-        raise ConfigError(
-            f"cannot change {', '.join(changed)} when resuming {run_dir}: these keys shape the protocol or the "
-            f"model. Only {', '.join(sorted(RUNTIME_KEYS))} may change; start a new run for the rest"
-        )
-    dist = distributed.start(resolve_device(cfg.device).type)  # torchrun: join the other processes
-    if not dist.main:
-        return _follow(cfg, run_dir, dist, progress, callbacks, interrupt)
-    protocol = prepare(cfg, make_progress(progress))
-    callbacks = [*build_loggers(cfg.log, run_dir), *callbacks]
-    with locked(run_dir):
-        has_checkpoint = Checkpointer(run_dir).exists()
-        dist.barrier()  # the other processes follow from the same checkpoint (_follow)
-        if not has_checkpoint:  # stopped before its first checkpoint: start over in place
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists() and metrics.stat().st_size:
-                log.warning("%s has no checkpoint (deleted?): the run starts over from its first task", run_dir)
-            metrics.unlink(missing_ok=True)
-        return _execute(cfg, run_dir, protocol, has_checkpoint, progress, callbacks, interrupt)
-
-
-def _follow(
-    cfg: RunConfig,
-    out: Path,
-    dist: distributed.Dist,
-    progress: bool | None,
-    callbacks: Sequence[Callback],
-    interrupt: Interrupt | None,
-) -> dict[str, Any]:
+def _follow(cfg: RunConfig, out: Path, dist: Dist, options: RunOptions) -> dict[str, Any]:
     """A process other than the first of a run over several: it validates as the first does, waits until the first
     has created or locked the run directory, then trains its share, reading checkpoints but writing nothing."""
     protocol = prepare(cfg, make_progress(False))
@@ -238,20 +232,13 @@ def _follow(
     quiet = logging.Filter("dfcil.quiet")  # the first process logs for the run
     log.addFilter(quiet)
     try:
-        return run(cfg, callbacks, out, resuming, protocol=protocol, progress=False, interrupt=interrupt)
+        return run(cfg, out, resuming, dataclasses.replace(options, progress=False), protocol)
     finally:
         log.removeFilter(quiet)
 
 
-def _execute(
-    cfg: RunConfig,
-    out: Path,
-    protocol: Protocol,
-    resuming: bool,
-    progress: bool | None,
-    callbacks: Sequence[Callback],
-    interrupt: Interrupt | None,
-) -> dict[str, Any]:
+def _execute(cfg: RunConfig, out: Path, protocol: Protocol, resuming: bool, options: RunOptions) -> dict[str, Any]:
+    """Train with the run directory's logs, under its ``run.log``; ``summary.json`` last."""
     handler = logging.FileHandler(out / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
@@ -266,9 +253,9 @@ def _execute(
             list(split.task_sizes),
             list(split.class_order),
         )
-        loggers = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), SyntheticGrid(out), *callbacks]
-        loggers.append(SaveModel(out / "model.pt", cfg))
-        summary = run(cfg, loggers, out, resuming, protocol=protocol, progress=progress, interrupt=interrupt)
+        callbacks = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), SyntheticGrid(out), *options.callbacks]
+        callbacks.append(SaveModel(out / "model.pt", cfg))
+        summary = run(cfg, out, resuming, dataclasses.replace(options, callbacks=callbacks), protocol)
         write_json(out / "summary.json", summary)  # last: a run directory with a summary is complete
         return summary
     except RunInterrupted:
@@ -284,8 +271,28 @@ def _execute(
         handler.close()
 
 
+@contextlib.contextmanager
+def stop_on_signals(interrupt: Interrupt) -> Iterator[None]:
+    """While the block runs, the first Ctrl-C or SIGTERM sets ``interrupt``: the run finishes its step, writes a
+    checkpoint and raises :class:`~dfcil.errors.RunInterrupted`. A second signal aborts at once (KeyboardInterrupt).
+    The handlers the process had are back afterwards."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if interrupt.requested:  # a second signal aborts at once
+            raise KeyboardInterrupt
+        interrupt.requested = True
+        log.warning("%s: finishing the current step, then writing a checkpoint", signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 class SaveModel(Callback):
-    """Writes the final network to ``path`` when the run ends (:func:`save_model`)."""
+    """Writes the final network to ``path`` when the run ends (:func:`dfcil.model_file.save_model`)."""
 
     def __init__(self, path: Path, cfg: RunConfig) -> None:
         self.path, self.cfg = path, cfg
@@ -301,31 +308,4 @@ class SaveModel(Callback):
             "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
             "class_names": [dataset.classes[c] for c in split.class_order] if dataset.classes else [],
         }  # fmt: skip
-        save_model(self.path, self.loop.net, self.cfg, backbone, about)
-
-
-def save_model(
-    path: Path, net: IncrementalNet, cfg: RunConfig, backbone: str, about: dict[str, Any] | None = None
-) -> None:
-    """The final network: weights, head block sizes and the backbone name, in the safe checkpoint format; ``about``:
-    what its inputs and outputs mean (``inputs``: image size, normalisation; ``class_order``: the raw class of each
-    output; ``task_sizes``; ``class_names`` by output, where the dataset names its classes)."""
-    payload = {
-        "format": FORMAT, "net": net.state_dict(), "head_sizes": net.head.sizes,
-        "head": METHODS.get(cfg.method.name).head, "backbone": backbone,
-    }  # fmt: skip
-    write_atomic(path, dumps(payload | (about or {})))
-
-
-def load_model(path: str | os.PathLike) -> IncrementalNet:
-    """Rebuild the network saved by :func:`save_model` (weights-only load; refuses anything else)."""
-    return network_from(loads(Path(path).read_bytes(), str(path)))
-
-
-def network_from(payload: dict[str, Any]) -> IncrementalNet:
-    """The network of a :func:`save_model` payload, in eval mode."""
-    net = build_network(payload["backbone"], payload["head"])
-    for n in payload["head_sizes"]:
-        net.expand(n)
-    net.load_state_dict(payload["net"])
-    return net.eval()
+        save_model(self.path, self.loop.net, type(self.loop.method).head, backbone, about)

@@ -14,14 +14,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from dfcil.config import ConfigError, EngineConfig
+from dfcil.config import EngineConfig
 from dfcil.distributed import Dist
+from dfcil.errors import ConfigError
 from dfcil.graphs import GraphMode
 from dfcil.progress import ProgressFactory, make_progress
-
-
-def _nothing() -> None:
-    pass
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,8 +34,6 @@ class Runtime:
     fused: bool = False  # optimisers a method builds may use fused kernels (CUDA only)
     graphs: GraphMode = "off"  # engine.cuda_graphs, for the steps a method runs itself
     progress: ProgressFactory = dataclasses.field(default_factory=lambda: make_progress(False))
-    # a long task setup calls this at consistent points: the engine may checkpoint there, or stop on an interrupt
-    setup_step: Callable[[], None] = _nothing
     compiler: StepCompiler | None = None  # engine.compile: step; None: steps run as written
     dist: Dist = Dist()  # this process's place in a run over several processes (torchrun)
     split_inversion: bool = True  # engine.distributed_inversion: split (else every process inverts alike)
@@ -53,7 +48,6 @@ class Runtime:
         engine: EngineConfig,
         device: torch.device,
         progress: ProgressFactory,
-        setup_step: Callable[[], None],
         dist: Dist = Dist(),  # noqa: B008 - frozen
     ) -> Runtime:
         merge = engine.merge_passes
@@ -62,7 +56,7 @@ class Runtime:
         return cls(
             device=device, precision=engine.precision, merge_teacher=merge != "none", merge_student=merge == "all",
             channels_last=engine.channels_last, fused=engine.fused_optimizer and device.type == "cuda",
-            graphs=engine.cuda_graphs, progress=progress, setup_step=setup_step,
+            graphs=engine.cuda_graphs, progress=progress,
             compiler=StepCompiler(engine.compile_backend) if engine.compile == "step" else None, dist=dist,
             split_inversion=engine.distributed_inversion == "split",
         )  # fmt: skip

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dfcil.checkpoint import CheckpointError
 from dfcil.data.splits import ClassIncrementalSplit
+from dfcil.errors import CheckpointError
 from dfcil.metrics import AccuracyMatrix
 
 
@@ -34,14 +34,6 @@ class Position:
     phase: int = 0
     epoch: int = 0
     step: int = 0
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss term became NaN or infinite."""
-
-
-class RunInterrupted(Exception):
-    """The run stopped on request (Ctrl-C, SIGTERM) after writing a checkpoint."""
 
 
 @dataclasses.dataclass
@@ -106,7 +98,8 @@ class RunState:
     task_timing: dict[str, Any] = dataclasses.field(default_factory=dict)  # the running task's, so far
     epoch: EpochProgress | None = None  # the running epoch, while one runs
     optimizer: torch.optim.Optimizer | None = None  # the running task's, once its training began
-    resumed_optimizer: dict[str, Any] | None = None  # a checkpoint's optimiser state, for the next optimiser built
+    # hand-off: a checkpoint's optimiser state, loaded into the optimiser fit_task builds next (then None)
+    optimizer_handoff: dict[str, Any] | None = None
     elapsed_before: float = 0.0  # seconds spent by earlier processes of this run, up to their last checkpoint
     started: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -154,7 +147,7 @@ class RunState:
         self.task_timing = dict(state["task_timing"])
         self.elapsed_before = float(state["elapsed_s"])
         self.epoch = EpochProgress.from_state(state["epoch_progress"], device) if state["epoch_progress"] else None
-        self.optimizer, self.resumed_optimizer = None, state["optimizer"]
+        self.optimizer, self.optimizer_handoff = None, state["optimizer"]
         restore_rng(state["rng"], self.rngs)
 
 

@@ -12,20 +12,18 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dfcil import __version__
-from dfcil.callbacks import Callback
-from dfcil.checkpoint import FORMAT, CheckpointError, dumps, loads
+from dfcil.checkpoint import FORMAT, dumps, loads
 from dfcil.config import RunConfig, config_to_dict
 from dfcil.distributed import Dist
+from dfcil.errors import CheckpointError
 from dfcil.io import write_atomic
+from dfcil.loop import Callback, Loop
 from dfcil.methods import METHODS, Method, Task, build_method
 from dfcil.protocol import Protocol
 from dfcil.runtime import resolve_device
-
-if TYPE_CHECKING:
-    from dfcil.engine import Loop
+from dfcil.version import __version__
 
 log = logging.getLogger("dfcil")
 

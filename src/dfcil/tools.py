@@ -15,19 +15,21 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dfcil import __version__
 from dfcil.checkpoint import loads
-from dfcil.config import ConfigError, RunConfig, load_config, with_absolute_paths
+from dfcil.config import RunConfig, with_absolute_paths
 from dfcil.data.device import Normalizer
 from dfcil.data.splits import ClassIncrementalSplit
+from dfcil.errors import ConfigError
 from dfcil.extras import require
 from dfcil.io import write_atomic, write_json
+from dfcil.load import load_config
+from dfcil.model_file import network_from
 from dfcil.models.network import IncrementalNet
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
 from dfcil.registry import Registry
-from dfcil.runner import network_from
 from dfcil.runtime import Runtime, resolve_device
+from dfcil.version import __version__
 
 CARD_FORMAT = 1  # the exported JSON's layout; raise it when a key changes
 
@@ -171,7 +173,7 @@ def evaluate_run(
     protocol, cfg = run.protocol(), run.cfg
     labels = selected_labels(protocol.split, protocol.dataset.classes, classes, tasks)
     device_ = resolve_device(cfg.device)
-    runtime = Runtime.from_config(cfg.engine, device_, make_progress(False), lambda: None)
+    runtime = Runtime.from_config(cfg.engine, device_, make_progress(False))
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device_, cfg.engine.channels_last)
     test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device_)
     pred = predict(run.network(device_), test, cfg.train.eval_batch_size, runtime)

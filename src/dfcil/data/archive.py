@@ -9,9 +9,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-
-class DatasetError(RuntimeError):
-    """A dataset that is missing, corrupt or cannot be fetched; the message says how to fix it."""
+from dfcil.errors import DatasetError
 
 
 def _check_member(member: tarfile.TarInfo, links: set[PurePosixPath]) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from dfcil.config import DataConfig
-from dfcil.data.archive import DatasetError, Downloader, fetch, safe_extract
+from dfcil.data.archive import Downloader, fetch, safe_extract
+from dfcil.errors import DatasetError
 from dfcil.registry import Registry
 
 
@@ -49,7 +50,7 @@ class ImageDataset:
 
 # A builder: (data root, the config's data section, progress factory, downloader) -> ImageDataset
 DatasetBuilder = Callable[..., ImageDataset]
-DATASETS: Registry[DatasetBuilder] = Registry("dataset", builtins="dfcil.data.builtin")
+DATASETS: Registry[DatasetBuilder] = Registry("dataset")  # filled by the modules dfcil/data/__init__.py imports
 
 
 def default_data_root() -> Path:

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from dfcil.config import DataConfig
-from dfcil.data.archive import DatasetError
 from dfcil.data.datasets import DATASETS, ImageArrays, ImageDataset, read_arrays
 from dfcil.data.images import (
     IMAGE_SUFFIXES,
@@ -30,6 +29,7 @@ from dfcil.data.images import (
     fingerprint_files,
     load_or_prepare,
 )
+from dfcil.errors import DatasetError
 
 
 def class_folders(split_dir: Path) -> dict[str, list[Path]]:

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 
 from dfcil.config import DataConfig
-from dfcil.data.archive import DatasetError
 from dfcil.data.datasets import DATASETS, ImageArrays, ImageDataset
 from dfcil.data.images import (
     IMAGE_SUFFIXES,
@@ -31,6 +30,7 @@ from dfcil.data.images import (
     fingerprint_files,
     load_or_prepare,
 )
+from dfcil.errors import DatasetError
 
 FIRST, LAST, COUNT = "n01440764", "n01855672", 100  # the subset: the first 100 wnids in sorted order
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

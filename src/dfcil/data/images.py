@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from dfcil.data.archive import DatasetError
+from dfcil.errors import DatasetError
 from dfcil.io import fsync_dir, write_atomic
 from dfcil.progress import make_progress
 

@@ -8,9 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-
-class SplitError(ValueError):
-    """A protocol that cannot be built (impossible split, bad class order)."""
+from dfcil.errors import SplitError
 
 
 def class_order_from_seed(num_classes: int, seed: int) -> list[int]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dfcil.config import DataConfig
-from dfcil.data.archive import DatasetError, Downloader, fetch
+from dfcil.data.archive import Downloader, fetch
 from dfcil.data.datasets import DATASETS, ImageArrays, ImageDataset
 from dfcil.data.images import (
     BaseTransform,
@@ -30,6 +30,7 @@ from dfcil.data.images import (
     fingerprint_files,
     load_or_prepare,
 )
+from dfcil.errors import DatasetError
 
 TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 TINY_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"  # 248,100,043 bytes

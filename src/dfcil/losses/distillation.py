@@ -7,16 +7,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def hkd_l1(student_logits: Tensor, teacher_logits: Tensor, old: Tensor | None = None) -> Tensor:
+def hkd_l1(student_logits: Tensor, teacher_logits: Tensor, old: int | Tensor | None = None) -> Tensor:
     """Hard knowledge distillation (R-DFCIL eq. 2): mean absolute difference of raw logits.
 
-    L = 1/(B·K) Σ_b Σ_k |s_bk − t_bk|; no temperature or softmax. Shapes (B, K) with K = old classes; or, with
-    ``old`` (a static head's boolean mask of the K old columns), both (B, capacity), the other columns left out.
+    L = 1/(B·K) Σ_b Σ_k |s_bk − t_bk| over the K old classes; no temperature or softmax. Shapes (B, K); or, with
+    ``old`` = K, the student's first K columns of (B, ≥ K); or, with ``old`` a static head's boolean mask of the K
+    old columns, both (B, capacity), the other columns left out.
     """
-    if old is None:
-        return F.l1_loss(student_logits.float(), teacher_logits.float())
-    diff = torch.where(old, student_logits.float() - teacher_logits.float(), 0.0)
-    return diff.abs().sum() / (diff.shape[0] * old.sum())
+    if isinstance(old, Tensor):
+        diff = torch.where(old, student_logits.float() - teacher_logits.float(), 0.0)
+        return diff.abs().sum() / (diff.shape[0] * old.sum())
+    if old is not None:
+        student_logits = student_logits[:, :old]
+    return F.l1_loss(student_logits.float(), teacher_logits.float())
 
 
 def angle_matrix(e: Tensor) -> Tensor:

@@ -1,9 +1,20 @@
-"""Registered methods. Every module of this package is imported here, in name order, and each method module
-registers its method (``@register_method``): adding a built-in method is adding its file."""
+"""The registered methods: the method contract (:mod:`dfcil.methods.base`) and every built-in method, each imported
+here by name so that it registers itself (``@register_method``). Python runs this file before any module of the
+package, so :data:`METHODS` holds every built-in method as soon as anything of ``dfcil.methods`` is imported.
+A new built-in method is its file and its name in the import below."""
 
-import importlib
-import pkgutil
-
+from dfcil.methods import (  # noqa: F401 - imported to register each method
+    abd,
+    deepinversion,
+    dgr,
+    finetune,
+    joint,
+    lwf,
+    lwf_mc,
+    podnet_df,
+    rdfcil,
+    ucir_df,
+)
 from dfcil.methods.base import (
     METHODS,
     Batch,
@@ -17,9 +28,6 @@ from dfcil.methods.base import (
     unregister_method,
 )
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
-
 __all__ = [
     "METHODS",
     "Batch",
@@ -30,5 +38,5 @@ __all__ = [
     "build_method",
     "loss_terms",
     "register_method",
+    "unregister_method",
 ]
-__all__ += ["unregister_method"]

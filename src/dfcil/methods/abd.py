@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,10 +11,11 @@ from torch import Tensor
 from dfcil.config import MethodConfig, NonNegativeFloat, configclass
 from dfcil.losses.classification import task_balance_weights
 from dfcil.losses.distillation import head_feature_kd
-from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.methods.base import Batch, Phase, TaskContext, register_method
+from dfcil.methods.lifecycle import ReplayMethod
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay, ReplayBN, student_pass
+from dfcil.synthesis.replay import ReplayBN, student_pass
 
 
 @configclass
@@ -29,7 +29,7 @@ class ABDConfig(MethodConfig):
 
 
 @register_method("abd")
-class ABD(Method):
+class ABD(ReplayMethod):
     """ABD (Smith et al., 2021): local CE, task-balanced head CE, feature KD through the old head.
 
     Local CE on the new data over the new-class logits; a task-balanced CE that trains only the head on real +
@@ -42,24 +42,10 @@ class ABD(Method):
 
     Config = ABDConfig
 
-    def __init__(self, cfg: ABDConfig, train) -> None:
-        super().__init__(cfg, train)
-        self.replay = Replay(cfg.inversion)
-
-    def on_task_start(self, ctx: TaskContext) -> None:
-        if ctx.task_id > 0:
-            self.replay.begin(ctx)  # ABD's generator persists and is warm-started (inversion.persistent)
-
-    def synthesize(self, ctx: TaskContext) -> None:
-        self.replay.fit(ctx)
-
-    def on_task_end(self, ctx: TaskContext) -> None:
-        self.replay.end()
-
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         if ctx.task_id == 0:
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
-        b, n_old, teacher = len(batch.x), ctx.n_old, self.replay.teacher
+        b, n_old, teacher = len(batch.x), ctx.n_old, self.teacher
         x_syn = self.replay.generate(b)
         x = torch.cat([batch.x, x_syn])
         with torch.no_grad():
@@ -76,9 +62,6 @@ class ABD(Method):
             "head_ce": head_ce.mean(),
             "kd": self.cfg.mu * head_feature_kd(out.features, t.features, teacher.head.weight()),
         }
-
-    def components(self) -> dict[str, Any]:
-        return {"replay": self.replay}
 
     def task0_signature(self) -> str | None:
         return "ce"

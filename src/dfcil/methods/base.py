@@ -7,69 +7,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
-import torch
 from torch import Tensor, nn
 
-from dfcil.config import METHOD_CONFIGS, MethodConfig, TrainConfig
-from dfcil.data.device import TrainBatches
+from dfcil.config import MethodConfig, TrainConfig, configclass
+from dfcil.context import Batch, Phase, Task, TaskContext
+from dfcil.errors import RegistryError
 from dfcil.models.network import IncrementalNet
 from dfcil.registry import Registry
-from dfcil.runtime import Runtime
-
-
-@dataclasses.dataclass(frozen=True)
-class Phase:
-    """A stretch of epochs of one task with its own lr schedule and set of trained parameters."""
-
-    name: str  # "base", "rrl", "chr", ...
-    epochs: int
-    lr: float  # lr at the start of the phase
-    milestones: tuple[int, ...] = ()  # epochs from the phase start where lr *= gamma
-    trainable: Literal["all", "head"] = "all"  # "head": backbone frozen (requires_grad=False) and in eval mode
-    reset_optimizer: bool = False  # default: one optimiser per task, so momentum carries over between phases
-
-
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    x: Tensor  # (B, C, H, W) augmented, normalised real images of the current task
-    y: Tensor  # (B,) labels in order position, all in [n_old, n_seen)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Task:
-    """Where a task sits in the protocol: what :meth:`Method.phases` may depend on."""
-
-    task_id: int
-    n_old: int  # classes learned before this task
-    n_new: int  # classes of this task
-    num_tasks: int
-
-    @property
-    def n_seen(self) -> int:
-        return self.n_old + self.n_new
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TaskContext(Task):
-    """What a method may use during a task."""
-
-    net: IncrementalNet  # the network being trained (head already expanded to n_seen)
-    data: TrainBatches  # the task's real training data; ``data.plain()`` gives un-augmented batches (imprinting)
-    rng: torch.Generator  # the method's own random stream (latent codes), on the training device
-    runtime: Runtime = Runtime()  # how the engine computes: device, precision, merged passes, progress bars, ...
-
-    @property
-    def device(self) -> torch.device:
-        return self.runtime.device
-
-    @property
-    def image_size(self) -> int:
-        return self.data.image_size
-
-    @property
-    def batch_size(self) -> int:
-        """Real images per training step."""
-        return self.data.batch_size
 
 
 class Method:
@@ -108,10 +52,10 @@ class Method:
     def on_task_start(self, ctx: TaskContext) -> None:
         """Called once per task, after the head grew, before training: teacher snapshot, imprinting, new modules."""
 
-    def synthesize(self, ctx: TaskContext) -> None:
+    def synthesize(self, ctx: TaskContext, on_step: Callable[[], None]) -> None:
         """Long work before the task trains, after :meth:`on_task_start`: model inversion.
 
-        Call ``ctx.runtime.setup_step()`` at consistent points: the engine may checkpoint there (with
+        Call ``on_step()`` at consistent points (after every inversion step): the engine may checkpoint there (with
         :meth:`state_dict`), or stop on an interrupt. A run resumed inside it calls it again, with the partial state
         restored by :meth:`load_state_dict`: it continues from there.
         """
@@ -176,25 +120,48 @@ def loss_terms(
         return method.training_step(net, Batch(x, y), ctx, phase)
 
 
-METHODS: Registry[type[Method]] = Registry("method", builtins="dfcil.methods")
+# The registered methods, by name: the one table the engine, the config loader (dfcil.load) and the tools look
+# methods up in. dfcil/methods/__init__.py imports every built-in method, so it is complete once this package is.
+METHODS: Registry[type[Method]] = Registry("method")
 
 
 def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
-    """Class decorator: register a :class:`Method` subclass under ``name``, set its ``name``, and register its
-    ``Config`` with the config layer (which validates ``method`` sections by name)."""
+    """Class decorator: register a :class:`Method` subclass under ``name`` and set its ``name``.
+
+    Its ``Config`` then names it: ``Config.name`` defaults to ``name``, so a config built from the class's defaults
+    (``Config()``, the generated presets) selects this method. A method that reuses another's ``Config`` (or the
+    bare :class:`MethodConfig`) gets a subclass of it that only sets the name; one whose own ``Config`` names
+    another method is refused.
+    """
 
     def decorator(cls: type[Method]) -> type[Method]:
         cls.name = name
-        METHOD_CONFIGS.register(name)(cls.Config)
+        cls.Config = _named_config(cls, name)
         return METHODS.register(name)(cls)
 
     return decorator
 
 
+def _named_config(cls: type[Method], name: str) -> type[MethodConfig]:
+    """``cls.Config``, or a subclass of it whose ``name`` defaults to ``name``."""
+    config = cls.Config
+    default = {f.name: f.default for f in dataclasses.fields(config)}["name"]
+    if default == name:
+        return config
+    if default and "Config" in vars(cls):
+        raise RegistryError(
+            f"{cls.__name__}.Config ({config.__name__}) has name {default!r} but the method is registered as "
+            f"{name!r}: give its name field the default {name!r}"
+        )
+    # pickle finds the class as <module>.<Method>.Config, which is what it is set to
+    attrs = {"__annotations__": {"name": str}, "name": name, "__module__": cls.__module__}
+    attrs |= {"__qualname__": f"{cls.__qualname__}.Config", "__doc__": f"{name}'s config: {config.__name__}, named."}
+    return configclass(type(config.__name__ if "Config" in vars(cls) else f"{cls.__name__}Config", (config,), attrs))
+
+
 def unregister_method(name: str) -> None:
-    """Remove a registered method and its config (plugins and tests that add a method for a while)."""
+    """Remove a registered method (plugins and tests that add a method for a while)."""
     METHODS.unregister(name)
-    METHOD_CONFIGS.unregister(name)
 
 
 def build_method(cfg: MethodConfig, train: TrainConfig) -> Method:

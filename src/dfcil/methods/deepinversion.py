@@ -4,7 +4,6 @@ soft KD, CE on real data only, real and synthetic images in one batch (shared BN
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,10 +11,11 @@ from torch import Tensor
 
 from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, configclass
 from dfcil.losses.distillation import kd_soft_ce
-from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.methods.base import Batch, Phase, TaskContext, register_method
+from dfcil.methods.lifecycle import ReplayMethod
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay, ReplayBN, student_pass
+from dfcil.synthesis.replay import ReplayBN, student_pass
 
 
 @configclass
@@ -30,7 +30,7 @@ class DeepInversionConfig(MethodConfig):
 
 
 @register_method("deepinversion")
-class DeepInversion(Method):
+class DeepInversion(ReplayMethod):
     """DeepInversion (Yin et al., 2020) for DFCIL: CE on real data, soft KD on real and synthetic data.
 
     CE over the seen classes on real data, KD of the old outputs on real data, and KD on synthetic data against
@@ -40,36 +40,19 @@ class DeepInversion(Method):
 
     Config = DeepInversionConfig
 
-    def __init__(self, cfg: DeepInversionConfig, train) -> None:
-        super().__init__(cfg, train)
-        self.replay = Replay(cfg.inversion)
-
-    def on_task_start(self, ctx: TaskContext) -> None:
-        if ctx.task_id > 0:
-            self.replay.begin(ctx)
-
-    def synthesize(self, ctx: TaskContext) -> None:
-        self.replay.fit(ctx)
-
-    def on_task_end(self, ctx: TaskContext) -> None:
-        self.replay.end()
-
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         if ctx.task_id == 0:
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
         b, c, n_old = len(batch.x), self.cfg, ctx.n_old
         x_syn = self.replay.generate(b)
         with torch.no_grad():
-            old = self.replay.teacher(torch.cat([batch.x, x_syn])).logits  # (2B, n_old)
+            old = self.teacher(torch.cat([batch.x, x_syn])).logits  # (2B, n_old)
         logits = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.runtime.merge_student).logits
         return {
             "ce": F.cross_entropy(logits[:b], batch.y),
             "kd_real": c.lambda_kd * kd_soft_ce(logits[:b, :n_old], old[:b], c.temperature),
             "kd_syn": c.lambda_kd * kd_soft_ce(logits[b:], old[b:], c.temperature),  # new classes pushed to 0
         }
-
-    def components(self) -> dict[str, Any]:
-        return {"replay": self.replay}
 
     def task0_signature(self) -> str | None:
         return "ce"

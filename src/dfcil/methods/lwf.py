@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch.nn.functional as F
 from torch import Tensor
 
 from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, configclass
 from dfcil.losses.distillation import kd_soft_ce
-from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
-from dfcil.methods.teacher import Teacher
+from dfcil.methods.base import Batch, Phase, TaskContext, register_method
+from dfcil.methods.lifecycle import TeacherMethod
 from dfcil.models.network import IncrementalNet
 
 
@@ -22,25 +20,12 @@ class LwFConfig(MethodConfig):
 
 
 @register_method("lwf")
-class LwF(Method):
+class LwF(TeacherMethod):
     """LwF (Li & Hoiem, 2017): CE on the new data plus soft KD of the old model's outputs."""
 
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = LwFConfig
-
-    def __init__(self, cfg: LwFConfig, train) -> None:
-        super().__init__(cfg, train)
-        self.teacher = Teacher()
-
-    def components(self) -> dict[str, Any]:
-        return {"teacher": self.teacher}
-
-    def on_task_start(self, ctx: TaskContext) -> None:
-        self.teacher.begin(ctx)
-
-    def on_task_end(self, ctx: TaskContext) -> None:
-        self.teacher.end()
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         logits = net(batch.x).logits

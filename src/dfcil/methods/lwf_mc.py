@@ -3,14 +3,12 @@ CE on the new data with the old classes' targets taken from the old model."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import Tensor
 
 from dfcil.config import MethodConfig, configclass
 from dfcil.losses.distillation import sigmoid_bce_kd
-from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
-from dfcil.methods.teacher import Teacher
+from dfcil.methods.base import Batch, Phase, TaskContext, register_method
+from dfcil.methods.lifecycle import TeacherMethod
 from dfcil.models.network import IncrementalNet
 
 
@@ -20,7 +18,7 @@ class LwFMCConfig(MethodConfig):
 
 
 @register_method("lwf_mc")
-class LwFMC(Method):
+class LwFMC(TeacherMethod):
     """LwF.MC (Rebuffi et al., 2017): per-class sigmoid BCE, the old classes' targets from the old model.
 
     The target is the one-hot label with its old-class entries replaced by the old model's sigmoid outputs; binary
@@ -30,19 +28,6 @@ class LwFMC(Method):
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = LwFMCConfig
-
-    def __init__(self, cfg: LwFMCConfig, train) -> None:
-        super().__init__(cfg, train)
-        self.teacher = Teacher()
-
-    def components(self) -> dict[str, Any]:
-        return {"teacher": self.teacher}
-
-    def on_task_start(self, ctx: TaskContext) -> None:
-        self.teacher.begin(ctx)
-
-    def on_task_end(self, ctx: TaskContext) -> None:
-        self.teacher.end()
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         logits = net(batch.x).logits

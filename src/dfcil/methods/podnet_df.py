@@ -11,21 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfcil.config import (
-    ConfigError,
-    Float,
-    MethodConfig,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveFloat,
-    configclass,
-)
+from dfcil.config import Float, MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
+from dfcil.errors import ConfigError
 from dfcil.losses.classification import balanced_class_weights, class_histogram
 from dfcil.losses.podnet import nca, pod_flat, pod_spatial
-from dfcil.methods.base import Batch, Method, Phase, Task, TaskContext, register_method
+from dfcil.methods.base import Batch, Phase, Task, TaskContext, register_method
+from dfcil.methods.lifecycle import ReplayMethod
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_per_step
+from dfcil.synthesis.replay import ReplayBN, student_pass, synthetic_per_step
 
 
 @configclass
@@ -59,7 +53,7 @@ def kmeans(x: Tensor, k: int, generator: torch.Generator, iters: int = 20) -> Te
 
 
 @register_method("podnet_df")
-class PODNetDF(Method):
+class PODNetDF(ReplayMethod):
     """PODNet-DF: PODNet (Douillard et al., 2020) with synthetic instead of stored exemplars.
 
     LSC classifier with NCA loss, POD-spatial on stage outputs and POD-flat on features against the old model,
@@ -78,8 +72,7 @@ class PODNetDF(Method):
                 f"method.ft_epochs ({cfg.ft_epochs}) must be smaller than train.epochs ({train.epochs}): train.epochs "
                 f"counts the main and the finetuning epochs together; lower method.ft_epochs or raise train.epochs"
             )
-        self.replay = Replay(cfg.inversion)
-        self.class_counts: Tensor | None = None
+        self.class_counts: Tensor | None = None  # real + pseudo-labels per seen class, for the finetuning
 
     def phases(self, task: Task) -> list[Phase]:
         c, t = self.cfg, self.train
@@ -107,17 +100,13 @@ class PODNetDF(Method):
         net.train()
 
     def on_task_start(self, ctx: TaskContext) -> None:
-        if ctx.task_id == 0:
-            return
-        self._imprint(ctx)
-        self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
-        self.replay.begin(ctx)
-
-    def synthesize(self, ctx: TaskContext) -> None:
-        self.replay.fit(ctx)
+        if ctx.task_id > 0:
+            self._imprint(ctx)
+            self.class_counts = torch.zeros(ctx.n_seen, device=ctx.device)
+        super().on_task_start(ctx)  # then the old model's snapshot and the generator
 
     def on_task_end(self, ctx: TaskContext) -> None:
-        self.replay.end()
+        super().on_task_end(ctx)
         self.class_counts = None
 
     def frozen(self, ctx: TaskContext, phase: Phase) -> list[nn.Module | nn.Parameter]:
@@ -134,7 +123,7 @@ class PODNetDF(Method):
         b = len(batch.x)
         x_syn = self.replay.generate(synthetic_per_step(c.synthetic_per_class, ctx, b))  # synthetic "exemplars"
         with torch.no_grad():
-            t = self.replay.teacher(torch.cat([batch.x, x_syn]))
+            t = self.teacher(torch.cat([batch.x, x_syn]))
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
         out = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.runtime.merge_student, fmaps=True)
         if phase.name == "ft":  # balanced finetuning: reweight the classes instead of undersampling exemplars
@@ -147,9 +136,6 @@ class PODNetDF(Method):
             "pod_spatial": c.lambda_c * factor * pod_spatial(out.fmaps, t.fmaps),
             "pod_flat": c.lambda_f * factor * pod_flat(out.features, t.features),
         }
-
-    def components(self) -> dict[str, Any]:
-        return {"replay": self.replay}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

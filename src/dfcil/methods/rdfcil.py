@@ -15,14 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfcil.config import ConfigError, MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
+from dfcil.config import MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
 from dfcil.distributed import Dist
+from dfcil.errors import ConfigError
 from dfcil.losses.classification import balanced_class_weights, class_histogram, local_ce
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
-from dfcil.methods.base import Batch, Method, Phase, Task, TaskContext, register_method
+from dfcil.methods.base import Batch, Phase, Task, TaskContext, register_method
+from dfcil.methods.lifecycle import ReplayMethod
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay, student_pass
+from dfcil.synthesis.replay import frozen_student_pass, student_pass, teacher_pass
 
 
 @configclass
@@ -75,7 +77,7 @@ def weighted_ce(logits: Tensor, y: Tensor, weight: Tensor, dist: Dist) -> Tensor
 
 
 @register_method("rdfcil")
-class RDFCIL(Method):
+class RDFCIL(ReplayMethod):
     """R-DFCIL (Gao et al., 2022): relation-guided representation learning, then head refinement.
 
     Task 0: CE for ``epochs - chr_epochs`` epochs (the reference's remaining task-0 epochs are no-ops, skipped).
@@ -95,7 +97,6 @@ class RDFCIL(Method):
                 f"train.epochs counts RRL and CHR epochs together, as the reference's max_epochs; lower "
                 f"method.chr_epochs or raise train.epochs"
             )
-        self.replay = Replay(cfg.inversion)
         self.task_id: int | None = None  # the task the state below belongs to
         self.projector: RelationProjector | None = None
         self.weights: LossWeights | None = None
@@ -125,21 +126,20 @@ class RDFCIL(Method):
 
     def on_task_start(self, ctx: TaskContext) -> None:
         if ctx.task_id > 0:
-            self._build_task_state(ctx)
-            self.replay.begin(ctx)  # the old model's snapshot and a fresh generator per task (reference)
-
-    def synthesize(self, ctx: TaskContext) -> None:
-        self.replay.fit(ctx)  # the generator, trained against the frozen old model
+            self._build_task_state(ctx)  # projectors (drawing from the global stream first), weights, counts
+        super().on_task_start(ctx)  # the old model's snapshot and a fresh generator per task (reference)
 
     def on_task_end(self, ctx: TaskContext) -> None:
-        self.replay.end()  # nothing of a task's teacher, generator or projectors is carried into the next
+        super().on_task_end(ctx)  # nothing of a task's teacher, generator or projectors is carried into the next
         self.task_id = self.projector = self.weights = self.term_weights = None
         self.class_counts = self.class_weights = None
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
         return [self.projector] if self.projector is not None else []
 
-    def _rkd(self, student_features: Tensor, teacher_features: Tensor) -> Tensor:
+    def _rkd(self, student_features: Tensor, teacher_features: Tensor, dist: Dist) -> Tensor:
+        """Angle-wise RKD (eq. 4) through the learned projections φ/ψ, over the global batch's features."""
+        student_features, teacher_features = dist.gather(student_features), dist.gather(teacher_features)
         if self.projector is not None:
             student_features, teacher_features = self.projector(student_features, teacher_features)
         return rkd_angle(student_features, teacher_features)
@@ -147,57 +147,39 @@ class RDFCIL(Method):
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         if phase.name == "base":  # task 0
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
-        assert self.term_weights is not None
-        c, b, teacher, head, dist = self.cfg, len(batch.x), self.replay.teacher, net.head, ctx.runtime.dist
-        w_lce, w_hkd, w_rkd = self.term_weights
-        # old and new columns: by the task's class counts, or a static head's masks (shapes fixed for the run)
-        new = head.new_mask if head.mask is not None else ctx.n_old
-
-        def hkd(student: Tensor, teacher: Tensor) -> Tensor:
-            if head.mask is not None:
-                return hkd_l1(student, teacher, head.old_mask)
-            return hkd_l1(student[:, : ctx.n_old], teacher)
-
-        # fresh, unaugmented, as many as real images (several processes: drawn for the global batch, then shared)
-        x_syn = dist.shard(self.replay.generate(b * dist.world))
-        need_real = phase.name == "rrl" and c.new_kd != "none"  # teacher outputs on real data: new-data KD only
-        with torch.no_grad():
-            if ctx.runtime.merge_teacher:  # eval mode: one pass over real + synthetic is exact
-                t = teacher(torch.cat([batch.x, x_syn]) if need_real else x_syn)
-                t_real, t_syn = (t.logits[:b], t.features[:b]), (t.logits[-b:], t.features[-b:])
-            else:  # the reference's separate passes, its duplicate labelling pass included (for A/B timing)
-                teacher(x_syn)
-                real = teacher(batch.x) if need_real else None
-                syn = teacher(x_syn)
-                t_real, t_syn = (real.logits, real.features) if real is not None else None, (syn.logits, syn.features)
-        y_syn = t_syn[0].argmax(dim=1)  # pseudo-labels: the old model's argmax over the old classes
-        self.class_counts += dist.sum_(class_histogram(torch.cat([batch.y, y_syn]), len(self.class_counts)))
-        if phase.name == "chr":  # backbone frozen in eval mode, so one pass over real + synthetic equals two
-            x = torch.cat([batch.x, x_syn])
-            logits = net(x).logits if ctx.runtime.merge_teacher else torch.cat([net(batch.x).logits, net(x_syn).logits])
+        c, b, runtime = self.cfg, len(batch.x), ctx.runtime
+        w_lce, w_hkd, w_rkd = self.term_weights  # the adaptive weights (eqs. 7-8)
+        old, new = net.old_and_new(ctx.n_old)  # the old and the new classes' logits
+        x_syn = self.replay.generate_share(b, runtime.dist)  # fresh, unaugmented, as many as real images
+        need_real = phase.name == "rrl" and c.new_kd != "none"  # the teacher on real data: new-data KD only
+        merge = runtime.merge_teacher
+        t_real, t_syn = teacher_pass(self.teacher, batch.x if need_real else None, x_syn, merge, duplicate=True)
+        y_syn = t_syn.logits.argmax(dim=1)  # pseudo-labels: the old model's argmax over the old classes
+        self.class_counts += runtime.dist.sum_(class_histogram(torch.cat([batch.y, y_syn]), len(self.class_counts)))
+        if phase.name == "chr":  # CHR (eq. 10): class-balanced CE on real + synthetic data, the backbone frozen
+            logits = frozen_student_pass(net, batch.x, x_syn, merge)
             y = torch.cat([batch.y, y_syn])
-            terms = {"gce": c.lambda_ce * weighted_ce(logits, y, self.class_weights, dist)}
-            if c.chr_hkd and c.old_kd == "hkd":
-                terms["hkd"] = w_hkd * hkd(logits[b:], t_syn[0])
+            terms = {"gce": c.lambda_ce * weighted_ce(logits, y, self.class_weights, runtime.dist)}
+            if c.chr_hkd and c.old_kd == "hkd":  # the reference keeps HKD in CHR
+                terms["hkd"] = w_hkd * hkd_l1(logits[b:], t_syn.logits, old)
             return terms
-        logits, feat, _ = student_pass(net, batch.x, x_syn, "separate", ctx.runtime.merge_student)  # the reference's BN
-        terms = {"lce": w_lce * local_ce(logits[:b], batch.y, new)}
-        if c.old_kd == "hkd":  # old knowledge on synthetic data
-            terms["hkd"] = w_hkd * hkd(logits[b:], t_syn[0])
+        # RRL (eq. 9): each part of [real; synthetic] normalised with its own BN statistics, as the reference
+        out = student_pass(net, batch.x, x_syn, "separate", runtime.merge_student)
+        s_real, s_syn = out.rows(0, b), out.rows(b)
+        terms = {"lce": w_lce * local_ce(s_real.logits, batch.y, new)}
+        if c.old_kd == "hkd":  # old knowledge on synthetic data (eq. 2)
+            terms["hkd"] = w_hkd * hkd_l1(s_syn.logits, t_syn.logits, old)
         elif c.old_kd == "rkd":
-            terms["rkd_syn"] = w_rkd * self._rkd(dist.gather(feat[b:]), dist.gather(t_syn[1]))
-        if c.new_kd == "rkd":  # the structure of the new data in the old feature space (over the global batch)
-            terms["rkd"] = w_rkd * self._rkd(dist.gather(feat[:b]), dist.gather(t_real[1]))
+            terms["rkd_syn"] = w_rkd * self._rkd(s_syn.features, t_syn.features, runtime.dist)
+        if c.new_kd == "rkd":  # the structure of the new data in the old feature space (eq. 4)
+            terms["rkd"] = w_rkd * self._rkd(s_real.features, t_real.features, runtime.dist)
         elif c.new_kd == "hkd":
-            terms["hkd_new"] = w_hkd * hkd(logits[:b], t_real[0])
+            terms["hkd_new"] = w_hkd * hkd_l1(s_real.logits, t_real.logits, old)
         return terms
 
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
         if ctx.task_id > 0:  # cumulative real + pseudo-label counts since the task started, RRL included
             self.class_weights.copy_(balanced_class_weights(self.class_counts))  # in place: a graph reads it
-
-    def components(self) -> dict[str, Any]:
-        return {"replay": self.replay}
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

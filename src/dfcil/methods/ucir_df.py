@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -13,10 +12,11 @@ from torch import Tensor, nn
 
 from dfcil.config import MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveInt, configclass
 from dfcil.losses.ucir import less_forget, margin_ranking
-from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.methods.base import Batch, Phase, TaskContext, register_method
+from dfcil.methods.lifecycle import ReplayMethod
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
-from dfcil.synthesis.replay import Replay, ReplayBN, student_pass, synthetic_per_step
+from dfcil.synthesis.replay import ReplayBN, student_pass, synthetic_per_step
 
 
 @configclass
@@ -47,7 +47,7 @@ def class_mean_features(net: IncrementalNet, ctx: TaskContext) -> Tensor:
 
 
 @register_method("ucir_df")
-class UCIRDF(Method):
+class UCIRDF(ReplayMethod):
     """UCIR-DF: UCIR (Hou et al., 2019) with synthetic instead of stored exemplars.
 
     Cosine classifier; CE over the seen classes on real + synthetic data, less-forget constraint on the features,
@@ -58,25 +58,14 @@ class UCIRDF(Method):
     Config = UCIRDFConfig
     head = "cosine"
 
-    def __init__(self, cfg: UCIRDFConfig, train) -> None:
-        super().__init__(cfg, train)
-        self.replay = Replay(cfg.inversion)
-
     def on_task_start(self, ctx: TaskContext) -> None:
-        if ctx.task_id == 0:
-            return
-        head = ctx.net.head  # imprint the new classes' weights
-        old_norm = head.weight()[: ctx.n_old].norm(dim=1).mean()
-        means = F.normalize(class_mean_features(ctx.net, ctx), dim=1)
-        with torch.no_grad():
-            head.blocks[-1].weight.copy_(means * old_norm)
-        self.replay.begin(ctx)
-
-    def synthesize(self, ctx: TaskContext) -> None:
-        self.replay.fit(ctx)
-
-    def on_task_end(self, ctx: TaskContext) -> None:
-        self.replay.end()
+        if ctx.task_id > 0:  # imprint the new classes' weights: their mean features, at the old weights' mean norm
+            head = ctx.net.head
+            old_norm = head.weight()[: ctx.n_old].norm(dim=1).mean()
+            means = F.normalize(class_mean_features(ctx.net, ctx), dim=1)
+            with torch.no_grad():
+                head.blocks[-1].weight.copy_(means * old_norm)
+        super().on_task_start(ctx)  # then the old model's snapshot and the generator
 
     def frozen(self, ctx: TaskContext, phase: Phase) -> list[nn.Module | nn.Parameter]:
         return list(ctx.net.head.blocks)[:-1] if ctx.task_id > 0 else []  # old class weights stay fixed
@@ -87,7 +76,7 @@ class UCIRDF(Method):
         c, b, n_old = self.cfg, len(batch.x), ctx.n_old
         x_syn = self.replay.generate(synthetic_per_step(c.synthetic_per_class, ctx, b))  # synthetic "exemplars"
         with torch.no_grad():
-            t = self.replay.teacher(torch.cat([batch.x, x_syn]))
+            t = self.teacher(torch.cat([batch.x, x_syn]))
         y = torch.cat([batch.y, t.logits[b:].argmax(dim=1)])
         out = student_pass(net, batch.x, x_syn, c.replay_bn, ctx.runtime.merge_student)
         lam = c.lambda_base * math.sqrt(n_old / ctx.n_new)
@@ -97,6 +86,3 @@ class UCIRDF(Method):
             "less_forget": lam * less_forget(out.features, t.features),
             "margin": margin_ranking(cosine, y, n_old, c.hard_negatives, c.margin),
         }
-
-    def components(self) -> dict[str, Any]:
-        return {"replay": self.replay}

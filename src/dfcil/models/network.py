@@ -9,7 +9,6 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from dfcil.models import resnet  # noqa: F401 - registers the ImageNet ResNet-18
 from dfcil.models.batchnorm import BatchNorm2d, BNMode
 from dfcil.models.heads import HEADS, StaticLinear
 from dfcil.models.resnet_cifar import BACKBONES, memory_format_of
@@ -41,6 +40,10 @@ class NetOutput(NamedTuple):
     features: Tensor  # (B, d) globally average-pooled, pre-ReLU backbone features
     fmaps: tuple[Tensor, ...]  # each backbone stage's output, (B, C_s, H_s, W_s)
 
+    def rows(self, start: int, stop: int | None = None) -> NetOutput:
+        """Rows ``start:stop`` of every output: one part of a batch that was one pass over several parts."""
+        return NetOutput(self.logits[start:stop], self.features[start:stop], tuple(f[start:stop] for f in self.fmaps))
+
 
 class IncrementalNet(nn.Module):
     """Backbone + incremental head; ``forward`` returns a :class:`NetOutput`."""
@@ -58,6 +61,13 @@ class IncrementalNet(nn.Module):
     @property
     def n_classes(self) -> int:
         return self.head.out_features
+
+    def old_and_new(self, n_old: int) -> tuple[int | Tensor, int | Tensor]:
+        """Where the old and the new classes' logits are, for losses that compare them (``local_ce``, ``hkd_l1``):
+        ``n_old`` (old columns before it, new ones from it) on a growing head; a static head's boolean masks, whose
+        shapes never change between tasks (``model.static_head``)."""
+        head = self.head
+        return (head.old_mask, head.new_mask) if head.mask is not None else (n_old, n_old)
 
     def forward(self, x: Tensor, bn: BNMode | None = None) -> NetOutput:
         fmap, stages = self.backbone(x, bn)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from dfcil.models.batchnorm import BatchNorm2d, BNMode
 from dfcil.registry import Registry
 
-BACKBONES: Registry = Registry("backbone", builtins="dfcil.models.network")  # which imports every backbone
+BACKBONES: Registry = Registry("backbone")  # filled by the modules dfcil/models/__init__.py imports
 
 
 def memory_format_of(x: Tensor) -> torch.memory_format:

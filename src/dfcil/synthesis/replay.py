@@ -1,8 +1,11 @@
 """Synthetic replay of one task: a frozen snapshot of the old model and the generator inverted from it.
 
-Every synthetic-replay method (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF) holds one :class:`Replay`, calls
-:meth:`Replay.begin` from ``on_task_start`` and :meth:`Replay.fit` from ``synthesize``; the checkpoint logic
-(partial inversion, frozen state) lives here once. With ``InversionConfig.persistent`` (ABD) the generator and its
+Every synthetic-replay method (R-DFCIL, ABD, DeepInversion, UCIR-DF, PODNet-DF) holds one :class:`Replay` through
+:class:`dfcil.methods.lifecycle.ReplayMethod`, which calls :meth:`Replay.begin` at a task's start,
+:meth:`Replay.fit` in its setup and :meth:`Replay.end` at its end; the checkpoint logic (partial inversion, frozen
+state) lives here once. The passes a replay step makes over real and synthetic images (:func:`teacher_pass`,
+:func:`student_pass`) are here too, so that a method's step says which outputs it needs, not how the engine batches
+them. With ``InversionConfig.persistent`` (ABD) the generator and its
 Adam state carry over to the next task and are warm-started there, instead of a fresh generator per task (R-DFCIL).
 """
 
@@ -10,17 +13,17 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from dfcil.context import TaskContext
+from dfcil.distributed import Dist
 from dfcil.models.batchnorm import BNMode
 from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
-
-if TYPE_CHECKING:
-    from dfcil.methods.base import TaskContext
 
 log = logging.getLogger("dfcil")
 
@@ -48,8 +51,9 @@ class Replay:
             self.synth.warm_start(self.carried)
             self.carried = None  # from here on the generator itself holds that state
 
-    def fit(self, ctx: TaskContext) -> None:
-        """Train the generator, from where it stands (a resumed run continues a partial inversion)."""
+    def fit(self, ctx: TaskContext, on_step: Callable[[], None]) -> None:
+        """Train the generator, from where it stands (a resumed run continues a partial inversion); ``on_step()``
+        after every step (:meth:`dfcil.methods.base.Method.synthesize`: where the engine may checkpoint or stop)."""
         synth = self.synth
         if synth is None or synth.done:
             return
@@ -59,13 +63,13 @@ class Replay:
         progress = ctx.runtime.progress
         with progress(total=self.cfg.steps, desc=f"task {ctx.task_id} inversion", initial=synth.step) as bar:
 
-            def on_step(step: int, values: Tensor) -> None:
+            def after_step(step: int, values: Tensor) -> None:
                 bar.update(1)
                 if step % 50 == 0 or step == synth.cfg.steps:  # a host sync every 50 steps, for the progress bar
                     bar.set_postfix({k: f"{v:.3f}" for k, v in zip(synth.names, values.tolist(), strict=True)})
-                ctx.runtime.setup_step()
+                on_step()
 
-            synth.fit(on_step)
+            synth.fit(after_step)
         log.info("task %d: inversion done", ctx.task_id)
 
     def end(self) -> None:
@@ -77,6 +81,13 @@ class Replay:
     @torch.no_grad()
     def generate(self, n: int) -> Tensor:
         return self.synth.generate(n)
+
+    @torch.no_grad()
+    def generate_share(self, n: int, dist: Dist) -> Tensor:
+        """This process's ``n`` of a synthetic batch drawn whole for every process (``n`` × their number), so that
+        all of them draw the same latent codes and the global batch is the one-process batch (docs/distributed.md);
+        with one process, ``n`` images."""
+        return dist.shard(self.generate(n * dist.world))
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"carried": self.carried} if self.carried else {}
@@ -113,6 +124,32 @@ class Replay:
 
 
 ReplayBN = Literal["mixed", "separate"]
+
+
+@torch.no_grad()
+def teacher_pass(
+    teacher: IncrementalNet, real: Tensor | None, synthetic: Tensor, merge: bool, duplicate: bool = False
+) -> tuple[NetOutput | None, NetOutput]:
+    """The frozen teacher's outputs on ``real`` (None: not needed) and on ``synthetic`` images.
+
+    ``merge``: one eval-mode pass over both, which equals two passes exactly; else two passes, with the reference's
+    duplicate pass over the synthetic images first where ``duplicate`` (R-DFCIL's code labels them twice; it changes
+    only the time a step takes, for A/B timing against the reference mode ``engine.merge_passes: none``).
+    """
+    if merge:
+        out = teacher(synthetic if real is None else torch.cat([real, synthetic]))
+        return (None if real is None else out.rows(0, len(real))), out.rows(out.logits.shape[0] - len(synthetic))
+    if duplicate:
+        teacher(synthetic)
+    return (None if real is None else teacher(real)), teacher(synthetic)
+
+
+def frozen_student_pass(net: IncrementalNet, real: Tensor, synthetic: Tensor, merge: bool) -> Tensor:
+    """The logits of a student whose backbone is frozen in eval mode (a head-only phase) on ``real`` then
+    ``synthetic`` images: one pass over both where ``merge`` (exact in eval mode), else two."""
+    if merge:
+        return net(torch.cat([real, synthetic])).logits
+    return torch.cat([net(real).logits, net(synthetic).logits])
 
 
 def student_pass(

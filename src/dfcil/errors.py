@@ -1,0 +1,55 @@
+"""Every error dfcil raises on purpose, in one module that imports nothing: any module may use them, and the
+command line (:mod:`dfcil.cli`) turns the user-facing ones into one line without loading the rest of dfcil."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A config that cannot be run: unknown key, wrong type, impossible value."""
+
+
+class MissingExtraError(ConfigError):
+    """A feature needs an optional dependency that is not installed."""
+
+
+class RegistryError(KeyError):
+    """An unknown or duplicate registry name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it readable
+        return str(self.args[0])
+
+
+class DatasetError(RuntimeError):
+    """A dataset that is missing, corrupt or cannot be fetched; the message says how to fix it."""
+
+
+class SplitError(ValueError):
+    """A protocol that cannot be built (impossible split, bad class order)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, truncated, tampered with or from another run."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss term became NaN or infinite."""
+
+
+class RunInterrupted(Exception):
+    """The run stopped on request (Ctrl-C, SIGTERM) after writing a checkpoint."""
+
+
+class GraphSafetyError(RuntimeError):
+    """A step does something a CUDA graph cannot replay faithfully."""
+
+
+class GraphCaptureError(RuntimeError):
+    """A CUDA graph capture failed after it began; the process's CUDA state is not to be trusted any more."""
+
+
+class ReportError(ValueError):
+    """``dfcil report``: paths without runs, unreadable run files, a bad ``--by``."""
+
+
+class PlotError(RuntimeError):
+    """Plots cannot be made (matplotlib missing)."""

@@ -1,0 +1,124 @@
+"""Loading a run's config: YAML files merged in order, then command-line overrides, validated into a
+:class:`~dfcil.config.RunConfig`; the ``method`` section by the registered method's own ``Config``.
+
+This is where the config layer meets the methods: it looks them up in :data:`dfcil.methods.METHODS`, the one table
+of registered methods, so it stands above them, and the methods (which declare their configs with
+:mod:`dfcil.config`) never import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from dfcil.config import (
+    SECTIONS,
+    TOP_LEVEL_SCALARS,
+    MethodConfig,
+    RunConfig,
+    deep_merge,
+    parse_value,
+    read_yaml,
+    set_dotted,
+    validate_section,
+)
+from dfcil.errors import ConfigError, RegistryError
+from dfcil.methods import METHODS
+
+DEFAULT_METHOD = "rdfcil"  # the method of a config that names none
+
+
+def method_config(name: Any) -> type[MethodConfig]:
+    """The ``Config`` class of the registered method ``name``.
+
+    Raises:
+        ConfigError: ``name`` is not a registered method's name (the message lists them).
+    """
+    if not isinstance(name, str):
+        raise ConfigError(f"method.name must be a method's name (a string), got {name!r}; see `dfcil methods`")
+    try:
+        return METHODS.get(name).Config
+    except RegistryError as err:
+        raise ConfigError(f"method.name: {err}. List them with `dfcil methods`.") from None
+
+
+def build_config(raw: Mapping[str, Any]) -> RunConfig:
+    """Validate a raw config mapping (merged YAML + overrides) into a :class:`RunConfig`."""
+    allowed = {"method", *SECTIONS, *TOP_LEVEL_SCALARS}
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown config key {key!r}.{hint} Valid top-level keys: {', '.join(sorted(allowed))}")
+    method_raw = dict(raw.get("method") or {})
+    method_raw["name"] = method_raw.get("name", DEFAULT_METHOD)
+    method_cfg = validate_section(method_config(method_raw["name"]), method_raw, "method")
+    kwargs: dict[str, Any] = {name: validate_section(cls, raw.get(name), name) for name, cls in SECTIONS.items()}
+    for key, typ in TOP_LEVEL_SCALARS.items():
+        if key in raw:
+            try:
+                kwargs[key] = TypeAdapter(typ).validate_python(raw[key])
+            except ValidationError as err:
+                raise ConfigError(f"{key}: {err.errors()[0]['msg']} (got {raw[key]!r})") from None
+    return RunConfig(method=method_cfg, **kwargs)
+
+
+def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
+    """Set ``method.name``; if that switches to another method, drop the method keys it does not have."""
+    if not isinstance(name, str):
+        raise ConfigError(f"method.name must be a method's name (a string), got {name!r}; see `dfcil methods`")
+    section = raw.setdefault("method", {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"method must be a section (a mapping with a name and the method's keys), got {section!r}")
+    old = section.get("name", DEFAULT_METHOD)
+    section["name"] = name
+    if name == old or name not in METHODS:
+        return []
+    fields = {f.name for f in dataclasses.fields(METHODS.get(name).Config)}
+    dropped = sorted(k for k in section if k not in fields)
+    for key in dropped:
+        del section[key]
+    return [f"method.{k}" for k in dropped]
+
+
+def load_config(
+    paths: Sequence[str | Path] = (),
+    overrides: Iterable[tuple[str, str]] = (),
+    base: Mapping[str, Any] | None = None,
+) -> tuple[RunConfig, list[str]]:
+    """Merge YAML files, then ``key=value`` overrides (command-line strings), into a validated config.
+
+    Sources apply in order. When one switches ``method.name`` (a later file, or ``--method.name``), the method
+    keys gathered so far that the new method does not accept are dropped, so ``--config rdfcil.yaml --method.name
+    finetune`` and ``--config cifar100-mini.yaml --config cifar100-mini/lwf.yaml`` work; the dropped names are
+    returned so the caller can say so. Keys given by the switching source itself are never dropped.
+
+    Returns:
+        The config and the list of dropped ``method.*`` keys.
+    """
+    raw: dict[str, Any] = deep_merge({}, base or {})
+    dropped: list[str] = []
+    for path in paths:
+        data = read_yaml(path)
+        method = data.get("method") or {}
+        if not isinstance(method, dict):
+            raise ConfigError(
+                f"{path}: method must be a section (e.g. method: {{name: {method}}}), got {type(method).__name__}"
+            )
+        name = method.get("name")
+        if name is not None:
+            dropped += _switch_method(raw, name)
+        deep_merge(raw, data)
+    overrides = list(overrides)
+    for key, text in overrides:  # a method switch first, so that the other overrides land in the new method
+        if key == "method.name":
+            dropped += _switch_method(raw, parse_value(text))
+    for key, text in overrides:
+        if key != "method.name":
+            set_dotted(raw, key, parse_value(text))
+    return build_config(raw), dropped

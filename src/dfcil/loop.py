@@ -1,0 +1,106 @@
+"""What the engine shares with the code around it: :class:`Loop`, the live parts of one run, and :class:`Callback`,
+the hooks the engine calls at fixed points (``loop.emit(hook, ...)``), in the order a task meets them.
+
+Below the engine (:mod:`dfcil.engine`), the callbacks it runs (:mod:`dfcil.callbacks`, the shared first-task models
+of :mod:`dfcil.task0`, the loggers) and the runner, so that each of them can name these types without importing
+the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from dfcil.config import RunConfig, config_to_dict
+from dfcil.graphs import StepGraph
+from dfcil.methods import Method, Phase, TaskContext
+from dfcil.models.network import IncrementalNet
+from dfcil.protocol import Protocol, TestSet
+from dfcil.runtime import Runtime
+from dfcil.state import Interrupt, RunState
+
+
+class Callback:
+    """The engine's hook points, in the order a task meets them."""
+
+    def on_run_start(self, loop: Loop) -> None:
+        """The run is built (and restored, when resuming); ``loop`` holds its live parts for the other hooks."""
+
+    def on_task_start(self, info: dict[str, Any]) -> None:
+        """A task begins (or continues, after a resume): its classes, images and phases."""
+
+    def on_setup_step(self) -> None:
+        """A consistent point inside a long task setup (every inversion step)."""
+
+    def on_setup_end(self) -> None:
+        """The method's task setup is done; training follows."""
+
+    def on_phase_start(self, phase: Phase) -> None: ...
+
+    def on_epoch_end(self, record: dict[str, Any]) -> None:
+        """An epoch ended: its mean loss terms, lr, time and speed."""
+
+    def on_phase_end(self, phase: Phase) -> None: ...
+
+    def on_eval_start(self) -> None: ...
+
+    def on_eval_end(self) -> None: ...
+
+    def on_task_end(self, record: dict[str, Any]) -> None:
+        """A task is trained and evaluated: its accuracy row and timings (a line of metrics.jsonl)."""
+
+    def on_interrupt(self) -> None:
+        """A stop was requested and the run stops at a point no other hook checkpoints: inside a setup, mid-epoch,
+        or at an epoch end inside a phase. At the end of a setup, a phase or a task the run stops right after that
+        hook (:meth:`on_setup_end`, :meth:`on_phase_end`, :meth:`on_task_end`) instead."""
+
+    def on_run_end(self, summary: dict[str, Any]) -> None: ...
+
+
+@dataclasses.dataclass(kw_only=True)
+class Loop:
+    """The live parts of one run, shared by the engine's functions; callbacks get it in ``on_run_start``."""
+
+    cfg: RunConfig
+    net: IncrementalNet
+    method: Method
+    state: RunState
+    runtime: Runtime = Runtime()  # engine.build() sets the run's; the default computes eagerly on the CPU
+    protocol: Protocol | None = None  # set by engine.build(): run_task and restore need them, fit_task does not
+    test: TestSet | None = None
+    callbacks: Sequence[Callback] = ()
+    interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)
+    ctx: TaskContext | None = None  # the running task's
+    graph: StepGraph | None = None  # the running phase's step graph (engine.cuda_graphs on or check)
+
+    def emit(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every callback, in order. If one raises, the rest still run (a failing logger never
+        costs a checkpoint) and the first error is raised afterwards."""
+        error: Exception | None = None
+        for callback in self.callbacks:
+            try:
+                getattr(callback, hook)(*args)
+            except Exception as err:  # noqa: BLE001 - re-raised below, once every callback has run
+                error = error or err
+        if error is not None:
+            raise error
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a checkpoint holds, besides the method's static state: :func:`dfcil.engine.restore` continues from
+        it."""
+        return {
+            **self.state.state_dict(), "head_sizes": self.net.head.sizes, "net": self.net.state_dict(),
+            "method": self.method.state_dict(), "config": config_to_dict(self.cfg),
+        }  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How a run is driven, beside its config: none of it changes what the run computes or reaches ``config.yaml``.
+    One object from the caller (:func:`dfcil.runner.train`, :func:`dfcil.runner.resume`) to :func:`dfcil.engine.run`."""
+
+    progress: bool | None = None  # progress bars; None: where the console is a terminal
+    callbacks: Sequence[Callback] = ()  # the caller's own, called after the run directory's logs
+    interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)  # set it to checkpoint and stop the run
+    argv: Sequence[str] | None = None  # the command line meta.json records; None: this process's

@@ -1,0 +1,44 @@
+"""The final network's file, ``model.pt``: written when a run ends (:class:`dfcil.runner.SaveModel`), read by
+``dfcil eval``, ``export`` and ``inspect`` and by users (:func:`load_model`), none of which imports the engine.
+
+The file is in the safe checkpoint format (:mod:`dfcil.checkpoint`): the weights, the head's block sizes, the
+backbone's and the head's registered names, and what the inputs and outputs mean.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from dfcil.checkpoint import FORMAT, dumps, loads
+from dfcil.io import write_atomic
+from dfcil.models.network import IncrementalNet, build_network
+
+
+def save_model(path: Path, net: IncrementalNet, head: str, backbone: str, about: dict[str, Any] | None = None) -> None:
+    """Write the final network: weights, head block sizes and the backbone's and head's names; ``about``: what its
+    inputs and outputs mean (``inputs``: image size, normalisation; ``class_order``: the raw class of each output;
+    ``task_sizes``; ``class_names`` by output, where the dataset names its classes)."""
+    payload = {
+        "format": FORMAT,
+        "net": net.state_dict(),
+        "head_sizes": net.head.sizes,
+        "head": head,
+        "backbone": backbone,
+    }
+    write_atomic(path, dumps(payload | (about or {})))
+
+
+def load_model(path: str | os.PathLike) -> IncrementalNet:
+    """Rebuild the network saved by :func:`save_model` (weights-only load; refuses anything else), in eval mode."""
+    return network_from(loads(Path(path).read_bytes(), str(path)))
+
+
+def network_from(payload: dict[str, Any]) -> IncrementalNet:
+    """The network of a :func:`save_model` payload, in eval mode."""
+    net = build_network(payload["backbone"], payload["head"])
+    for n in payload["head_sizes"]:
+        net.expand(n)
+    net.load_state_dict(payload["net"])
+    return net.eval()

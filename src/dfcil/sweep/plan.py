@@ -1,0 +1,223 @@
+"""Planning a sweep: its runs (config groups × grid, fixed overrides), their names, and the checks made before
+anything runs (every run's config valid, no name clash, a sweep directory that holds nothing else).
+
+A run is an ordinary ``dfcil train`` in its own directory under the sweep directory, named from what varies (the
+config's name when there are several, then ``key=value`` for each grid key with more than one value).
+
+Loading a run's config (:mod:`dfcil.load`) needs the methods, and with them torch; it is imported where a plan is
+made, so that building ``dfcil``'s command line (which names the sweep's options) stays light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dfcil.config import RunConfig, changed_keys, config_to_dict, with_absolute_paths
+from dfcil.errors import ConfigError
+
+RESERVED = frozenset({"logs", "slurm"})  # the sweep's own folders
+PATH_KEYS = frozenset({"data.root", "data.cache", "task0_cache"})
+
+
+@dataclasses.dataclass
+class SweepRun:
+    """One run of a sweep: how to start it (config files and overrides) and what it resolved to."""
+
+    name: str
+    configs: tuple[str, ...]
+    overrides: tuple[tuple[str, str], ...]
+    config: dict[str, Any]
+    image_size: int
+    # pending, running, done, resumed, failed, interrupted, not started, skipped, submitted
+    state: str = "pending"
+    attempts: int = 0
+    time_s: float | None = None
+    error: str | None = None
+    job_id: str | None = None
+    result: dict[str, Any] | None = None  # from its summary.json, read once when the run is found or ends finished
+
+    def argv(self, run_dir: Path) -> list[str]:
+        """``dfcil train`` arguments that start (or, on an existing run directory, resume) this run; paths are
+        absolute, so that the command works from any directory (a SLURM job's, for one)."""
+        args = ["train"]
+        for path in self.configs:
+            args += ["--config", os.path.abspath(path)]
+        for key, value in self.overrides:
+            if key in PATH_KEYS and value.lower() not in ("null", "none", "~", ""):
+                value = os.path.abspath(os.path.expanduser(value))
+            if key == "log":  # dfcil train's own option takes names, not a YAML list
+                value = ",".join(self.config.get("log") or []) or "[]"
+                if value == "[]":
+                    continue
+            args += [f"--{key}", value]
+        return [*args, "--out", os.path.abspath(run_dir), "--no-progress"]
+
+    def record(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["dir"] = self.name
+        d["overrides"] = [list(o) for o in self.overrides]
+        if self.result is None:
+            del d["result"]
+        return d
+
+    def read_result(self, out: Path) -> None:
+        s = json.loads((out / self.name / "summary.json").read_text())
+        self.result = {k: s.get(k) for k in ("last_acc", "avg_inc_acc", "forgetting", "total_time_s")}
+
+
+def split_values(text: str) -> list[str]:
+    """``"0,1,2"`` -> ``["0", "1", "2"]``; commas inside brackets or quotes belong to the value (``[1,2],[3]``)."""
+    out, depth, quote, current = [], 0, None, ""
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(current.strip())
+            current = ""
+            continue
+        current += ch
+    out.append(current.strip())
+    if any(v == "" for v in out):
+        raise ConfigError(f"--grid value list {text!r} has an empty value")
+    return out
+
+
+def parse_grid(specs: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """``["data.class_order_seed=0,1,2", ...]`` -> ``[("data.class_order_seed", ["0", "1", "2"]), ...]``."""
+    grid: list[tuple[str, list[str]]] = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep or not key or not values.strip():
+            raise ConfigError(f"--grid {spec!r}: write KEY=V1,V2,... (e.g. --grid data.class_order_seed=0,1,2)")
+        if any(key == k for k, _ in grid):
+            raise ConfigError(f"--grid gives {key} twice; list all its values in one --grid")
+        grid.append((key, split_values(values)))
+    return grid
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "run"
+
+
+def _config_labels(groups: Sequence[Sequence[str]]) -> list[str]:
+    """Short distinct names for the config groups: the last file's stem, with its folder where stems repeat."""
+    labels = [Path(g[-1]).stem for g in groups]
+    if len(set(labels)) < len(labels):
+        labels = [f"{Path(g[-1]).parent.name}-{Path(g[-1]).stem}" for g in groups]
+    if len(set(labels)) < len(labels):
+        labels = ["+".join(Path(p).stem for p in g) for g in groups]
+    return [_slug(label) for label in labels]
+
+
+def plan(
+    config_groups: Sequence[Sequence[str]],
+    grid: Sequence[tuple[str, Sequence[str]]] = (),
+    fixed: Sequence[tuple[str, str]] = (),
+) -> list[SweepRun]:
+    """Every run of the sweep, validated (a bad key or value fails here, before anything runs)."""
+    if not config_groups:
+        raise ConfigError("dfcil sweep needs at least one --config FILE.yaml (several files of one run: a.yaml+b.yaml)")
+    from dfcil.load import load_config
+
+    labels = _config_labels(config_groups)
+    varying = [(k, vs) for k, vs in grid if len(vs) > 1]
+    short = [k.rsplit(".", 1)[-1] for k, _ in varying]
+    if len(set(short)) < len(short):
+        short = [k for k, _ in varying]
+    runs, names = [], set()
+    for label, files in zip(labels, config_groups, strict=True):
+        for values in itertools.product(*(vs for _, vs in grid)) if grid else [()]:
+            assigned = list(zip((k for k, _ in grid), values, strict=True))
+            overrides = (*fixed, *assigned)
+            try:
+                cfg, _ = load_config(files, overrides)
+            except ConfigError as err:
+                shown = " ".join(f"{k}={v}" for k, v in assigned)
+                raise ConfigError(f"{'+'.join(files)}{' with ' + shown if shown else ''}: {err}") from None
+            cfg = with_absolute_paths(cfg)
+            if cfg.log:
+                from dfcil.loggers import LOGGERS
+
+                for logger in cfg.log:
+                    LOGGERS.get(logger)  # an unknown logger fails here, not in every run
+            chosen = dict(assigned)
+            parts = ([label] if len(config_groups) > 1 else []) + [
+                _slug(f"{s}={chosen[k]}") for s, (k, _) in zip(short, varying, strict=True)
+            ]
+            name = "-".join(parts) or label
+            if name in RESERVED:
+                raise ConfigError(f"a run would be named {name!r}, as the sweep's own folder: rename its config")
+            if name in names:
+                raise ConfigError(
+                    f"two runs of the sweep would both be named {name!r}: give distinct configs or values"
+                )
+            names.add(name)
+            runs.append(SweepRun(name, tuple(files), tuple(overrides), config_to_dict(cfg), _image_size(cfg)))
+    return runs
+
+
+NATIVE_SIZES = {"tiny_imagenet200": 64, "imagenet100": 224}  # datasets whose images are not 32 px by default
+
+
+def _image_size(cfg: RunConfig) -> int:
+    """The run's image size (for the GPU memory estimate only), without reading its data."""
+    return cfg.data.image_size or NATIVE_SIZES.get(cfg.data.name, 32)
+
+
+def check_existing(runs: Sequence[SweepRun], out: Path) -> None:
+    """Refuse a sweep directory whose run directories hold runs with other configs (one clear error, up front)."""
+    from dfcil.load import load_config
+
+    for r in runs:
+        saved = out / r.name / "config.yaml"
+        if not saved.exists():
+            continue
+        try:
+            old = config_to_dict(with_absolute_paths(load_config([saved])[0]))
+        except ConfigError as err:
+            raise ConfigError(
+                f"{saved} cannot be read ({err}); move the directory away or choose another --out"
+            ) from None
+        changed = changed_keys(old, r.config)
+        if changed:
+            raise ConfigError(
+                f"{out / r.name} holds a run with another config ({', '.join(changed[:5])}); this is not the sweep "
+                f"that made {out}: choose another --out"
+            )
+
+
+def run_status(run_dir: Path) -> str:
+    """``done`` (summary written), ``unfinished`` (a run directory without summary) or ``new``."""
+    if (run_dir / "summary.json").exists():
+        return "done"
+    return "unfinished" if (run_dir / "config.yaml").exists() else "new"
+
+
+def check_sweep_dir(out: Path, names: Sequence[str]) -> None:
+    """Refuse an ``--out`` that is a file, a run directory, or a folder holding anything but this sweep's runs."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a directory for the sweep")
+    if (out / "config.yaml").exists():
+        raise ConfigError(f"--out {out} is a run directory; give a new directory (or an earlier sweep's) instead")
+    if out.is_dir() and not (out / "sweep.json").exists():
+        ours = {*names, *RESERVED}
+        others = sorted(p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith("."))
+        if others:
+            raise ConfigError(
+                f"--out {out} holds no sweep.json and other things than this sweep's runs ({', '.join(others[:3])}): "
+                f"choose a new directory for the sweep"
+            )

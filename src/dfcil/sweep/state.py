@@ -1,0 +1,79 @@
+"""A sweep's state: its runs in ``sweep.json`` (with each run's full config, state, attempts, time and result) and
+the lines it prints about them."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dfcil.io import write_json
+from dfcil.sweep.plan import SweepRun
+
+FORMAT = 1  # sweep.json's layout
+MAX_ATTEMPTS = 2  # a failing run is retried once per invocation of the sweep
+
+
+class Sweep:
+    """The sweep directory: its runs, their states in ``sweep.json``, and the console lines."""
+
+    def __init__(self, out: Path, runs: list[SweepRun], command: Sequence[str], launcher: str) -> None:
+        self.out, self.runs, self.command, self.launcher = out, runs, list(command), launcher
+        self.started = time.time()
+        old = self._load()
+        for r in runs:
+            r.job_id = old.get(r.name, {}).get("job_id")
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        path = self.out / "sweep.json"
+        if not path.exists():
+            return {}
+        try:
+            return {r["name"]: r for r in json.loads(path.read_text()).get("runs", [])}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
+    def save(self) -> None:
+        write_json(
+            self.out / "sweep.json",
+            {
+                "format": FORMAT,
+                "command": self.command,
+                "launcher": self.launcher,
+                "runs": [r.record() for r in self.runs],
+            },
+        )
+
+    def say(self, run: SweepRun, what: str) -> None:
+        i = self.runs.index(run) + 1
+        print(f"[{i}/{len(self.runs)}] {run.name}: {what}", flush=True)
+
+    def finished(self, run: SweepRun, ok: bool, seconds: float, error: str | None, resumed: bool) -> None:
+        run.time_s = round((run.time_s or 0) + seconds, 1)
+        if ok:
+            run.state, run.error = ("resumed" if resumed else "done"), None
+            run.read_result(self.out)
+            self.say(run, f"{run.state} in {seconds:.0f} s, A_N {run.result['last_acc']:.2f}")
+        else:
+            run.error = error
+            retry = run.attempts < MAX_ATTEMPTS
+            run.state = "pending" if retry else "failed"
+            self.say(run, f"failed ({error}){'; retrying' if retry else ''}")
+        self.save()
+
+    def table(self) -> str:
+        lines = ["| run | state | attempts | time (s) | A_N |", "|---|---|---:|---:|---:|"]
+        for r in self.runs:
+            acc = f"{r.result['last_acc']:.2f}" if r.result else "—"
+            t = f"{r.time_s:.0f}" if r.time_s is not None else "—"
+            lines.append(f"| {r.name} | {r.state} | {r.attempts} | {t} | {acc} |")
+        counts: dict[str, int] = {}
+        for r in self.runs:
+            counts[r.state] = counts.get(r.state, 0) + 1
+        lines.append("")
+        lines.append(
+            ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; {time.time() - self.started:.0f} s in all"
+        )
+        return "\n".join(lines)
