@@ -186,6 +186,8 @@ def _start(
     options = dataclasses.replace(options, callbacks=[*build_loggers(cfg.log, out), *options.callbacks])
     if not new:
         with locked(out):
+            if (out / "summary.json").exists():  # finished by another process since resume() looked
+                raise ConfigError(f"the run in {out} is complete (summary.json exists); nothing to resume")
             has_checkpoint = Checkpointer(out).exists()
             dist.barrier()  # the other processes follow from the same checkpoint (_follow)
             if not has_checkpoint:  # stopped before its first checkpoint: start over in place
@@ -194,29 +196,47 @@ def _start(
                     log.warning("%s has no checkpoint (deleted?): the run starts over from its first task", out)
                 metrics.unlink(missing_ok=True)
             return _execute(cfg, out, protocol, has_checkpoint, options)
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"cannot create run directory {out} ({err.strerror}); choose another --out") from None
-    try:
-        with locked(out):
+    created = _make_run_dir(out)
+    with locked(out):  # before the first write: a process that cannot lock the directory writes and removes nothing
+        if (out / "config.yaml").exists():
+            raise ConfigError(
+                f"another dfcil process started a run in {out} meanwhile; choose another --out (or, once it stops, "
+                f"continue it with `dfcil resume {out}`)"
+            )
+        try:
             write_atomic(out / "config.yaml", dump_config(cfg))
             write_json(out / "meta.json", provenance(cfg, options.argv))
             dist.barrier()  # the other processes follow once the run directory exists (_follow)
             return _execute(cfg, out, protocol, False, options)
-    except BaseException:
-        if not Checkpointer(out).exists():  # failed before its first checkpoint: nothing to resume, leave nothing
-            _remove_new_run_dir(out, created)
-        raise
+        except BaseException:
+            if not Checkpointer(out).exists():  # failed before its first checkpoint: nothing to resume, leave nothing
+                _remove_new_run_dir(out, created)
+            raise
+
+
+def _make_run_dir(out: Path) -> bool:
+    """Create the run directory ``out`` (and its parents); True if this process created it, False if it existed
+    (an empty directory given as ``--out``, or one another process has just made)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir()  # atomic: of two processes creating it at once, one gets True
+        except FileExistsError:
+            return False
+    except OSError as err:
+        raise ConfigError(f"cannot create run directory {out} ({err.strerror}); choose another --out") from None
+    return True
 
 
 def _remove_new_run_dir(out: Path, created: bool) -> None:
-    """Remove what a new run wrote into ``out`` (and ``out`` itself if the run created it)."""
+    """Remove what a new run wrote into ``out`` (and ``out`` itself if the run created it). Called only by the
+    process that holds the directory's lock, so what it removes is its own."""
     if created:
         shutil.rmtree(out, ignore_errors=True)
         return
-    for child in out.iterdir():  # an empty directory given as --out: empty it again
+    for child in out.iterdir():  # an empty directory given as --out: empty it again, but for the lock it holds
+        if child.name == ".lock":
+            continue
         if child.is_dir():
             shutil.rmtree(child, ignore_errors=True)
         else:

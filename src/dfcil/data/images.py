@@ -20,6 +20,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import threading
 import time
 import zipfile
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
+from dfcil.children import die_with_parent
 from dfcil.errors import DatasetError
 from dfcil.io import fsync_dir, write_atomic
 from dfcil.progress import make_progress
@@ -99,9 +101,12 @@ def read_bytes(image: ImageFile, archives: dict[str, zipfile.ZipFile]) -> bytes:
 _WORKER_ARCHIVES: dict[str, zipfile.ZipFile] | None = None
 
 
-def _start_worker() -> None:
+def _start_worker(parent: int | None = None) -> None:
+    """A decoding worker's start: its archive table, and its end when the preparing process dies (a worker
+    left behind would hold its memory until killed by hand)."""
     global _WORKER_ARCHIVES
     _WORKER_ARCHIVES = {}
+    die_with_parent(signal.SIGKILL, parent)
 
 
 def decode_chunk(images: Sequence[ImageFile], transform: BaseTransform) -> tuple[np.ndarray, list[str]]:
@@ -338,7 +343,7 @@ def _decode_all(
             writer.write(start, out)
             yield start, images, bad
         return
-    with concurrent.futures.ProcessPoolExecutor(workers, initializer=_start_worker) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, initializer=_start_worker, initargs=(os.getpid(),)) as pool:
         pending: dict[concurrent.futures.Future, int] = {}
         queue = iter(starts)
         for start in queue:

@@ -19,10 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from filelock import FileLock, Timeout
+
 from dfcil.errors import ConfigError
 from dfcil.sweep.gpus import default_jobs, free_gpu_memory, placement, run_gib, uses_gpu
 from dfcil.sweep.local import run_local
-from dfcil.sweep.plan import check_existing, check_sweep_dir, plan, run_status
+from dfcil.sweep.plan import SweepRun, check_existing, check_sweep_dir, plan, run_status
 from dfcil.sweep.slurm import run_slurm
 from dfcil.sweep.state import Sweep
 
@@ -50,16 +52,32 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
     out = Path(spec.out)
     runs = plan(spec.configs, spec.grid, spec.fixed)
     check_existing(runs, out)
-    status = {r.name: run_status(out / r.name) for r in runs}
     if spec.dry_run:
         print(f"sweep of {len(runs)} runs into {out}:")
         for r in runs:
-            print(f"  {r.name} [{status[r.name]}]: dfcil {' '.join(r.argv(out / r.name))}")
+            print(f"  {r.name} [{run_status(out / r.name)}]: dfcil {' '.join(r.argv(out / r.name))}")
         return 0
     if spec.jobs is not None and spec.jobs < 1:
         raise ConfigError(f"--jobs {spec.jobs}: give at least 1")
     check_sweep_dir(out, [r.name for r in runs])
     out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(out / ".sweep.lock")  # one sweep at a time in a sweep directory, for as long as it runs
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ConfigError(
+            f"sweep directory {out} is in use by another dfcil sweep; wait for it to end (or stop it) and run the "
+            f"command again"
+        ) from None
+    try:
+        return _run(spec, out, runs, gpus)
+    finally:
+        lock.release()
+
+
+def _run(spec: SweepSpec, out: Path, runs: list[SweepRun], gpus: Callable[[], list[tuple[int, float]]]) -> int:
+    """The sweep proper, its directory locked: skip the finished runs, run or submit the others, report."""
+    status = {r.name: run_status(out / r.name) for r in runs}
     s = Sweep(out, runs, spec.command, spec.launcher)
     todo = []
     for r in runs:

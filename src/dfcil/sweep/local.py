@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from dfcil.children import die_with_parent
 from dfcil.sweep.gpus import usable_cores, uses_gpu, visible_device
 from dfcil.sweep.plan import SweepRun, run_status
 from dfcil.sweep.state import Sweep
@@ -68,8 +70,12 @@ class LocalRuns:
         log.write(f"--- attempt {run.attempts}: dfcil {' '.join(run.argv(run_dir))}\n")
         log.flush()
         cmd = [sys.executable, "-m", "dfcil", *run.argv(run_dir)]
-        # a session of its own: a terminal's Ctrl-C reaches the sweep only, which stops each run once
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        # a session of its own: a terminal's Ctrl-C reaches the sweep only, which stops each run once; and a
+        # SIGTERM from the kernel if the sweep dies without stopping it (SIGKILL): the run checkpoints and stops
+        p = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),
+        )  # fmt: skip
         self.running[p] = Running(run, time.time(), resumed, slot, log)
         run.state = "running"
         self.sweep.say(run, f"{'resuming' if resumed else 'start'} (attempt {run.attempts}, {where})")
@@ -83,12 +89,13 @@ class LocalRuns:
             r.log.close()
             self.free.append(r.slot)
             seconds = time.time() - r.started
-            if p.returncode in (130, -signal.SIGKILL) and self.stopping:
+            # finished is what the run directory says: a run another process completed meanwhile is done too
+            ok = (self.sweep.out / r.run.name / "summary.json").exists()
+            if not ok and p.returncode in (130, -signal.SIGKILL) and self.stopping:
                 r.run.state, r.run.time_s = "interrupted", round((r.run.time_s or 0) + seconds, 1)
                 self.sweep.say(r.run, "interrupted (run the sweep again to resume it from its newest checkpoint)")
                 self.sweep.save()
                 continue
-            ok = p.returncode == 0 and (self.sweep.out / r.run.name / "summary.json").exists()
             error = None if ok else f"exit {p.returncode}: {_tail(self.logs / f'{r.run.name}.log')}"
             self.sweep.finished(r.run, ok, seconds, error, r.resumed)
             if r.run.state == "pending":
