@@ -88,7 +88,9 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
 
 
 def check_new_run_dir(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    """Refuse an ``--out`` that is a file or a directory holding anything (but the lock file of a run that failed
+    before its first checkpoint), or that cannot be created."""
+    if out.exists() and (not out.is_dir() or any(p.name != ".lock" for p in out.iterdir())):
         raise ConfigError(
             f"{out} exists and is not a dfcil run directory (no config.yaml); choose another --out"
             if not (out / "config.yaml").exists()
