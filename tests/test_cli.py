@@ -49,7 +49,7 @@ def test_smoke_run_records_and_config(smoke_run):
     tasks = [r for r in records if r["type"] == "task"]
     assert [(r["task"], r["phase"]) for r in epochs] == [(0, "base"), (0, "base"), (1, "rrl"), (1, "rrl"), (1, "chr")]
     assert set(epochs[2]["loss"]) == {"lce", "hkd", "rkd"} and set(epochs[4]["loss"]) == {"gce", "hkd"}
-    assert [r["lr"] for r in epochs] == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.005])
+    assert [r["lr"] for r in epochs] == pytest.approx([0.1, 0.01, 0.1, 0.01, 0.005])  # x0.1 at each phase's epoch 1
     assert [r["task"] for r in tasks] == [0, 1]
     summary = json.loads((smoke_run / "summary.json").read_text())
     assert summary["format"] == 1 and summary["dfcil"] == __import__("dfcil").__version__
@@ -83,7 +83,7 @@ def test_dry_run_prints_the_protocol_and_writes_nothing(tmp_path, capsys, monkey
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "classes per task [4, 3, 3]" in out and "class order: [7, 8, 1, 5, 3, 4, 2, 0, 9, 6]" in out
-    assert "task 1: 3 classes, 144 train / 48 test images; rrl 2 ep @ lr 0.1, chr 1 ep @ lr 0.005" in out
+    assert "task 1: 3 classes, 144 train / 48 test images; rrl 2 ep, lr 0.1 ×0.1 at epochs 1; chr 1 ep, lr 0.005" in out
     assert list(tmp_path.iterdir()) == []
 
 
@@ -214,3 +214,49 @@ def test_the_saved_model_reproduces_the_last_accuracy_row(smoke_run):
     ]
     summary = json.loads((smoke_run / "summary.json").read_text())
     assert correct == summary["correct_matrix"][-1]
+
+
+def test_a_yaml_bomb_and_a_huge_value_get_one_short_line(tmp_path, capsys):
+    """A 1 KB config whose aliases expand to 10^9 values is refused at once, before anything walks it; an error
+    about a value does not echo a long value in full."""
+    import time
+
+    from test_report import BOMB
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMB)
+    t0 = time.perf_counter()
+    assert main(["train", "--config", str(bomb), "--print-config"]) == 2
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "aliases" in err and str(bomb) in err
+    long = tmp_path / "long.yaml"
+    long.write_text("train:\n  epochs: " + "9" * 50 + "x" * 100_000 + "\n")
+    assert main(["train", "--config", str(long), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "train.epochs" in err and "(100052 characters)" in err and len(err) < 400
+    assert main(["train", "--config", str(CONFIGS / "smoke.yaml"), "--data.class_order", BOMB.split(": ", 3)[-1]]) == 2
+    assert "command-line value" in capsys.readouterr().err
+
+
+def test_a_milestone_past_its_phase_is_refused_and_the_dry_run_prints_every_schedule(capsys):
+    """R-DFCIL's RRL phase is train.epochs - method.chr_epochs long: a milestone at 8 of a 10-epoch schedule with 2
+    CHR epochs would never fire. The dry run shows every phase's lr schedule."""
+    args = ["train", "--config", SMOKE, "--train.epochs", "10", "--method.chr_epochs", "2", "--dry-run"]
+    assert main([*args, "--train.milestones", "[6, 8]"]) == 2
+    err = capsys.readouterr().err
+    assert "the base phase of task 0 lasts 8 epochs, but its lr milestones [6, 8]" in err and "below 8" in err
+    assert main([*args, "--train.milestones", "[6, 7]"]) == 0
+    out = capsys.readouterr().out
+    assert "base 8 ep, lr 0.1 ×0.1 at epochs 6, 7;" in out
+    assert "rrl 8 ep, lr 0.1 ×0.1 at epochs 6, 7; chr 2 ep, lr 0.005 constant, head only;" in out
+
+
+def test_a_key_of_the_method_switched_away_from_is_named_as_such(capsys):
+    preset = str(CONFIGS / "cifar100" / "rdfcil_n5.yaml")
+    args = ["train", "--config", preset, "--method.name", "finetune", "--method.chr_epochs", "3", "--print-config"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--method.chr_epochs: a setting of rdfcil, the method of the config files" in err
+    assert "drop --method.chr_epochs" in err
+    assert main(["train", "--config", preset, "--method.name", "lwf", "--method.lambda_kd", "2", "--print-config"]) == 0

@@ -246,7 +246,7 @@ def test_the_public_api_trains_and_resumes_a_run_directory(tmp_path):
     from dfcil.errors import ConfigError
 
     assert dfcil.__all__ == ["__version__", "list_methods", "load_config", "resume", "train"]
-    cfg, _ = dfcil.load_config([CONFIGS / "smoke.yaml"], [("train.epochs", "2"), ("train.milestones", "[1]")])
+    cfg, _ = dfcil.load_config([CONFIGS / "smoke.yaml"], [("train.epochs", "2"), ("train.milestones", "[]")])
     summary = dfcil.train(cfg, tmp_path / "run")
     assert len(summary["acc_per_task"]) == 2 and (tmp_path / "run" / "summary.json").exists()
     with pytest.raises(ConfigError, match="is complete"):

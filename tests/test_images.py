@@ -59,6 +59,18 @@ def test_decode_gives_rgb_for_every_colour_mode(mode):
     np.testing.assert_array_equal(out, want)
 
 
+def test_16_bit_greyscale_is_scaled_to_8_bits_not_clipped_to_white():
+    """A 16-bit greyscale PNG (Pillow mode I;16) filled with 30000 decodes to round(30000 / 257) = 117 in every
+    channel; 65535 to 255 and 0 to 0 (Pillow's own RGB conversion would give 255 for anything above 255)."""
+    values = np.array([[30000, 65535], [0, 257]], dtype=np.uint16).repeat(16, axis=0).repeat(16, axis=1)
+    buf = io.BytesIO()
+    Image.fromarray(values).save(buf, format="PNG")
+    assert Image.open(io.BytesIO(buf.getvalue())).mode.startswith("I")  # what the test is about
+    out = decode(buf.getvalue(), BaseTransform(32, 32))
+    assert out[0, 0].tolist() == [117, 117, 117] and out[0, 31].tolist() == [255] * 3
+    assert out[31, 0].tolist() == [0] * 3 and out[31, 31].tolist() == [1] * 3
+
+
 def test_decode_refuses_an_image_below_the_minimum_side():
     with pytest.raises(ValueError, match="20×30 pixels, smaller than the 32"):
         decode(encode(pattern(30, 20)), BaseTransform(32, 32, min_side=32))
@@ -148,6 +160,36 @@ def test_corrupt_images_are_named_counted_and_nothing_is_cached(tmp_path):
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
+def test_a_corrupt_image_found_before_an_interrupt_still_fails_the_preparation(tmp_path, monkeypatch):
+    """A truncated image in the first chunk, an interrupt after it (Ctrl-C), the preparation run again: it fails
+    naming the image, as it does without the interrupt, and caches nothing (the image is not cached as zeros)."""
+    root = write_folder(tmp_path / "data", train=70)  # 210 training images in 4 chunks; the first holds cat/
+    (root / "train" / "cat" / "10.png").write_bytes(encode(pattern(40, 48))[:300])  # truncated
+    calls, original = [], img.decode_chunk
+
+    def interrupted(images, transform):
+        calls.append(len(images))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(images, transform)
+
+    monkeypatch.setattr(img, "decode_chunk", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_dataset(folder_config(root, tmp_path))
+    monkeypatch.setattr(img, "decode_chunk", original)
+    with pytest.raises(DatasetError, match=r"1 of 216 images cannot be used: .*cat/10.png"):
+        build_dataset(folder_config(root, tmp_path))
+    assert not list((tmp_path / "cache").glob("folder-*"))
+
+
+def test_a_link_to_a_missing_image_is_named_not_skipped(tmp_path):
+    root = write_folder(tmp_path / "data")
+    (root / "train" / "dog" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    with pytest.raises(DatasetError, match=r"dog/gone.png.* points to .*nowhere.png, which does not exist"):
+        build_dataset(folder_config(root, tmp_path))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
@@ -191,6 +233,25 @@ def test_a_changed_source_or_an_older_cache_is_refused_with_the_fix(tmp_path):
         build_dataset(folder_config(root, tmp_path))
 
 
+def test_a_cache_with_a_label_beyond_its_classes_is_refused_when_opened(tmp_path):
+    """A damaged cache (a label past the manifest's classes) is refused by every command that opens it, the same
+    way: --dry-run used to fail with an IndexError while training went on."""
+    from dfcil.cli import main
+
+    root = write_folder(tmp_path / "data")
+    build_dataset(folder_config(root, tmp_path))
+    (cache,) = (tmp_path / "cache").glob("folder-*")
+    y = np.load(cache / "test_y.npy")
+    y[2] = 7
+    np.save(cache / "test_y.npy", y)
+    with pytest.raises(DatasetError, match=r"test labels are not the manifest's 3 classes \(found 0..7"):
+        build_dataset(folder_config(root, tmp_path))
+    args = ["--config", str(REPO / "configs" / "smoke.yaml"), "--data.name", "folder", "--data.root", str(root)]
+    args += ["--data.image_size", "32", "--data.cache", str(tmp_path / "cache"), "--data.num_tasks", "3"]
+    assert main(["train", *args, "--dry-run"]) == 2
+    assert main(["train", *args, "--out", str(tmp_path / "run")]) == 2 and not (tmp_path / "run").exists()
+
+
 def test_an_unwritable_cache_is_a_clear_error(tmp_path):
     root = write_folder(tmp_path / "data")
     blocked = tmp_path / "blocked"
@@ -229,6 +290,26 @@ def test_bad_arrays_are_refused(tmp_path, layout, config, message):
     root = write_arrays(tmp_path / "a", **layout)
     with pytest.raises(DatasetError, match=message):
         build_dataset(DataConfig(name="arrays", root=str(root), **config))
+
+
+def test_arrays_with_a_huge_label_or_no_images_get_one_line_at_once(tmp_path):
+    """A label of 3·10⁸ among 20 images: refused before anything the size of the label is allocated. Empty arrays:
+    refused by name, not with NumPy's zero-size error."""
+    import resource
+    import time
+
+    root = write_arrays(tmp_path / "a")
+    with np.load(root / "train.npz") as data:
+        x, y = data["x"], data["y"].copy()
+    y[3] = 300_000_000
+    np.savez(root / "train.npz", x=x, y=y)
+    before, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    with pytest.raises(DatasetError, match=r"go up to 300000000, but train.npz holds 20 images"):
+        build_dataset(DataConfig(name="arrays", root=str(root)))
+    assert time.perf_counter() - t0 < 5 and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000
+    np.savez(root / "train.npz", x=np.zeros((0, 16, 16, 3), dtype=np.uint8), y=np.zeros(0, dtype=np.int64))
+    with pytest.raises(DatasetError, match=r"train.npz holds no images"):
+        build_dataset(DataConfig(name="arrays", root=str(root)))
 
 
 # ------------------------------------------------------------------------------------------------- Tiny-ImageNet

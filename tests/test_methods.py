@@ -19,7 +19,7 @@ from dfcil.methods import METHODS, Batch, Method, Phase, Task, TaskContext, buil
 from dfcil.models.network import build_network
 from dfcil.state import Position, RunState
 
-TINY = [("train.epochs", "2"), ("train.milestones", "[1]"), ("data.num_classes", "6")]
+TINY = [("train.epochs", "2"), ("train.milestones", "[]"), ("data.num_classes", "6")]  # R-DFCIL: 1 + 1 CHR epoch
 
 
 class Records(Callback):

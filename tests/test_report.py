@@ -18,6 +18,13 @@ from dfcil.metrics import AccuracyMatrix
 from dfcil.report import Stat, records, report
 from dfcil.runs import find_runs, group_runs, setting_of
 
+# Ten values, then ten aliases of the one before, nine times: 10^9 values once expanded ("billion laughs").
+BOMB = (
+    "method:\n  name: rdfcil\ndata:\n  class_order: [&l0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"
+    + "".join(f", &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 10))
+    + "]\n"
+)
+
 
 def write_run(root: Path, name: str, data: dict, method: dict, seed: int = 1, summary: dict | None = None) -> Path:
     """A run directory: config.yaml (the sections the report reads), summary.json unless None (unfinished)."""
@@ -188,6 +195,35 @@ def test_cli(runs_root, tmp_path, capsys):
     assert main(["report", str(runs_root), "--by", "method"]) == 2 and "ROWS,COLS" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["report", str(runs_root), "--bogus", "1"])
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[], "finished", {"last_acc": "50"}, {"last_acc": float("nan")}, {"new_acc": []}, {"accuracy_matrix": [[1], 2]}],
+    ids=["list", "string", "string-number", "nan", "empty-new-acc", "bad-matrix"],
+)
+def test_a_summary_of_the_wrong_shape_is_skipped_with_its_name(runs_root, tmp_path, capsys, bad):
+    """Valid JSON of the wrong shape: the run is skipped with one line naming it; the others are reported (and
+    plotted) as before, with no traceback."""
+    path = runs_root / "rdfcil" / "o1" / "summary.json"
+    good = json.loads(path.read_text())
+    path.write_text(json.dumps(bad if not isinstance(bad, dict) else good | bad))
+    assert main(["report", str(runs_root), "--plots", str(tmp_path / "plots")]) == 0
+    captured = capsys.readouterr()
+    assert f"dfcil report: skipping {path.parent}: its summary.json is not a dfcil summary" in captured.err
+    assert "Traceback" not in captured.err and "rdfcil" in captured.out
+
+
+def test_a_yaml_bomb_in_a_runs_config_is_refused_at_once(runs_root, capsys):
+    import time
+
+    path = runs_root / "rdfcil" / "o1" / "config.yaml"
+    path.write_text(BOMB)
+    t0 = time.perf_counter()
+    assert main(["report", str(runs_root)]) == 2
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert f"cannot read the run in {path.parent}" in err and "aliases" in err and len(err) < 600
 
 
 def test_the_report_never_imports_torch(runs_root):

@@ -290,6 +290,32 @@ def test_resume_may_switch_cuda_graphs_and_the_data_root(reference, tmp_path):
     assert_same_run(reference, out)
 
 
+def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_path, monkeypatch, capsys):
+    """Every key the README calls a runtime key is accepted by `dfcil resume` as --KEY VALUE and reaches the run;
+    the rest are refused with one line; a resume with two of them continues the run exactly."""
+    from dfcil import runner
+    from dfcil.config import RUNTIME_KEYS
+
+    _, out = _unfinished(tmp_path)
+    values = {
+        "device": "cpu", "checkpoint_interval_s": "30", "epoch_checkpoint_interval_s": "5",
+        "task0_cache": str(tmp_path / "t0"), "engine.cuda_graphs": "off", "data.root": str(tmp_path),
+        "data.download": "false", "data.cache": str(tmp_path / "cache"), "data.workers": "1", "log": "csv",
+    }  # fmt: skip
+    assert set(values) == RUNTIME_KEYS
+    seen = {}
+    monkeypatch.setattr(runner, "resume", lambda run_dir, overrides, options: seen.update(overrides) or {})
+    for key, value in values.items():
+        assert main(["resume", str(out), f"--{key}", value]) == 0, key
+    assert seen == {**{k: v for k, v in values.items()}, "checkpoint_interval_s": 30, "epoch_checkpoint_interval_s": 5,
+                    "data.download": False, "data.workers": 1, "log": ["csv"]}  # fmt: skip
+    assert main(["resume", str(out), "--train.epochs", "9"]) == 2
+    assert "--train.epochs: dfcil resume may change only the runtime keys" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["resume", str(out), "--no-progress", "--checkpoint_interval_s", "30", "--data.workers", "1"]) == 0
+    assert_same_run(reference, out)
+
+
 def test_resume_refuses_finished_and_foreign_directories(reference, tmp_path, capsys):
     assert main(["resume", str(reference)]) == 2
     assert "is complete" in capsys.readouterr().err

@@ -284,6 +284,32 @@ def test_exported_safetensors_rebuild_the_final_network(finished, tmp_path, caps
     assert "unknown export format 'onnx'" in capsys.readouterr().err
 
 
+def test_export_and_eval_refuse_bad_outputs_and_damaged_files_in_one_line(finished, tmp_path, capsys):
+    """Each of these exits 2 with one line naming the problem and the fix, and writes nothing."""
+    from dfcil.checkpoint import dumps, loads
+
+    def refused(args, message):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("dfcil: error:") and message in err, err
+
+    refused(["export", str(finished), "--out", str(tmp_path / "newdir" / "m.safetensors")], "does not exist")
+    (tmp_path / "adir").mkdir()
+    refused(["export", str(finished), "--out", str(tmp_path / "adir")], "is a directory")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished, damaged)
+    (damaged / "summary.json").write_text('{"last_acc": 5')
+    refused(["eval", str(damaged)], "summary.json cannot be read")
+    refused(["export", str(damaged)], "summary.json cannot be read")
+    shutil.copy(finished / "summary.json", damaged / "summary.json")
+    payload = loads((damaged / "model.pt").read_bytes())
+    payload["head_sizes"] = [5, 4]  # the weights hold 5 + 5 classes
+    (damaged / "model.pt").write_bytes(dumps(payload))
+    refused(["eval", str(damaged)], "does not hold the network it describes (head sizes [5, 4]")
+    refused(["export", str(damaged)], "does not hold the network it describes")
+    assert not (damaged / "model.safetensors").exists() and not (damaged / "model.json").exists()
+
+
 # ---------------------------------------------------------------------------------------------------- inspect
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dfcil import report
-from dfcil.config import TOP_LEVEL_SCALARS, RunConfig, dump_config
+from dfcil.config import RUNTIME_KEYS, TOP_LEVEL_SCALARS, RunConfig, dump_config, parse_value
 from dfcil.errors import (
     CheckpointError,
     ConfigError,
@@ -86,7 +86,10 @@ def _build_parser() -> argparse.ArgumentParser:
     bars = train.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    resume = sub.add_parser("resume", help="continue an unfinished run from its newest checkpoint")
+    resume = sub.add_parser(
+        "resume", help="continue an unfinished run from its newest checkpoint", epilog=RESUME_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     resume.add_argument("run_dir", metavar="DIR")
     resume.add_argument("--device", help="run on another device than the one the run started on")
     resume.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
@@ -105,6 +108,12 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_run_tools(sub)
     return parser
 
+
+RESUME_EPILOG = f"""\
+A resume may change the runtime keys, which never change the results, with --KEY VALUE as dfcil train takes them:
+  {", ".join(sorted(RUNTIME_KEYS))}
+Everything else shapes the protocol or the model: start a new run to change it.
+"""
 
 SWEEP_EPILOG = """\
 Each --config is one row of runs (several files of one run: a.yaml+b.yaml, merged in order); each --grid multiplies
@@ -257,7 +266,7 @@ def _print_protocol(cfg: RunConfig) -> None:
     print(f"class order: {list(split.class_order)}")
     for t, classes in enumerate(split.tasks):
         task = Task(task_id=t, n_old=split.offsets[t], n_new=len(classes), num_tasks=split.num_tasks)
-        phases = ", ".join(f"{p.name} {p.epochs} ep @ lr {p.lr:g}" for p in method.phases(task))
+        phases = "; ".join(_schedule(p, cfg.train.gamma) for p in method.phases(task)) or "no training"
         named = (
             f" ({', '.join(ds.classes[c] for c in classes[:5])}{', ...' * (len(classes) > 5)})" if ds.classes else ""
         )
@@ -265,6 +274,13 @@ def _print_protocol(cfg: RunConfig) -> None:
             f"  task {t}: {len(classes)} classes, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
             f"images; {phases}; classes {classes}{named}"
         )
+
+
+def _schedule(phase: Any, gamma: float) -> str:
+    """A phase's lr schedule in words: ``rrl 160 ep, lr 0.1 ×0.1 at epochs 80, 120``."""
+    drops = f" ×{gamma:g} at epochs {', '.join(map(str, phase.milestones))}" if phase.milestones else " constant"
+    head = ", head only" if phase.trainable == "head" else ""
+    return f"{phase.name} {phase.epochs} ep, lr {phase.lr:g}{drops}{head}"
 
 
 def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Sequence[str]) -> int:
@@ -292,10 +308,19 @@ def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Seq
     return _interruptible(out, options, lambda: runner.train(cfg, Path(out), options))
 
 
-def _resume(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def _resume(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:
     from dfcil import runner
 
-    overrides = {"device": args.device} if args.device else {}
+    overrides = {}
+    for key, text in _split_overrides(unknown):  # any runtime key, as --KEY VALUE
+        if key not in RUNTIME_KEYS:
+            raise ConfigError(
+                f"--{key}: dfcil resume may change only the runtime keys ({', '.join(sorted(RUNTIME_KEYS))}); the "
+                f"others shape the run: start a new run to change them"
+            )
+        overrides[key] = parse_value(text)
+    if args.device:
+        overrides["device"] = args.device
     if args.cuda_graphs:
         overrides["engine.cuda_graphs"] = args.cuda_graphs
     if args.data_root:
@@ -341,7 +366,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return report.main(args) if not unknown else parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
     try:
-        if args.command not in ("train", "sweep") and unknown:
+        if args.command not in ("train", "sweep", "resume") and unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         if args.command == "methods":
             from dfcil.methods import METHODS
@@ -360,7 +385,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 print(f"{name:14s} {doc[0] if doc else ''}")
             return 0
         if args.command == "resume":
-            return _resume(args, argv)
+            return _resume(args, unknown, argv)
         if args.command == "sweep":
             return _sweep(args, _split_overrides(unknown), argv)
         if args.command in RUN_TOOLS:

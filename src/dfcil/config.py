@@ -231,11 +231,11 @@ def _format_errors(err: ValidationError, cls: type, where: str) -> str:
             valid = _field_names(parent)
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            lines.append(f"unknown config key {loc!r}.{hint} Valid keys here: {', '.join(valid)}")
+            lines.append(f"unknown config key {quoted(loc)}.{hint} Valid keys here: {', '.join(valid)}")
         elif e["type"] == "value_error" and not e["loc"]:  # a check across fields (__post_init__): its own words
             lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})")
+            lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')} (got {quoted(e.get('input'))})")
     return "; ".join(lines)
 
 
@@ -244,7 +244,7 @@ def validate_section(cls: type[T], raw: Any, where: str) -> T:
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"config section {where!r} must be a mapping of keys to values, got {raw!r}")
+        raise ConfigError(f"config section {where!r} must be a mapping of keys to values, got {quoted(raw)}")
     try:
         return TypeAdapter(cls).validate_python(dict(raw))
     except ValidationError as err:
@@ -271,6 +271,59 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# Values (scalars, lists, mappings) a YAML document may stand for once its aliases are expanded: a run's config
+# holds a few hundred. A few lines of nested aliases ("billion laughs") can stand for billions, which every reader
+# of the document (validation, printing, merging) would walk.
+MAX_YAML_VALUES = 20_000
+
+
+class YAMLTooLarge(yaml.YAMLError):
+    """A YAML document that expands, through its aliases, past :data:`MAX_YAML_VALUES` values or nesting levels."""
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], depth: int = 0) -> int:
+    """The values ``node`` stands for with every alias expanded, each alias's node counted once per use (memoised
+    by node, so the count costs the document's length, not its expansion)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if depth > 100:
+        raise YAMLTooLarge("it nests more than 100 levels deep")
+    if isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, sizes, depth + 1) + _expanded_size(v, sizes, depth + 1) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(v, sizes, depth + 1) for v in node.value)
+    else:
+        size = 1
+    if size > MAX_YAML_VALUES:
+        raise YAMLTooLarge(
+            f"it stands for more than {MAX_YAML_VALUES} values once its aliases (*name) are expanded; write the "
+            f"values out, or use fewer aliases"
+        )
+    sizes[id(node)] = size
+    return size
+
+
+def load_yaml(text: str) -> Any:
+    """Parse one YAML document safely: no Python objects (a ``SafeLoader``), no key given twice in a mapping, and
+    no document that aliases expand past :data:`MAX_YAML_VALUES` values (:class:`YAMLTooLarge`, before anything
+    is built from it)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, {})
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def quoted(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: what an error message may echo of a value."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
@@ -278,7 +331,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except YAMLTooLarge as err:
+        raise ConfigError(f"config file {str(path)!r} is refused: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
     except UnicodeDecodeError:
@@ -305,7 +360,9 @@ def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any
 def parse_value(text: str) -> Any:
     """Parse a command-line value as YAML (``3`` → int, ``[1, 2]`` → list, ``null`` → None), else keep the string."""
     try:
-        return yaml.safe_load(text) if text.strip() else text
+        return load_yaml(text) if text.strip() else text
+    except YAMLTooLarge as err:
+        raise ConfigError(f"the command-line value {quoted(text)} is refused: {err}") from None
     except yaml.YAMLError:
         return text
 
@@ -381,7 +438,8 @@ def check_unchanged(saved: Mapping[str, Any], cfg: RunConfig) -> None:
     def value(d: Mapping[str, Any], key: str) -> str:
         for part in key.split("."):
             d = d.get(part) if isinstance(d, Mapping) else None
-        return json.dumps(d)
+        text = json.dumps(d)
+        return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
     shown = [f"{k}: {value(saved, k)} in the checkpoint, {value(now, k)} now" for k in changed[:6]]
     more = f" and {len(changed) - 6} more keys" if len(changed) > 6 else ""

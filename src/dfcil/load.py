@@ -23,6 +23,7 @@ from dfcil.config import (
     RunConfig,
     deep_merge,
     parse_value,
+    quoted,
     read_yaml,
     set_dotted,
     validate_section,
@@ -40,7 +41,7 @@ def method_config(name: Any) -> type[MethodConfig]:
         ConfigError: ``name`` is not a registered method's name (the message lists them).
     """
     if not isinstance(name, str):
-        raise ConfigError(f"method.name must be a method's name (a string), got {name!r}; see `dfcil methods`")
+        raise ConfigError(f"method.name must be a method's name (a string), got {quoted(name)}; see `dfcil methods`")
     try:
         return METHODS.get(name).Config
     except RegistryError as err:
@@ -54,7 +55,9 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {key!r}.{hint} Valid top-level keys: {', '.join(sorted(allowed))}")
+            raise ConfigError(
+                f"unknown config key {quoted(key)}.{hint} Valid top-level keys: {', '.join(sorted(allowed))}"
+            )
     method_raw = dict(raw.get("method") or {})
     method_raw["name"] = method_raw.get("name", DEFAULT_METHOD)
     method_cfg = validate_section(method_config(method_raw["name"]), method_raw, "method")
@@ -64,17 +67,19 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
             try:
                 kwargs[key] = TypeAdapter(typ).validate_python(raw[key])
             except ValidationError as err:
-                raise ConfigError(f"{key}: {err.errors()[0]['msg']} (got {raw[key]!r})") from None
+                raise ConfigError(f"{key}: {err.errors()[0]['msg']} (got {quoted(raw[key])})") from None
     return RunConfig(method=method_cfg, **kwargs)
 
 
 def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
     """Set ``method.name``; if that switches to another method, drop the method keys it does not have."""
     if not isinstance(name, str):
-        raise ConfigError(f"method.name must be a method's name (a string), got {name!r}; see `dfcil methods`")
+        raise ConfigError(f"method.name must be a method's name (a string), got {quoted(name)}; see `dfcil methods`")
     section = raw.setdefault("method", {})
     if not isinstance(section, dict):
-        raise ConfigError(f"method must be a section (a mapping with a name and the method's keys), got {section!r}")
+        raise ConfigError(
+            f"method must be a section (a mapping with a name and the method's keys), got {quoted(section)}"
+        )
     old = section.get("name", DEFAULT_METHOD)
     section["name"] = name
     if name == old or name not in METHODS:
@@ -115,10 +120,32 @@ def load_config(
             dropped += _switch_method(raw, name)
         deep_merge(raw, data)
     overrides = list(overrides)
+    section = raw.get("method")
+    files_method = section.get("name", DEFAULT_METHOD) if isinstance(section, dict) else DEFAULT_METHOD
     for key, text in overrides:  # a method switch first, so that the other overrides land in the new method
         if key == "method.name":
             dropped += _switch_method(raw, parse_value(text))
     for key, text in overrides:
         if key != "method.name":
             set_dotted(raw, key, parse_value(text))
+    _refuse_keys_of_the_method_left(raw, files_method)
     return build_config(raw), dropped
+
+
+def _refuse_keys_of_the_method_left(raw: dict[str, Any], files_method: str) -> None:
+    """After ``--method.name NEW`` switched from the config files' method, an override of a key that only the files'
+    method has is a leftover of it: say so, rather than call the key unknown."""
+    section = raw.get("method")
+    new = section.get("name") if isinstance(section, dict) else None
+    if not isinstance(new, str) or new == files_method or new not in METHODS or files_method not in METHODS:
+        return
+    fields = {f.name for f in dataclasses.fields(METHODS.get(new).Config)}
+    old_fields = {f.name for f in dataclasses.fields(METHODS.get(files_method).Config)}
+    leftover = sorted(k for k in section if k not in fields and k in old_fields)
+    if leftover:
+        keys = ", ".join(f"--method.{k}" for k in leftover)
+        raise ConfigError(
+            f"{keys}: {'a setting' if len(leftover) == 1 else 'settings'} of {files_method}, the method of the "
+            f"config files, which --method.name {new} replaces; {new} has no such key: drop {keys} (`--print-config` "
+            f"shows {new}'s keys)"
+        )

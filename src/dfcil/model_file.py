@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dfcil.checkpoint import FORMAT, dumps, loads
+from dfcil.errors import CheckpointError
 from dfcil.io import write_atomic
 from dfcil.models.network import IncrementalNet, build_network
 
@@ -42,3 +43,17 @@ def network_from(payload: dict[str, Any]) -> IncrementalNet:
         net.expand(n)
     net.load_state_dict(payload["net"])
     return net.eval()
+
+
+def check_model(payload: dict[str, Any], source: str = "model.pt") -> None:
+    """Refuse a :func:`save_model` payload whose weights do not fit what it says of them (backbone, head, head
+    sizes): one that would fail at the first use, or be exported as a network no one can load."""
+    try:
+        network_from(payload)
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        sizes = payload.get("head_sizes") if isinstance(payload, dict) else None
+        raise CheckpointError(
+            f"{source} does not hold the network it describes (head sizes {sizes}: {reason}); the file is damaged: "
+            f"restore it, or train the run again"
+        ) from None

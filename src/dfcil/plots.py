@@ -169,5 +169,6 @@ def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
     _figure()  # fail early, before any file, without matplotlib
     files = plot_curves(groups, out_dir)
     for run in (r for g in groups for r in g.runs):
-        files += (plot_run(run, out_dir) if run.summary is not None else []) + plot_synthetic(run, out_dir)
+        matrices = run.summary is not None and all(k in run.summary for k in ("accuracy_matrix", "count_matrix"))
+        files += (plot_run(run, out_dir) if matrices else []) + plot_synthetic(run, out_dir)
     return files

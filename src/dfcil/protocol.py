@@ -20,7 +20,7 @@ from dfcil.data.splits import ClassIncrementalSplit
 from dfcil.distributed import Dist
 from dfcil.errors import ConfigError, SplitError
 from dfcil.io import check_creatable_dir
-from dfcil.methods import METHODS, build_method
+from dfcil.methods import METHODS, Method, Task, build_method
 from dfcil.models.generator import generator_layout
 from dfcil.models.heads import HEADS
 from dfcil.models.network import IncrementalNet, backbone_for
@@ -82,9 +82,10 @@ def check_engine(cfg: RunConfig, method: Any) -> None:
         )
 
 
-def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
+def prepare(cfg: RunConfig, progress: ProgressFactory | None = None, training: bool = True) -> Protocol:
     """Load the data (decoding and caching image files the first time, with ``progress`` bars) and build the
-    protocol, raising a clear error for anything that cannot run."""
+    protocol, raising a clear error for anything that cannot run. ``training`` False: for a finished run's
+    evaluation, whose training schedule is not checked again."""
     method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
     if cfg.model.backbone != "auto":
         BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
@@ -103,6 +104,8 @@ def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol
     split = ClassIncrementalSplit.build(
         dataset.num_classes, d.num_tasks, d.base_classes, d.class_order, d.class_order_seed, d.num_classes
     )
+    if training:
+        check_phases(method, split)
     lut, offsets = split.label_map(dataset.num_classes), split.offsets
     train_n, test_n = [], []
     for t in range(split.num_tasks):
@@ -124,6 +127,22 @@ def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol
         except ValueError as err:
             raise ConfigError(str(err)) from None
     return Protocol(dataset, split, tuple(train_n), tuple(test_n))
+
+
+def check_phases(method: Method, split: ClassIncrementalSplit) -> None:
+    """Refuse a phase whose lr milestones (counted from the phase's start) do not fall inside it: such a milestone
+    never lowers the lr, silently (R-DFCIL's RRL phase, for one, is ``train.epochs - method.chr_epochs`` long)."""
+    for t in range(split.num_tasks):
+        task = Task(task_id=t, n_old=split.offsets[t], n_new=split.task_sizes[t], num_tasks=split.num_tasks)
+        for phase in method.phases(task):
+            late = [m for m in phase.milestones if m >= phase.epochs]
+            if late:
+                raise ConfigError(
+                    f"the {phase.name} phase of task {t} lasts {phase.epochs} epochs, but its lr milestones "
+                    f"{list(phase.milestones)} (epochs from the phase's start) reach {late[0]}: a milestone there "
+                    f"never lowers the lr. Use milestones below {phase.epochs} (train.milestones; dfcil train "
+                    f"--dry-run prints every phase's schedule)"
+                )
 
 
 @dataclasses.dataclass

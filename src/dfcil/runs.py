@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Iterable
@@ -17,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from dfcil.config import RUNTIME_KEYS
+from dfcil.config import RUNTIME_KEYS, load_yaml, quoted
 from dfcil.errors import ReportError
 from dfcil.paper import DATASETS, PaperRow, find_row, protocol_name, variant_of
 
@@ -138,14 +139,47 @@ def find_runs(paths: Iterable[str | os.PathLike]) -> list[Run]:
 
 def _read_run(path: Path, name: str) -> Run | None:
     try:
-        config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+        config = load_yaml((path / "config.yaml").read_text(encoding="utf-8"))
         summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else None
     except (OSError, ValueError, yaml.YAMLError) as err:
         raise ReportError(f"cannot read the run in {path}: {err}") from None
     if not isinstance(config, dict) or not isinstance(config.get("method"), dict):
         print(f"dfcil report: skipping {path}: its config.yaml is not a dfcil run's", file=sys.stderr)
         return None
+    problem = None if summary is None else summary_problem(summary)
+    if problem is not None:
+        print(f"dfcil report: skipping {path}: its summary.json is not a dfcil summary ({problem})", file=sys.stderr)
+        return None
     return Run(path, name, config, summary)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _numbers(value: Any, none: bool = False) -> bool:
+    """A non-empty list of finite numbers (and Nones where ``none``)."""
+    return isinstance(value, list) and bool(value) and all(_number(v) or (none and v is None) for v in value)
+
+
+def summary_problem(summary: Any) -> str | None:
+    """What makes ``summary`` (a parsed ``summary.json``) unusable for a report and its plots, or None: the keys
+    they read, of the types the engine writes."""
+    if not isinstance(summary, dict):
+        return f"a {type(summary).__name__}, not a mapping"
+    for key in ("last_acc", "avg_inc_acc"):
+        if not _number(summary.get(key)):
+            return f"{key} is {quoted(summary.get(key))}, not a number"
+    if summary.get("forgetting") is not None and not _number(summary["forgetting"]):
+        return f"forgetting is {quoted(summary['forgetting'])}, not a number"
+    for key, none in (("acc_per_task", False), ("new_acc", False), ("old_acc", True), ("task_sizes", False)):
+        if not _numbers(summary.get(key), none):
+            return f"{key} is {quoted(summary.get(key))}, not a list of numbers"
+    for key in ("accuracy_matrix", "correct_matrix", "count_matrix"):  # for the plots, where present
+        rows = summary.get(key)
+        if key in summary and (not isinstance(rows, list) or not rows or not all(_numbers(r, True) for r in rows)):
+            return f"{key} is {quoted(rows)}, not a matrix of numbers"
+    return None
 
 
 def group_runs(runs: Iterable[Run]) -> list[Group]:

@@ -23,7 +23,7 @@ from dfcil.errors import ConfigError
 from dfcil.extras import require
 from dfcil.io import write_atomic, write_json
 from dfcil.load import load_config
-from dfcil.model_file import network_from
+from dfcil.model_file import check_model, network_from
 from dfcil.models.network import IncrementalNet
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
@@ -59,8 +59,20 @@ class FinishedRun:
         given = [(key, json.dumps(value)) for key, value in overrides.items() if value is not None]
         cfg = with_absolute_paths(load_config([run_dir / "config.yaml"], given)[0])
         summary_path = run_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-        return cls(run_dir, cfg, loads(path.read_bytes(), str(path)), summary)
+        summary = None
+        if summary_path.exists():
+            try:
+                summary = json.loads(summary_path.read_text())
+            except (OSError, ValueError) as err:
+                raise ConfigError(
+                    f"{summary_path} cannot be read ({err}); the run's summary is damaged: restore it, or delete it "
+                    f"and finish the run again with `dfcil resume {run_dir}`"
+                ) from None
+            if not isinstance(summary, dict):
+                raise ConfigError(f"{summary_path} is not a dfcil summary (a {type(summary).__name__}); restore it")
+        model = loads(path.read_bytes(), str(path))
+        check_model(model, str(path))  # weights that fit what the file says of them, before anything uses them
+        return cls(run_dir, cfg, model, summary)
 
     def network(self, device: torch.device) -> IncrementalNet:
         """The final network on ``device``, in eval mode (channels-last if the run trained so)."""
@@ -69,7 +81,7 @@ class FinishedRun:
 
     def protocol(self) -> Protocol:
         """The run's dataset and tasks, read from its data root; refused if the class order is not the run's."""
-        protocol = prepare(self.cfg, make_progress(False))
+        protocol = prepare(self.cfg, make_progress(False), training=False)
         order = list(protocol.split.class_order)
         saved = self.model.get("class_order") or (self.summary or {}).get("class_order")
         if saved is not None and order != saved:
@@ -242,6 +254,11 @@ def export_run(
     card = out.with_suffix(".json")
     if card == out:
         raise ConfigError(f"--out {out}: the model card goes beside the weights as .json; give another suffix")
+    for path in (out, card):
+        if path.is_dir():
+            raise ConfigError(f"--out {out}: {path} is a directory; give a file name, e.g. {path / out.name}")
+    if not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: the directory {out.parent} does not exist; create it first or choose another")
     exporter.write(run, out)
     write_json(card, model_card(run, out.name))
     return out, card

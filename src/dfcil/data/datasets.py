@@ -89,6 +89,8 @@ def check_arrays(
         raise DatasetError(f"{source}: images must be uint8 [N, {want}], got {x.dtype} {x.shape}")
     if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
         raise DatasetError(f"{source}: labels must be an integer vector of length {len(x)}, got {y.dtype} {y.shape}")
+    if len(x) == 0:
+        raise DatasetError(f"{source} holds no images (x has shape {tuple(x.shape)})")
     top = num_classes - 1 if num_classes else np.iinfo(np.int64).max
     if len(y) and (y.min() < 0 or y.max() > top):
         raise DatasetError(

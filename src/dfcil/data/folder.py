@@ -37,7 +37,14 @@ def class_folders(split_dir: Path) -> dict[str, list[Path]]:
     error naming it."""
     classes = {}
     for folder in sorted(p for p in split_dir.iterdir() if p.is_dir()):
-        files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        named = [f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES]
+        dangling = sorted(f for f in named if f.is_symlink() and not f.exists())
+        if dangling:  # an image the folder names but cannot give: not skipped silently
+            raise DatasetError(
+                f"{len(dangling)} image(s) of {folder} are links to nothing: {dangling[0]} points to "
+                f"{dangling[0].readlink()}, which does not exist; fix or remove the links"
+            )
+        files = sorted(f for f in named if f.is_file())
         if not files:
             raise DatasetError(
                 f"class folder {folder} holds no images ({', '.join(IMAGE_SUFFIXES)}); add its images or remove it"
@@ -113,6 +120,12 @@ def arrays(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
             f"dataset does not resize; leave data.image_size unset or prepare the arrays at that size"
         )
     num_classes = int(max(train.y.max(), test.y.max())) + 1
+    if num_classes > min(len(train.y), len(test.y)):  # before a set of num_classes labels is built
+        name, split = ("train.npz", train) if len(train.y) <= len(test.y) else ("test.npz", test)
+        raise DatasetError(
+            f"the labels of {root} go up to {num_classes - 1}, but {name} holds {len(split.y)} images: labels must be "
+            f"0..C-1 for C classes, every class with images in both splits"
+        )
     every = set(range(num_classes))
     missing = [
         f"{name}: {sorted(every - set(np.unique(a.y).tolist()))[:8]}"

@@ -75,7 +75,7 @@ def decode(data: bytes, transform: BaseTransform) -> np.ndarray:
         w, h = img.size
         if min(w, h) < transform.min_side:
             raise ValueError(f"{w}×{h} pixels, smaller than the {transform.min_side} the dataset needs")
-        rgb = img.convert("RGB")
+        rgb = to_rgb(img)
     short, long = (w, h) if w <= h else (h, w)
     if short != transform.short:  # torchvision's Resize(int): the shorter side to `short`, the longer in proportion
         new_long = int(transform.short * long / short)
@@ -86,6 +86,18 @@ def decode(data: bytes, transform: BaseTransform) -> np.ndarray:
     if top or left or w != transform.size or h != transform.size:
         rgb = rgb.crop((left, top, left + transform.size, top + transform.size))
     return np.asarray(rgb, dtype=np.uint8)
+
+
+def to_rgb(img: Any) -> Any:
+    """A Pillow image as 8-bit RGB. 16-bit greyscale (modes ``I;16*``, and ``I``, as which Pillow may open a 16-bit
+    PNG) is scaled to 8 bits, v / 257 rounded (65535 → 255), where Pillow's own conversion would clip every value
+    above 255 to white; other modes (greyscale, palette, CMYK, alpha) are Pillow's conversion."""
+    from PIL import Image
+
+    if img.mode.startswith("I;16") or img.mode == "I":
+        wide = np.asarray(img, dtype=np.float64)
+        img = Image.fromarray(np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8), "L")
+    return img.convert("RGB")
 
 
 def read_bytes(image: ImageFile, archives: dict[str, zipfile.ZipFile]) -> bytes:
@@ -208,18 +220,27 @@ def load_cache(path: Path, identity: dict[str, Any]) -> tuple[dict[str, tuple[np
         size = manifest["transform"]["size"]
         if x.shape != (count, size, size, 3) or x.dtype != np.uint8 or y.shape != (count,):
             raise DatasetError(f"{path}: the {name} arrays do not match the manifest; {fix}")
+        classes = len(manifest.get("classes") or ())
+        if classes and count and not (y.dtype == np.int64 and y.min() >= 0 and y.max() < classes):
+            raise DatasetError(
+                f"{path}: the {name} labels are not the manifest's {classes} classes (found {y.min()}..{y.max()}, "
+                f"{y.dtype}); the cache is damaged: {fix}"
+            )
         splits[name] = (x, y)
     return splits, manifest
 
 
 @dataclasses.dataclass
 class _Partial:
-    """An unfinished preparation: its directory, and which chunks of each split are decoded."""
+    """An unfinished preparation: its directory, which chunks of each split are decoded, and the images that
+    could not be (by any attempt so far: a chunk decoded before an interrupt is not decoded again)."""
 
     path: Path
     done: dict[str, np.ndarray]
+    bad: list[str] = dataclasses.field(default_factory=list)
 
     def save(self) -> None:
+        write_atomic(self.path / "bad.json", json.dumps(self.bad))  # first: a chunk marked done has its bad images
         for name, mask in self.done.items():
             np.save(self.path / f"{name}_done.npy", mask)
 
@@ -238,7 +259,7 @@ def prepare_cache(
     manifest = {"cache_format": CACHE_FORMAT, **manifest, "transform": transform.as_dict()}
     manifest["counts"] = {name: len(split.images) for name, split in splits.items()}
     partial = _open_partial(path, splits, transform, manifest)
-    bad: list[str] = []
+    bad = partial.bad  # what earlier, interrupted attempts found, and then this one's
     total = sum(len(s.images) for s in splits.values())
     done = sum(int(partial.done[n].sum()) * CHUNK for n in splits)
     bar_factory = progress or make_progress(False)
@@ -248,7 +269,7 @@ def prepare_cache(
             try:
                 with _Writer(partial.path / f"{name}_x.npy") as writer:
                     for start, images, bad_here in _decode_all(split, partial.done[name], transform, workers, writer):
-                        bad += bad_here
+                        bad += [b for b in bad_here if b not in bad]  # a chunk decoded again after a kill
                         partial.done[name][start // CHUNK] = True
                         bar.update(len(images))
                         if time.monotonic() - saved > 30:  # a kill loses at most half a minute of decoding
@@ -313,7 +334,9 @@ def _open_partial(path: Path, splits: dict[str, Split], transform: BaseTransform
         if same:  # an interrupted preparation of the same thing: continue it
             try:
                 done = {n: np.load(tmp / f"{n}_done.npy") for n in splits}
-                return _Partial(tmp, done)
+                bad = json.loads((tmp / "bad.json").read_text())
+                if isinstance(bad, list) and all(isinstance(b, str) for b in bad):
+                    return _Partial(tmp, done, bad)
             except (OSError, ValueError):
                 pass
         shutil.rmtree(tmp)
@@ -404,6 +427,7 @@ def _finish(partial: _Partial, splits: dict[str, Split], path: Path, manifest: d
         manifest = manifest | {"stats": channel_stats(partial.path / "train_x.npy")}
     for name in splits:
         (partial.path / f"{name}_done.npy").unlink()
+    (partial.path / "bad.json").unlink()
     for f in partial.path.iterdir():
         with open(f, "rb+") as handle:
             os.fsync(handle.fileno())

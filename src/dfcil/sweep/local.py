@@ -74,7 +74,7 @@ class LocalRuns:
         # SIGTERM from the kernel if the sweep dies without stopping it (SIGKILL): the run checkpoints and stops
         p = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()),
+            preexec_fn=functools.partial(die_with_parent, signal.SIGTERM, os.getpid()) if os.name == "posix" else None,
         )  # fmt: skip
         self.running[p] = Running(run, time.time(), resumed, slot, log)
         run.state = "running"
