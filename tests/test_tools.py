@@ -315,7 +315,7 @@ def test_export_and_eval_refuse_bad_outputs_and_damaged_files_in_one_line(finish
 
 def test_inspect_plots_the_features_of_real_and_stored_synthetic_images(finished, tmp_path, capsys):
     out = tmp_path / "plots"
-    args = ["inspect", str(finished), "--features", "--out", str(out), "--per-class", "6", "--synthetic", "24"]
+    args = ["inspect", str(finished), "--features", "--out", str(out), "--per-class", "6", "--synthetic-images", "24"]
     assert main(args) == 0
     png, pdf = (out / "features_tsne.png"), (out / "features_tsne.pdf")
     assert capsys.readouterr().out.split() == [str(png), str(pdf)]
@@ -323,7 +323,7 @@ def test_inspect_plots_the_features_of_real_and_stored_synthetic_images(finished
     with Image.open(png) as image:
         assert image.format == "PNG" and min(image.size) > 300
     assert main(["inspect", str(finished)]) == 2
-    assert "choose what to inspect (--features)" in capsys.readouterr().err
+    assert "choose what to inspect, --synthetic (the inversions) or --features" in capsys.readouterr().err
 
 
 def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path):

@@ -9,7 +9,7 @@ dfcil sweep --config FILE.yaml[+MORE.yaml] [--config ...] [--grid KEY=V1,V2 ...]
 dfcil report PATH... [--format md|csv|latex] [--by ROWS,COLS] [--metric M] [--plots DIR]
 dfcil eval DIR [--data.root DIR] [--classes IDS | --tasks IDS] [--device DEV] [--json]
 dfcil export DIR [--format safetensors] [--out FILE]
-dfcil inspect DIR --features [--out DIR] [--data.root DIR] [--device DEV]
+dfcil inspect DIR --synthetic | --features [--out DIR] [--data.root DIR] [--device DEV]
 dfcil methods
 dfcil datasets
 """
@@ -193,14 +193,15 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--format", dest="fmt", default="safetensors", help="export format (default safetensors)")
     ex.add_argument("--out", metavar="FILE", help="weights file (default DIR/model.<format>); the card goes beside")
     ex.add_argument("--data.root", dest="data_root", metavar="DIR", help="only for runs saved before model cards")
-    ins = sub.add_parser("inspect", help="plots of a finished run's final model")
+    ins = sub.add_parser("inspect", help="a run's inversion diagnostics, or plots of its final model's features")
     ins.add_argument("run_dir", metavar="DIR")
+    ins.add_argument("--synthetic", action="store_true", help="each task's inversion statistics, table and figure")
     ins.add_argument("--features", action="store_true", help="t-SNE of the features of real and synthetic images")
     ins.add_argument("--out", metavar="DIR", help="where to write the plots (default DIR/inspect)")
     ins.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
     ins.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
     ins.add_argument("--per-class", type=int, default=30, help="real test images per class (default 30)")
-    ins.add_argument("--synthetic", type=int, default=200, help="synthetic images (default 200)")
+    ins.add_argument("--synthetic-images", type=int, default=200, help="--features: synthetic images (default 200)")
     ins.add_argument(
         "--inversion-steps", type=int, default=200,
         help="steps of the fresh inversion for runs that kept no generator (default 200)",
@@ -232,16 +233,25 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    if not args.features:
-        raise ConfigError("dfcil inspect: choose what to inspect (--features)")
+    if args.synthetic == args.features:
+        raise ConfigError("dfcil inspect: choose what to inspect, --synthetic (the inversions) or --features")
+    if args.synthetic:
+        from dfcil.diagnose import inspect_synthetic
+
+        table, paths = inspect_synthetic(args.run_dir, args.out)
+        print(table)
+        for path in paths:
+            print(path)
+        return 0
     from dfcil.features import inspect_features
 
-    for n, name in ((args.per_class, "--per-class"), (args.synthetic, "--synthetic")):
+    for n, name in ((args.per_class, "--per-class"), (args.synthetic_images, "--synthetic-images")):
         if n < 1:
             raise ConfigError(f"{name} must be at least 1, got {n}")
     paths = inspect_features(
-        args.run_dir, args.out, args.data_root, args.device, args.per_class, args.synthetic, args.inversion_steps
-    )
+        args.run_dir, args.out, args.data_root, args.device, args.per_class, args.synthetic_images,
+        args.inversion_steps,
+    )  # fmt: skip
     for path in paths:
         print(path)
     return 0

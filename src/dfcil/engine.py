@@ -105,6 +105,7 @@ def run(
             "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
             **state.acc.summary(), "timings": state.timings, "wall_time_s": round(time.perf_counter() - started, 2),
             "total_time_s": round(state.elapsed_s(), 2), "resumed": resume, "device": str(loop.runtime.device),
+            "diagnostics": state.diagnostics,
             "seed": cfg.seed, **({"class_names": list(protocol.dataset.classes)} if protocol.dataset.classes else {}),
         }  # fmt: skip
         loop.emit("on_run_end", summary)
@@ -200,6 +201,8 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
     with ctx.runtime.progress(total=test.batches(task, batch), desc=f"task {task} eval") as bar, ctx.runtime.autocast():
         state.acc.record(task, *test.evaluate(loop.net, task, batch, bar, ctx.runtime.dist))
     loop.emit("on_eval_end")
+    state.diagnostics.append(state.task_diagnostics)  # what callbacks measured of the task (dfcil.diagnose)
+    state.task_diagnostics = {}
     state.position = Position(task + 1, "start")
     loop.emit("on_task_end", state.task_record(task, loop.protocol.split))
     loop.ctx = None

@@ -28,6 +28,11 @@ GRID_ROW = 8  # images per row
 MAX_TILE = 112  # pixels per tile side at most: 224-pixel samples are shown at half size
 
 
+def synthetic_images_path(run_dir: Path, task: int) -> Path:
+    """Where a run directory keeps task ``task``'s grid."""
+    return Path(run_dir) / f"synthetic_task{task}.png"
+
+
 def grid_seed(seed: int, task: int) -> int:
     """The seed of task ``task``'s grid latents in a run seeded ``seed``: a stream of its own (< 2**63)."""
     state = np.random.SeedSequence([seed, task, 0x67726964]).generate_state(2, np.uint32)  # 0x67726964: "grid"
@@ -108,7 +113,7 @@ class SyntheticGrid(Callback):
         self.dir = Path(run_dir)
 
     def path(self, task: int) -> Path:
-        return self.dir / f"synthetic_task{task}.png"
+        return synthetic_images_path(self.dir, task)
 
     def on_run_start(self, loop: Loop) -> None:
         self.loop = loop

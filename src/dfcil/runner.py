@@ -38,6 +38,7 @@ from dfcil import distributed
 from dfcil.callbacks import ConsoleLogger, JsonlLogger
 from dfcil.checkpoint import Checkpointer
 from dfcil.config import RUNTIME_KEYS, RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
+from dfcil.diagnose import InversionDiagnostics
 from dfcil.distributed import Dist
 from dfcil.engine import run
 from dfcil.errors import ConfigError, RunInterrupted
@@ -275,7 +276,8 @@ def _execute(cfg: RunConfig, out: Path, protocol: Protocol, resuming: bool, opti
             list(split.task_sizes),
             list(split.class_order),
         )
-        callbacks = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), SyntheticGrid(out), *options.callbacks]
+        callbacks = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), SyntheticGrid(out), InversionDiagnostics()]
+        callbacks += options.callbacks
         callbacks.append(SaveModel(out / "model.pt", cfg))
         summary = run(cfg, out, resuming, dataclasses.replace(options, callbacks=callbacks), protocol)
         write_json(out / "summary.json", summary)  # last: a run directory with a summary is complete

@@ -96,6 +96,9 @@ class RunState:
     position: Position = dataclasses.field(default_factory=Position)
     timings: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # finished tasks'
     task_timing: dict[str, Any] = dataclasses.field(default_factory=dict)  # the running task's, so far
+    # what callbacks measured of each finished task, beside its timings (the inversion's statistics: dfcil.diagnose)
+    diagnostics: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    task_diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)  # the running task's, so far
     epoch: EpochProgress | None = None  # the running epoch, while one runs
     optimizer: torch.optim.Optimizer | None = None  # the running task's, once its training began
     # hand-off: a checkpoint's optimiser state, loaded into the optimiser fit_task builds next (then None)
@@ -124,6 +127,7 @@ class RunState:
             "acc_row": row["accuracy_matrix"][task][: task + 1], "new_acc": row["new_acc"][task],
             "old_acc": row["old_acc"][task], "correct_row": row["correct_matrix"][task][: task + 1],
             "count_row": row["count_matrix"][task][: task + 1], "timing": self.timings[task],
+            **({"diagnostics": self.diagnostics[task]} if task < len(self.diagnostics) else {}),
         }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
@@ -134,6 +138,8 @@ class RunState:
             "acc": self.acc.state_dict(),
             "timings": self.timings,
             "task_timing": self.task_timing,
+            "diagnostics": self.diagnostics,
+            "task_diagnostics": self.task_diagnostics,
             "elapsed_s": self.elapsed_s(),
             "rng": capture_rng(self.rngs),
         }
@@ -145,6 +151,8 @@ class RunState:
         self.acc.load_state_dict(state["acc"])
         self.timings = list(state["timings"])
         self.task_timing = dict(state["task_timing"])
+        self.diagnostics = list(state.get("diagnostics", []))  # absent from checkpoints written before them
+        self.task_diagnostics = dict(state.get("task_diagnostics", {}))
         self.elapsed_before = float(state["elapsed_s"])
         self.epoch = EpochProgress.from_state(state["epoch_progress"], device) if state["epoch_progress"] else None
         self.optimizer, self.optimizer_handoff = None, state["optimizer"]

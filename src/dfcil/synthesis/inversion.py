@@ -95,6 +95,7 @@ class ModelInversion:
         self.terms = runtime.compiled(inversion_terms)  # engine.compile: step compiles it
         self.step = 0  # Adam steps done; fit() continues from here
         self.names: list[str] = []  # the loss terms' names, in the order of fit()'s values
+        self.final_terms: dict[str, float] | None = None  # the last step's weighted terms, once fit() ran one
 
     @property
     def done(self) -> bool:
@@ -142,11 +143,14 @@ class ModelInversion:
             if self.graphs == "off"
             else StepGraph(self.train_step, self.optimizer, self.graphs, self.device, (self.rng,))
         )
+        values = None
         while self.step < self.cfg.steps:
             values = self.train_step() if graph is None else graph("inversion")  # a graph replays train_step
             self.step += 1
             if on_step is not None:
                 on_step(self.step, values)
+        if values is not None:  # one host sync, after the last step
+            self.final_terms = {k: round(v, 6) for k, v in zip(self.names, values.tolist(), strict=True)}
         self._freeze()
 
     def _freeze(self) -> None:

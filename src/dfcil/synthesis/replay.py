@@ -101,6 +101,8 @@ class Replay:
         if self.task_id is None or not self.synth.done:
             return {}
         static = {"teacher": self.teacher.state_dict(), "generator": self.synth.generator.state_dict()}
+        if self.synth.final_terms is not None:  # for the diagnostics of a run resumed right after its inversion
+            static["final_terms"] = self.synth.final_terms
         if self.cfg.persistent:
             static["optimizer"] = self.synth.optimizer.state_dict()
         return static
@@ -121,6 +123,7 @@ class Replay:
                 raise ValueError("the trained generator and teacher of this task are missing from the checkpoint")
             self.teacher.load_state_dict(static["teacher"])
             self.synth.load_trained(static["generator"], static.get("optimizer"))
+            self.synth.final_terms = static.get("final_terms")
 
 
 ReplayBN = Literal["mixed", "separate"]

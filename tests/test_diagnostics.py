@@ -1,0 +1,98 @@
+"""Inversion diagnostics: the statistics on hand-made tensors, their record in a run, and dfcil inspect --synthetic."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import CONFIGS
+from dfcil.cli import main
+from dfcil.synthesis.diagnostics import class_mean_gap, pixel_statistics, prediction_spread, top1_confidence
+
+SMOKE = str(CONFIGS / "smoke.yaml")
+
+
+def test_top1_confidence_is_the_mean_largest_probability():
+    logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]])  # softmax maxima 1/2 and 3/4
+    assert top1_confidence(logits) == pytest.approx(0.625)
+    assert top1_confidence(torch.zeros(7, 4)) == pytest.approx(0.25)  # no preference: 1/K
+
+
+def test_prediction_spread_counts_coverage_and_normalised_entropy():
+    s = prediction_spread(torch.tensor([0, 0, 1, 3]), 4)
+    assert s["counts"] == [2, 1, 0, 1] and s["coverage"] == 0.75
+    # p = (1/2, 1/4, 1/4): H = 1.5 ln 2, over ln 4
+    assert s["entropy"] == pytest.approx(0.75)
+    assert prediction_spread(torch.tensor([2, 2, 2]), 3)["entropy"] == 0.0  # collapsed onto one class
+    assert prediction_spread(torch.arange(5), 5)["entropy"] == pytest.approx(1.0)  # every class alike
+
+
+def test_pixel_statistics_undo_the_normalisation():
+    x = torch.zeros(2, 3, 2, 2)
+    x[0, 0] = -1.0  # with mean 0.5 and std 0.5: pixels 0 in one image, 1 in the other
+    x[1, 0] = 1.0
+    stats = pixel_statistics(x, (0.5, 0.4, 0.3), (0.5, 0.2, 0.1))
+    assert stats == {"mean": [0.5, 0.4, 0.3], "std": [0.5, 0.0, 0.0]}
+
+
+def test_class_mean_gap_relative_to_the_spacing_of_the_real_means():
+    # real class means at (0, 0), (2, 0), (0, 2): mean distance between two of them (2 + 2 + 2√2) / 3
+    real = torch.tensor([[0.0, 0.0], [0.0, 0.0], [2.0, 0.0], [0.0, 2.0]])
+    real_class = torch.tensor([0, 0, 1, 2])
+    # synthetic class 0 at (0.5, 0): its own mean is nearest; synthetic class 1 at (0, 1.8): class 2's is nearest
+    synthetic = torch.tensor([[0.25, 0.0], [0.75, 0.0], [0.0, 1.8]])
+    synthetic_class = torch.tensor([0, 0, 1])
+    gap = class_mean_gap(synthetic, synthetic_class, real, real_class, 3)
+    spacing = (4 + 2 * math.sqrt(2)) / 3
+    assert gap["classes"] == 2 and gap["nearest_own"] == 0.5
+    assert gap["distance"] == pytest.approx((0.5 + math.sqrt(4 + 1.8**2)) / 2 / spacing)
+    same = class_mean_gap(real, real_class, real, real_class, 3)
+    assert same == {"distance": 0.0, "nearest_own": 1.0, "classes": 3}
+    none = class_mean_gap(synthetic[:0], synthetic_class[:0], real, real_class, 3)
+    assert none["classes"] == 0 and math.isnan(none["distance"])
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("diagnostics") / "run"
+    assert main(["train", "--config", SMOKE, "--method.inversion.steps", "8", "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+def test_each_inversion_is_recorded_with_its_task(smoke_run):
+    summary = json.loads((smoke_run / "summary.json").read_text())
+    first, second = summary["diagnostics"]
+    assert first == {}  # task 0 inverts nothing
+    inv = second["inversion"]
+    assert inv["old_classes"] == 5 and inv["images"] == 256 and sum(inv["counts"]) == 256
+    assert 0.2 <= inv["confidence"] <= 1 and 0 <= inv["entropy"] <= 1 and 0 < inv["coverage"] <= 1
+    assert set(inv["loss_terms"]) == {"content", "diversity", "bn", "prior"}
+    assert inv["data_pixels"] == {"mean": [0.5] * 3, "std": [0.25] * 3} and len(inv["pixels"]["std"]) == 3
+    assert set(inv["feature_gap"]) == {"distance", "nearest_own", "classes"}
+    records = [json.loads(line) for line in (smoke_run / "metrics.jsonl").read_text().splitlines()]
+    tasks = [r for r in records if r["type"] == "task"]
+    assert tasks[1]["diagnostics"] == second and tasks[0]["diagnostics"] == {}
+    assert "task 1 inversion: teacher confidence" in (smoke_run / "run.log").read_text()
+
+
+def test_inspect_synthetic_prints_and_plots_them(smoke_run, tmp_path, capsys):
+    assert main(["inspect", str(smoke_run), "--synthetic", "--out", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["task", "old", "confidence", "coverage", "entropy"]
+    assert lines[1].split()[:2] == ["1", "5"]
+    assert lines[2:] == [
+        str(tmp_path / "out" / "synthetic_diagnostics.png"),
+        str(tmp_path / "out" / "synthetic_diagnostics.pdf"),
+    ]
+    assert (tmp_path / "out" / "synthetic_diagnostics.png").stat().st_size > 10_000
+
+
+def test_inspect_synthetic_on_a_run_without_inversions_says_so(tmp_path, capsys):
+    out = tmp_path / "ft"
+    args = ["train", "--config", SMOKE, "--method.name", "finetune", "--train.epochs", "1", "--train.milestones", "[]"]
+    assert main([*args, "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--synthetic"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no inversion diagnostics: its method inverts no generator" in err
