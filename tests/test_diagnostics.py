@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from conftest import CONFIGS
+from dfcil import diagnose
+from dfcil.checkpoint import loads
 from dfcil.cli import main
 from dfcil.synthesis.diagnostics import class_mean_gap, pixel_statistics, prediction_spread, top1_confidence
 
@@ -96,3 +98,16 @@ def test_inspect_synthetic_on_a_run_without_inversions_says_so(tmp_path, capsys)
     assert main(["inspect", str(out), "--synthetic"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no inversion diagnostics: its method inverts no generator" in err
+
+
+def test_a_run_is_the_same_with_or_without_its_diagnostics(smoke_run, tmp_path, monkeypatch):
+    """The diagnostics draw from a stream of their own and only read the generator and the teacher (BN running
+    statistics included): the model and every accuracy are those of the run that measured nothing."""
+    monkeypatch.setattr(diagnose, "inversion_report", lambda loop: None)
+    out = tmp_path / "bare"
+    assert main(["train", "--config", SMOKE, "--method.inversion.steps", "8", "--out", str(out), "--no-progress"]) == 0
+    bare, measured = (json.loads((r / "summary.json").read_text()) for r in (out, smoke_run))
+    assert bare["diagnostics"] == [{}, {}] and measured["diagnostics"][1]
+    assert bare["correct_matrix"] == measured["correct_matrix"]
+    a, b = (loads((r / "model.pt").read_bytes())["net"] for r in (out, smoke_run))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
