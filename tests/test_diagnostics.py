@@ -10,6 +10,7 @@ from conftest import CONFIGS
 from dfcil import diagnose
 from dfcil.checkpoint import loads
 from dfcil.cli import main
+from dfcil.errors import MissingExtraError
 from dfcil.synthesis.diagnostics import class_mean_gap, pixel_statistics, prediction_spread, top1_confidence
 
 SMOKE = str(CONFIGS / "smoke.yaml")
@@ -111,3 +112,15 @@ def test_a_run_is_the_same_with_or_without_its_diagnostics(smoke_run, tmp_path, 
     assert bare["correct_matrix"] == measured["correct_matrix"]
     a, b = (loads((r / "model.pt").read_bytes())["net"] for r in (out, smoke_run))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_inspect_synthetic_prints_the_table_without_matplotlib(smoke_run, tmp_path, capsys, monkeypatch):
+    def missing(module, extra, feature, package=None):
+        raise MissingExtraError(f"{feature} needs {package}, which is not installed; pip install 'dfcil[{extra}]'")
+
+    monkeypatch.setattr(diagnose, "require", missing)
+    assert main(["inspect", str(smoke_run), "--synthetic", "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[1].split()[:2] == ["1", "5"] and len(captured.out.splitlines()) == 2
+    assert captured.err.count("\n") == 1 and "no figure: dfcil inspect --synthetic needs matplotlib" in captured.err
+    assert not (tmp_path / "out").exists()

@@ -238,10 +238,12 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.synthetic:
         from dfcil.diagnose import inspect_synthetic
 
-        table, paths = inspect_synthetic(args.run_dir, args.out)
+        table, paths, missing = inspect_synthetic(args.run_dir, args.out)
         print(table)
         for path in paths:
             print(path)
+        if missing:
+            print(missing, file=sys.stderr)
         return 0
     from dfcil.features import inspect_features
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dfcil.errors import ConfigError
+from dfcil.errors import ConfigError, MissingExtraError
 from dfcil.extras import require
 from dfcil.grid import synthetic_images_path
 from dfcil.loop import Callback, Loop
@@ -219,9 +219,14 @@ def plot_diagnostics(run_dir: Path, found: list[tuple[int, dict[str, Any]]], out
     return paths
 
 
-def inspect_synthetic(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> tuple[str, list[Path]]:
-    """``dfcil inspect RUN --synthetic``: the table of every task's inversion statistics, and its figure (default in
-    ``<run>/inspect``)."""
+def inspect_synthetic(
+    run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None
+) -> tuple[str, list[Path], str | None]:
+    """``dfcil inspect RUN --synthetic``: the table of every task's inversion statistics, its figure (default in
+    ``<run>/inspect``), and, where matplotlib is missing, why there is no figure (the table needs nothing)."""
     found = read_diagnostics(run_dir)
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "inspect"
-    return format_diagnostics(found), plot_diagnostics(Path(run_dir), found, out)
+    try:
+        return format_diagnostics(found), plot_diagnostics(Path(run_dir), found, out), None
+    except MissingExtraError as err:
+        return format_diagnostics(found), [], f"no figure: {err}"
