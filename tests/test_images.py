@@ -124,17 +124,22 @@ def test_preparing_with_several_processes_gives_the_same_cache(tmp_path):
     np.testing.assert_array_equal(one.train.y, two.train.y)
 
 
+def _interrupted_at(n, calls, decode):
+    """``decode``, counting each chunk's images in ``calls`` and raising KeyboardInterrupt (Ctrl-C) at call ``n``."""
+
+    def chunk(images, transform):
+        calls.append(len(images))
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return decode(images, transform)
+
+    return chunk
+
+
 def test_an_interrupted_preparation_continues_where_it_stopped(tmp_path, monkeypatch):
     root = write_folder(tmp_path / "data", train=70)  # 210 training images: 4 chunks, and 1 of test images
     calls, original = [], img.decode_chunk
-
-    def flaky(images, transform):
-        calls.append(len(images))
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return original(images, transform)
-
-    monkeypatch.setattr(img, "decode_chunk", flaky)
+    monkeypatch.setattr(img, "decode_chunk", _interrupted_at(3, calls, original))
     with pytest.raises(KeyboardInterrupt):
         build_dataset(folder_config(root, tmp_path))
     assert not list((tmp_path / "cache").glob("folder-*px-*"))  # no cache yet, only the hidden partial one
@@ -166,14 +171,7 @@ def test_a_corrupt_image_found_before_an_interrupt_still_fails_the_preparation(t
     root = write_folder(tmp_path / "data", train=70)  # 210 training images in 4 chunks; the first holds cat/
     (root / "train" / "cat" / "10.png").write_bytes(encode(pattern(40, 48))[:300])  # truncated
     calls, original = [], img.decode_chunk
-
-    def interrupted(images, transform):
-        calls.append(len(images))
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return original(images, transform)
-
-    monkeypatch.setattr(img, "decode_chunk", interrupted)
+    monkeypatch.setattr(img, "decode_chunk", _interrupted_at(2, calls, original))
     with pytest.raises(KeyboardInterrupt):
         build_dataset(folder_config(root, tmp_path))
     monkeypatch.setattr(img, "decode_chunk", original)
