@@ -42,6 +42,12 @@ class Runtime:
         """``fn`` through :attr:`compiler` under ``engine.compile: step``, else ``fn`` itself."""
         return self.compiler(fn) if self.compiler is not None else fn
 
+    def eager(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` kept out of compiled graphs under ``engine.compile: step`` (run eagerly between them), else ``fn``
+        itself. Applied per run rather than as a decorator, because ``torch.compiler.disable`` imports the compiler
+        (seconds of start-up) for every command that merely imports the module."""
+        return torch.compiler.disable(fn) if self.compiler is not None else fn
+
     @classmethod
     def from_config(
         cls,

@@ -93,6 +93,8 @@ class ModelInversion:
         self.optimizer = torch.optim.Adam(self.generator.parameters(), lr=cfg.lr, **extra)
         self.kernel = gaussian_kernel().to(self.device)
         self.terms = runtime.compiled(inversion_terms)  # engine.compile: step compiles it
+        # torch.compile cannot trace a draw from a torch.Generator: under engine.compile: step it runs eagerly
+        self.latent = runtime.eager(self._latent)
         self.step = 0  # Adam steps done; fit() continues from here
         self.names: list[str] = []  # the loss terms' names, in the order of fit()'s values
         self.final_terms: dict[str, float] | None = None  # the last step's weighted terms, once fit() ran one
@@ -101,8 +103,7 @@ class ModelInversion:
     def done(self) -> bool:
         return self.step >= self.cfg.steps
 
-    @torch.compiler.disable  # torch.compile cannot trace a draw from a torch.Generator: it runs eagerly in between
-    def latent(self, n: int) -> Tensor:
+    def _latent(self, n: int) -> Tensor:
         return torch.randn(n, self.cfg.zdim, generator=self.rng, device=self.device)
 
     def loss_terms(self, x: Tensor) -> dict[str, Tensor]:
