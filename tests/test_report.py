@@ -168,24 +168,94 @@ def test_by_rows_and_columns_as_the_papers_tables(runs_root):
     runs = [r for r in find_runs([runs_root]) if r.config["data"]["name"] == "cifar100" and "hkd5" not in r.name]
     text = report(runs, "md", by=("method", "protocol"))
     lines = text.splitlines()
-    assert lines[0] == "| method \\ protocol | n10 | n20 | b50_n11 | n4 (20 classes, 250 train/class) |"
+    assert lines[0] == "| A_N: method \\ protocol | n10 | n20 | b50_n11 | n4 (20 classes, 250 train/class) |"
     rdfcil = next(line for line in lines if line.startswith("| rdfcil |"))
     assert "| 42.00 ± 1.63 (3) [paper 42.37 ± 0.72, −0.37 ✓] |" in rdfcil and "| 30.00 (1) |" in rdfcil
     abd = next(line for line in lines if line.startswith("| abd |"))
     assert abd.count("|") == 6 and abd.endswith("|  |  |  |")  # ABD ran N = 10 only
     assert any(line.startswith("| rdfcil[no_rkd] |") for line in lines)
     forgetting = report(runs, "md", by=("protocol", "method"), metric="forgetting")
-    assert forgetting.splitlines()[0] == "| protocol \\ method | abd | rdfcil | rdfcil[no_rkd] |"
+    assert forgetting.splitlines()[0] == "| forgetting: protocol \\ method | abd | rdfcil | rdfcil[no_rkd] |"
     assert "| n10 | 10.00 ± 0.00 (2) | 20.00 ± 8.16 (3) |  |" in forgetting  # no paper number for forgetting
     both = report(find_runs([runs_root]), "csv", by=("method", "protocol")).splitlines()
-    assert both[0].startswith("method \\ protocol,n10,") and any(
+    assert both[0].startswith("A_N: method \\ protocol,n10,") and any(
         r.startswith("rdfcil · cifar100 · method") for r in both
     )
 
 
+@pytest.mark.parametrize("metric", ["last_acc", "avg_inc_acc"])
+def test_a_by_table_names_its_metric_in_every_format(runs_root, capsys, metric):
+    """The corner cell names the metric (LaTeX, markdown, CSV) and the notes say what it is."""
+    title, latex = {"last_acc": ("A_N", "$A_N$"), "avg_inc_acc": ("Ā_N", "$\\bar{A}_N$")}[metric]
+    args = ["report", str(runs_root), "--by", "method,protocol", "--metric", metric]
+    assert main([*args, "--format", "latex"]) == 0
+    text = capsys.readouterr().out
+    head = next(line for line in text.splitlines() if line.startswith(latex))
+    assert head.startswith(f"{latex}: method / protocol & n10 &")
+    assert f"% Cells: {title}, the " in text  # the notes are LaTeX comments, as written
+    assert main([*args, "--format", "md"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"| {title}: method \\ protocol |") and f"\nCells: {title}, the " in text
+    assert main([*args, "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{title}: method \\ protocol,") and f"dfcil report: Cells: {title}, the " in err
+
+
+def own_data_runs(root: Path) -> Path:
+    """Three runs on a folder of images (32 pixels, 6 classes) and one on arrays."""
+    folder = {"name": "folder", "num_tasks": 2, "image_size": 32, "num_classes": 6}
+    for order, last in enumerate((60.0, 62.0)):
+        write_run(root, f"folder/o{order}", folder | {"class_order_seed": order}, RDFCIL, summary=summary(last, 70))
+    write_run(root, "folder/o2", folder | {"class_order_seed": 2}, RDFCIL)  # unfinished
+    write_run(root, "arrays/o0", {"name": "arrays", "num_tasks": 2}, RDFCIL, summary=summary(50.0, 60.0))
+    return root
+
+
+@pytest.mark.parametrize("fmt", ["md", "latex"])
+def test_own_data_is_its_own_protocol_with_no_word_of_the_paper(tmp_path, fmt):
+    """A dataset the paper never ran gets no pixel or class mark and no paper column or note; a shrunk paper
+    dataset beside it brings the paper's columns and the note that explains their empty cells."""
+    runs = find_runs([own_data_runs(tmp_path / "own")])
+    assert {setting_of(r.config).reduced for r in runs} == {""}
+    text = report(runs, fmt)
+    assert "px" not in text and "paper" not in text and "Δ" not in text and "reduced" not in text.lower()
+    assert "population standard deviation" in text and "Unfinished runs (no summary.json): 1" in text
+    assert "folder" in text and "arrays" in text and "n2 (" not in text
+    pivot = report(runs, fmt, by=("method", "dataset"))
+    assert "paper" not in pivot and "62.00" not in pivot and "61.00" in pivot
+    mini = C100_N10 | {"num_tasks": 4, "num_classes": 20, "train_per_class": 250}
+    write_run(tmp_path / "own", "mini/o0", mini, RDFCIL, summary=summary(30.0, 45.0))
+    both = report(find_runs([tmp_path / "own"]), fmt)
+    assert "paper" in both and "never compared with the paper" in both and "20 classes, 250 train/class" in both
+
+
+def test_the_colour_bar_label_stands_clear_of_the_next_panel(tmp_path):
+    """The per-run figure: the heatmap's colour-bar label and the old/new panel's y label, both "accuracy (%)",
+    are at least 0.3 inch apart, so they do not read as one label."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from dfcil.plots import run_figure
+    from dfcil.runs import Run
+
+    m = AccuracyMatrix(5)
+    for i in range(5):
+        m.record(i, np.arange(40, 40 + 10 * (i + 1), 10), np.full(i + 1, 100))
+    s = m.summary() | {"method": "rdfcil", "dataset": "cifar100", "task_sizes": [10] * 5}
+    fig = run_figure(Run(tmp_path, "sweep/rdfcil/o0", {}, s))
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    colour_bar = next(ax for ax in fig.axes if ax.get_label() == "<colorbar>")
+    label = colour_bar.yaxis.label.get_window_extent(renderer)
+    neighbour = fig.axes[1].yaxis.label.get_window_extent(renderer)
+    assert colour_bar.yaxis.label.get_text() == fig.axes[1].yaxis.label.get_text() == "accuracy (%)"
+    assert (neighbour.x0 - label.x1) / fig.dpi >= 0.3
+
+
 def test_cli(runs_root, tmp_path, capsys):
     assert main(["report", str(runs_root), "--by", "method,protocol", "--format", "md"]) == 0
-    assert capsys.readouterr().out.startswith("| method \\ protocol")
+    assert capsys.readouterr().out.startswith("| A_N: method \\ protocol")
     assert main(["report", str(runs_root / "abd"), "--format", "csv"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("group,method,") and "population standard deviation" in err

@@ -36,12 +36,21 @@ METRICS = {
     "old_acc": "old acc",
     "new_acc": "new acc",
 }
+# What a --by table's cells hold, said under it
+MEANINGS = {
+    "last_acc": "A_N, the accuracy on all seen classes after the last task (%)",
+    "avg_inc_acc": "Ā_N, the mean over tasks of the accuracy on all seen classes after each (%)",
+    "forgetting": "forgetting after the last task (points)",
+    "old_acc": "old acc, the accuracy on the classes of the tasks before the last, after the last (%)",
+    "new_acc": "new acc, the accuracy on the last task's classes after it (%)",
+}
 PAPER_METRICS = ("last_acc", "avg_inc_acc")
 DIMENSIONS = ("method", "dataset", "protocol", "config")  # what --by may name
 STD_NOTE = (
     "± is the population standard deviation (n in the denominator) over a group's finished runs, which differ "
-    "only in class order or training seed; the paper's ± is over its 3 class orders (convention not stated)."
+    "only in class order or training seed"
 )
+PAPER_STD_NOTE = "; the paper's ± is over its 3 class orders (convention not stated)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,12 +142,14 @@ class _Style:
         return f"{diff:+.2f}{mark}".replace("-", "$-$" if self.latex else "−")
 
 
-def long_table(recs: Sequence[dict[str, Any]], style: _Style) -> tuple[list[str], list[list[str]]]:
-    """The default table: one row per group, every metric, the paper's values and the differences."""
+def long_table(recs: Sequence[dict[str, Any]], style: _Style, paper: bool = True) -> tuple[list[str], list[list[str]]]:
+    """The default table: one row per group, every metric, and with ``paper`` the paper's values and the
+    differences (left out when no group is on a dataset the paper ran: they would all be empty)."""
+    compared = PAPER_METRICS if paper else ()
     head = ["group", "runs"]
     for m, title in METRICS.items():
-        head += [title] + ([f"paper {title}", "Δ"] if m in PAPER_METRICS else [])
-    head.append("paper row")
+        head += [title] + ([f"paper {title}", "Δ"] if m in compared else [])
+    head += ["paper row"] if paper else []
     rows = []
     for r in recs:
         row = [
@@ -147,18 +158,19 @@ def long_table(recs: Sequence[dict[str, Any]], style: _Style) -> tuple[list[str]
         ]
         for m in METRICS:
             row.append(style.stat(r[f"{m}_mean"], r[f"{m}_std"]))
-            if m in PAPER_METRICS:
+            if m in compared:
                 row.append(style.stat(r[f"{m}_paper_mean"], r[f"{m}_paper_std"]))
                 row.append(style.diff(r[f"{m}_diff"], r[f"{m}_within_paper_std"]))
-        rows.append(row + [style.text(r["paper_row"])])
+        rows.append(row + ([style.text(r["paper_row"])] if paper else []))
     return [style.text(h) for h in head], rows
 
 
 def pivot_table(
     groups: Sequence[Group], recs: Sequence[dict[str, Any]], rows: str, cols: str, metric: str, style: _Style
 ) -> tuple[list[str], list[list[str]]]:
-    """Rows × columns of one metric, as the paper's tables (rows = method, columns = protocol). Dimensions not
-    named that still vary are added to the row labels, so every group has its own cell."""
+    """Rows × columns of one metric, as the paper's tables (rows = method, columns = protocol); the corner cell
+    names the metric. Dimensions not named that still vary are added to the row labels, so every group has its
+    own cell."""
     varying = [d for d in DIMENSIONS if d not in (rows, cols) and len({g.dimension(d) for g in groups}) > 1]
     row_keys, col_keys, cells = [], [], {}
     for g, r in zip(groups, recs, strict=True):
@@ -172,7 +184,8 @@ def pivot_table(
             paper = style.stat(r[f"{metric}_paper_mean"], r[f"{metric}_paper_std"])
             cell += f" [paper {paper}, {style.diff(r[f'{metric}_diff'], r[f'{metric}_within_paper_std'])}]"
         cells[rk, ck] = cell
-    head = [f"{rows} \\ {cols}" if not style.latex else f"{rows} / {cols}", *map(style.text, col_keys)]
+    across = "/" if style.latex else "\\"  # a backslash is a command in LaTeX
+    head = [style.text(f"{METRICS[metric]}: {rows} {across} {cols}"), *map(style.text, col_keys)]
     return head, [[style.text(rk), *(cells.get((rk, ck), "") for ck in col_keys)] for rk in row_keys]
 
 
@@ -196,13 +209,18 @@ def render_csv(recs: Sequence[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, by: bool) -> list[str]:
-    """The notes under a table: which std, what Δ and the marks mean, the unfinished runs (a list)."""
-    notes = [STD_NOTE]
-    if by:
-        notes.append("Cells: mean ± std (runs) [paper's value, ours − paper].")
-    notes.append(f"Δ = ours − paper in points; {style.yes} within one paper std, {style.no} outside (no mark: the "
-                 f"paper gives one run).")  # fmt: skip
+def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: str | None = None) -> list[str]:
+    """The notes under a table: which std, what a ``--by`` table's cells hold (``metric``), what Δ and the marks
+    mean, the unfinished runs (a list). The paper is mentioned only when a group is on a dataset it ran."""
+    paper = any(g.setting.in_paper for g in groups)
+    notes = [STD_NOTE + (PAPER_STD_NOTE if paper else "") + "."]
+    if metric is not None:
+        notes.append(
+            f"Cells: {MEANINGS[metric]}, mean ± std (runs)" + (" [paper's value, ours − paper]." if paper else ".")
+        )
+    if paper:
+        notes.append(f"Δ = ours − paper in points; {style.yes} within one paper std, {style.no} outside (no mark: "
+                     f"the paper gives one run).")  # fmt: skip
     if any(g.setting.reduced for g in groups):
         notes.append("Reduced protocols (fewer classes, images or pixels) are never compared with the paper.")
     unfinished = [r for r in runs if r.summary is None]
@@ -221,12 +239,13 @@ def report(runs: Sequence[Run], fmt: str = "md", by: tuple[str, str] | None = No
     style = _Style(fmt)
     if fmt == "csv" and by is None:
         return render_csv(recs)
-    head, rows = long_table(recs, style) if by is None else pivot_table(groups, recs, *by, metric, style)
+    paper = any(g.setting.in_paper for g in groups)
+    head, rows = long_table(recs, style, paper) if by is None else pivot_table(groups, recs, *by, metric, style)
     if fmt == "csv":
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows([head, *rows])
         return buf.getvalue()
-    notes = footer(runs, groups, style, by is not None)
+    notes = footer(runs, groups, style, metric if by is not None else None)
     if fmt == "latex":
         return render(head, rows, fmt) + "".join(f"% {n}\n" for n in notes if n)
     return render(head, rows, fmt) + "\n".join(notes) + "\n"
@@ -268,7 +287,7 @@ def main(args: argparse.Namespace) -> int:
         by = parse_by(args.by) if args.by else None
         sys.stdout.write(report(runs, args.format, by, args.metric))
         if args.format == "csv":
-            notes = footer(runs, group_runs(runs), _Style("csv"), by is not None)
+            notes = footer(runs, group_runs(runs), _Style("csv"), args.metric if by is not None else None)
             print("".join(f"dfcil report: {n}\n" for n in notes if n), end="", file=sys.stderr)
         if args.plots:
             from dfcil.errors import PlotError

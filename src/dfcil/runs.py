@@ -50,7 +50,13 @@ class Setting:
     protocol: str
     method: str
     variant: str
-    reduced: str  # "" on the paper's protocol, else how it was shrunk ("20 classes, 250 train/class")
+    reduced: str  # "" on the paper's protocol or a dataset the paper never ran, else how the paper's was shrunk
+
+    @property
+    def in_paper(self) -> bool:
+        """Whether the paper ran this dataset (at full size or not): only then is a comparison, or the lack of one,
+        worth a word."""
+        return self.dataset in DATASETS
 
     @property
     def method_label(self) -> str:
@@ -66,11 +72,16 @@ class Setting:
 
 
 def setting_of(config: dict[str, Any]) -> Setting:
-    """The paper setting a run's config (``config.yaml``, plain) describes."""
+    """The paper setting a run's config (``config.yaml``, plain) describes. Only the paper's datasets can be
+    reduced: on a dataset the paper never ran (own data, ``fake``) any class count or image size is its own."""
     data, method = config.get("data") or {}, config.get("method") or {}
     dataset, name = data.get("name", "cifar100"), method.get("name", "rdfcil")
+    protocol = protocol_name(data.get("num_tasks", 5), data.get("base_classes", 0))
+    variant = variant_of(name, method)
+    if dataset not in DATASETS:
+        return Setting(dataset, protocol, name, variant, "")
     reduced = []
-    classes, pixels = DATASETS.get(dataset, (None, None))
+    classes, pixels = DATASETS[dataset]
     if data.get("num_classes") not in (None, classes):
         reduced.append(f"{data['num_classes']} classes")
     for key, what in (("train_per_class", "train"), ("test_per_class", "test")):
@@ -78,8 +89,7 @@ def setting_of(config: dict[str, Any]) -> Setting:
             reduced.append(f"{data[key]} {what}/class")
     if data.get("image_size") not in (None, pixels):
         reduced.append(f"{data['image_size']} px")
-    protocol = protocol_name(data.get("num_tasks", 5), data.get("base_classes", 0))
-    return Setting(dataset, protocol, name, variant_of(name, method), ", ".join(reduced))
+    return Setting(dataset, protocol, name, variant, ", ".join(reduced))
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
