@@ -117,6 +117,22 @@ def test_csv_rows_are_the_jsonl_records(finished):
         assert [_number(row[f"acc_task{j}"]) for j in range(2)][: record["task"] + 1] == record["acc_row"]
 
 
+def test_the_log_the_jsonl_and_the_csv_count_epochs_alike(finished):
+    """Epochs count from 0 in everything a user reads: the log line of each epoch names the same (task, phase,
+    epoch) as its metrics.jsonl record and its metrics.csv row, and its last epoch as epochs - 1."""
+    import re
+
+    logged = re.findall(r"task (\d+) (\w+) epoch (\d+) \(of 0\.\.(\d+)\) lr=", (finished / "run.log").read_text())
+    epochs = [r for r in _jsonl(finished) if r["type"] == "epoch"]
+    assert [(int(t), p, int(e), int(last)) for t, p, e, last in logged] == [
+        (r["task"], r["phase"], r["epoch"], r["epochs"] - 1) for r in epochs
+    ]
+    assert [(int(r["task"]), r["phase"], int(r["epoch"])) for r in _csv(finished / "metrics.csv")] == [
+        (int(t), p, int(e)) for t, p, e, _ in logged
+    ]
+    assert epochs[0]["epoch"] == 0
+
+
 def _scalars(run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -41,11 +41,11 @@ class ConsoleLogger(Callback):
     def on_epoch_end(self, record: dict[str, Any]) -> None:
         losses = " ".join(f"{k}={v:.4f}" for k, v in record["loss"].items())
         log.info(
-            "task %d %s epoch %d/%d lr=%.4g %s (%.1fs, %.0f img/s)",
+            "task %d %s epoch %d (of 0..%d) lr=%.4g %s (%.1fs, %.0f img/s)",
             record["task"],
             record["phase"],
-            record["epoch"] + 1,
-            record["epochs"],
+            record["epoch"],  # counted from 0, as in metrics.jsonl and metrics.csv (docs/metrics.md)
+            record["epochs"] - 1,
             record["lr"],
             losses,
             record["time_s"],

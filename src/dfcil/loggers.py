@@ -2,8 +2,9 @@
 
 ``metrics.jsonl`` stays the source of truth; these are views of the same records for other tools:
 
-* ``csv``: ``metrics.csv`` (a row per epoch: lr, each loss term, speed) and ``tasks.csv`` (a row per task:
-  A_t, old and new accuracy, the accuracy on each task so far, timings);
+* ``csv``: ``metrics.csv`` (a row per epoch: lr, each loss term, speed; epochs counted from 0 within each phase,
+  as in ``metrics.jsonl`` and the log) and ``tasks.csv`` (a row per task: A_t, old and new accuracy, the
+  accuracy on each task so far, timings);
 * ``tensorboard``: ``tensorboard/`` event files with the loss terms, lr, accuracies and the synthetic grids.
 
 Both survive a resume without repeating what was logged after the checkpoint the run continues from: the CSV
