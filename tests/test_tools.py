@@ -289,6 +289,7 @@ def test_exported_safetensors_rebuild_the_final_network(finished, tmp_path, caps
     summary = json.loads((finished / "summary.json").read_text())
     assert card["class_order"] == summary["class_order"] and card["num_classes"] == 10
     assert card["inputs"] == {"image_size": 32, "mean": [0.5] * 3, "std": [0.25] * 3}
+    assert card["class_names"] == card["output_names"] == []  # the fake dataset names no classes
     net = build_network(card["backbone"], card["head"])
     for n in card["head_sizes"]:
         net.expand(n)
@@ -298,6 +299,30 @@ def test_exported_safetensors_rebuild_the_final_network(finished, tmp_path, caps
         assert torch.equal(net.eval()(x).logits, load_model(finished / "model.pt")(x).logits)
     assert main(["export", str(finished), "--format", "onnx"]) == 2
     assert "unknown export format 'onnx'" in capsys.readouterr().err
+
+
+def test_the_card_names_classes_by_raw_id_as_the_summary_does_and_outputs_apart(finished):
+    """summary.json and the model card index class_names by raw class id; the card's output_names go by output.
+    model.pt keeps its names by output, as runs written before the card changed do, so their export reads alike."""
+    import dataclasses
+
+    from dfcil.tools import FinishedRun, model_card
+
+    run = FinishedRun.open(finished)
+    order, names = [3, 7, 0, 9, 1, 5, 2, 8, 4, 6], [f"class_{c}" for c in range(10)]
+    named = dataclasses.replace(
+        run,
+        model=run.model | {"class_order": order, "class_names": [names[c] for c in order]},
+        summary=run.summary | {"class_names": names},
+    )
+    card = model_card(named, "net.safetensors")
+    assert card["format"] == 2 and card["class_order"] == order and card["class_names"] == names
+    assert card["output_names"] == [card["class_names"][c] for c in card["class_order"]]
+    subset = dataclasses.replace(
+        named, model=run.model | {"class_order": [5, 2], "class_names": ["f", "c"]}, summary={}
+    )
+    card = model_card(subset, "net.safetensors")  # no summary names: rebuilt from the outputs
+    assert card["class_names"] == [None, None, "c", None, None, "f"] and card["output_names"] == ["f", "c"]
 
 
 def test_export_and_eval_refuse_bad_outputs_and_damaged_files_in_one_line(finished, tmp_path, capsys):

@@ -20,7 +20,8 @@ from dfcil.models.network import IncrementalNet, build_network
 def save_model(path: Path, net: IncrementalNet, head: str, backbone: str, about: dict[str, Any] | None = None) -> None:
     """Write the final network: weights, head block sizes and the backbone's and head's names; ``about``: what its
     inputs and outputs mean (``inputs``: image size, normalisation; ``class_order``: the raw class of each output;
-    ``task_sizes``; ``class_names`` by output, where the dataset names its classes)."""
+    ``task_sizes``; ``class_names``, where the dataset names its classes: indexed by output here, unlike
+    ``summary.json`` and the exported model card, which index it by raw class id; docs/metrics.md)."""
     payload = {
         "format": FORMAT,
         "net": net.state_dict(),

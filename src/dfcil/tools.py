@@ -31,7 +31,7 @@ from dfcil.registry import Registry
 from dfcil.runtime import Runtime, resolve_device
 from dfcil.version import __version__
 
-CARD_FORMAT = 1  # the exported JSON's layout; raise it when a key changes
+CARD_FORMAT = 2  # the exported JSON's layout; raise it when a key changes (2: class_names by raw id, output_names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +92,9 @@ class FinishedRun:
         return protocol
 
     def description(self) -> dict[str, Any]:
-        """What the final model's inputs and outputs are: image size, normalisation, the class of each output and
-        its name (where the dataset names them). Runs saved before ``model.pt`` held it read the dataset."""
+        """What the final model's inputs and outputs are: image size, normalisation, the raw class of each output
+        (``class_order``) and its name (``class_names``, by output as in ``model.pt``; empty where the dataset
+        names no classes). Runs saved before ``model.pt`` held it read the dataset."""
         if "inputs" in self.model:
             keys = ("inputs", "class_order", "task_sizes", "class_names")
             return {k: self.model[k] for k in keys}
@@ -209,15 +210,34 @@ def format_report(report: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------- export
 
 
+def names_by_raw_id(output_names: Sequence[str], class_order: Sequence[int]) -> list[str | None]:
+    """Class names by raw class id from names by output (``output_names[k]`` names raw class ``class_order[k]``);
+    None at a raw id the run did not learn (a class order over some of the dataset's classes)."""
+    if not output_names:
+        return []
+    names: list[str | None] = [None] * (max(class_order) + 1)
+    for name, raw in zip(output_names, class_order, strict=True):
+        names[raw] = name
+    return names
+
+
 def model_card(run: FinishedRun, weights: str) -> dict[str, Any]:
-    """The JSON beside exported weights: what builds the network and what its inputs and outputs mean."""
+    """The JSON beside exported weights: what builds the network and what its inputs and outputs mean.
+
+    ``class_names`` is indexed by raw class id, as in ``summary.json`` (the dataset's every name, from the
+    summary where it has them), and ``output_names`` by output: ``output_names[k] == class_names[class_order[k]]``.
+    """
     about, model = run.description(), run.model
+    outputs = about["class_names"]
+    names = (run.summary or {}).get("class_names") or names_by_raw_id(outputs, about["class_order"])
     return {
         "format": CARD_FORMAT, "dfcil": __version__, "weights": weights, "method": run.cfg.method.name,
         "dataset": run.cfg.data.name, "backbone": model["backbone"], "head": model["head"],
         "head_sizes": list(model["head_sizes"]), "num_classes": sum(model["head_sizes"]), **about,
+        "class_names": names, "output_names": outputs,
         "input": "float (B, 3, image_size, image_size) RGB, normalised as (x / 255 - mean) / std",
-        "output": "logits (B, num_classes); output k is raw class class_order[k] (named class_names[k])",
+        "output": "logits (B, num_classes); output k is raw class class_order[k], named output_names[k] "
+        "(= class_names[class_order[k]])",
         "build": "net = dfcil.models.network.build_network(backbone, head); net.expand(n) for n in head_sizes; "
         "net.load_state_dict(safetensors.torch.load_file(weights)); net(x).logits",
         "last_acc": (run.summary or {}).get("last_acc"),
