@@ -66,3 +66,14 @@ def test_speed_steps_share_a_fused_optimiser_across_phases():
     for phase in ("task0", "rrl", "chr", "task0"):
         steps[phase]()
     assert all(fused.state[p].get("momentum_buffer") is not None for p in params)
+
+
+def test_startup_times_a_command_beside_another_revision_and_removes_its_checkout(capsys):
+    startup = _load("startup")
+    worktrees = ["git", "-C", str(BENCH.parent), "worktree", "list"]
+    before = subprocess.run(worktrees, capture_output=True, text=True, check=True).stdout
+    assert startup.main(["--before", "HEAD", "--runs", "1", "--warmup", "0", "--commands", "help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "| command | HEAD (before) median s | HEAD (before) min s | working tree median s |" in lines[2]
+    assert lines[4].startswith("| `dfcil --help` |") and lines[4].endswith("| < 1.5 s |") and len(lines) == 5
+    assert subprocess.run(worktrees, capture_output=True, text=True, check=True).stdout == before

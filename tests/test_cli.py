@@ -1,3 +1,4 @@
+import argparse
 import json
 import os
 import subprocess
@@ -260,3 +261,118 @@ def test_a_key_of_the_method_switched_away_from_is_named_as_such(capsys):
     assert err.count("\n") == 1 and "--method.chr_epochs: a setting of rdfcil, the method of the config files" in err
     assert "drop --method.chr_epochs" in err
     assert main(["train", "--config", preset, "--method.name", "lwf", "--method.lambda_kd", "2", "--print-config"]) == 0
+
+
+# ------------------------------------------------------------------------------------ listing, pipes, --help
+
+
+def test_the_method_listing_read_from_source_equals_the_registry():
+    """``dfcil methods`` reads the built-in methods from their source (no torch): every entry must be the one the
+    imported class gives, so a docstring, a name or a fact changed in a method file shows in the listing."""
+    from dfcil.catalogue import builtin_entries, entry_of
+    from dfcil.methods import METHODS
+
+    builtin = [METHODS.get(n) for n in METHODS.names() if METHODS.get(n).__module__.startswith("dfcil.methods.")]
+    assert builtin_entries() == [entry_of(cls) for cls in builtin]
+    assert len(builtin) >= 10
+
+
+TOY_PACKAGE = {
+    "__init__.py": "from dfcil.methods import kept, plain  # noqa: F401\nfrom dfcil.methods.base import Method\n",
+    "base.py": 'class Method:\n    """Base."""\n\n    data_free: ClassVar[bool] = True\n',
+    "shared.py": "from dfcil.methods.base import Method\n\n\nclass Keeper(Method):\n    data_free = False\n",
+    "kept.py": (
+        "from dfcil.methods.shared import Keeper as Stores\n\n\n"
+        '@register_method("kept")\nclass Kept(Stores):\n    """Keeps real data.\n\n    More text."""\n'
+    ),
+    "plain.py": (
+        "from dfcil.methods.base import Method\n\n\n"
+        '@register_method("plain")\nclass Plain(Method):\n    """Plain."""\n\n\n'
+        "class NotRegistered(Method):\n    pass\n"
+    ),
+    "unlisted.py": '@register_method("unlisted")\nclass Unlisted:\n    """Not imported by __init__."""\n',
+}
+
+
+def test_the_source_reader_follows_base_classes_and_refuses_a_computed_fact(tmp_path):
+    from dfcil.catalogue import MethodEntry, builtin_entries
+
+    for name, text in TOY_PACKAGE.items():
+        (tmp_path / name).write_text(text)
+    assert builtin_entries(tmp_path) == [
+        MethodEntry("kept", "Keeps real data.", data_free=False),  # from Keeper, imported under another name
+        MethodEntry("plain", "Plain.", data_free=True),  # the base's default
+    ]
+    (tmp_path / "plain.py").write_text(TOY_PACKAGE["plain.py"].replace('"""Plain."""', "data_free = bool(0)"))
+    with pytest.raises(ValueError, match=r"plain.py:6: Plain.data_free must be a literal"):
+        builtin_entries(tmp_path)
+
+
+def test_the_listing_commands_and_help_do_not_import_torch():
+    """The guard behind `dfcil --help`, `dfcil methods` and `dfcil datasets` starting in well under a second and
+    a half: none of them imports torch, matplotlib or the methods (benchmarks/startup.py times them)."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from dfcil.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    assert main(['methods']) == 0 and main(['datasets']) == 0\n"
+        "    with contextlib.suppress(SystemExit):\n"
+        "        main(['--help'])\n"
+        "heavy = sorted(m for m in ('torch', 'matplotlib', 'dfcil.methods') if m in sys.modules)\n"
+        "print(heavy, out.getvalue().count('[not data-free]'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split("\n")[0] == "[] 2"  # joint and dgr
+
+
+@pytest.mark.parametrize(
+    "command", [["methods"], ["train", "--config", SMOKE, "--dry-run"]], ids=["methods", "train-dry-run"]
+)
+def test_a_reader_that_goes_away_ends_the_command_quietly(command):
+    """`dfcil ... | head -1`: the reader closes the pipe. The test closes it before the command writes (a reader
+    that waits for the first line would get the whole output, which fits in the pipe's buffer, and close too
+    late to matter); the command must exit 141 (128 + SIGPIPE) with nothing on stderr about the pipe."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dfcil", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err
+
+
+def test_inspect_without_a_mode_plots_the_features(monkeypatch, capsys):
+    import dfcil.features
+
+    calls = []
+    monkeypatch.setattr(dfcil.features, "inspect_features", lambda *args: calls.append(args) or ["plot.png"])
+    assert main(["inspect", "RUN", "--per-class", "3"]) == 0
+    assert calls and calls[0][:2] == ("RUN", None) and calls[0][4] == 3
+    assert capsys.readouterr().out == "plot.png\n"
+
+
+def test_export_lists_its_formats_from_the_export_registry(capsys):
+    from dfcil.tools import EXPORT_FORMATS
+
+    with pytest.raises(SystemExit, match="0"):
+        main(["export", "--help"])
+    assert f"one of: {', '.join(EXPORT_FORMATS.names())}" in " ".join(capsys.readouterr().out.split())
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    from dfcil.cli import _build_parser
+
+    parser = _build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_every_argument_of_every_command_has_help(command, capsys):
+    parser = _subcommands()[command]
+    missing = [a.option_strings or a.metavar or a.dest for a in parser._actions if not a.help]
+    assert missing == []
+    with pytest.raises(SystemExit, match="0"):
+        main([command, "--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    shown = [a for a in parser._actions if a.help != argparse.SUPPRESS and "%(" not in a.help]
+    assert [a.dest for a in shown if " ".join(a.help.split()) not in helped] == []

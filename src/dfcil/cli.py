@@ -8,8 +8,8 @@ dfcil sweep --config FILE.yaml[+MORE.yaml] [--config ...] [--grid KEY=V1,V2 ...]
             --out DIR [--jobs K] [--dry-run] [--launcher local|slurm] [--slurm.KEY VALUE ...] [--no-wait]
 dfcil report PATH... [--format md|csv|latex] [--by ROWS,COLS] [--metric M] [--plots DIR]
 dfcil eval DIR [--data.root DIR] [--classes IDS | --tasks IDS] [--device DEV] [--json]
-dfcil export DIR [--format safetensors] [--out FILE]
-dfcil inspect DIR --synthetic | --features [--out DIR] [--data.root DIR] [--device DEV]
+dfcil export DIR [--format FORMAT] [--out FILE]
+dfcil inspect DIR [--features | --synthetic] [--out DIR] [--data.root DIR] [--device DEV]   (default --features)
 dfcil methods
 dfcil datasets
 """
@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,8 @@ Any config key can be set with a dotted option, LightningCLI style: --train.epoc
 --method.name finetune (switches the method; file keys the new method lacks are dropped), --data.class_order
 "[3, 1, 2]", --seed 2, --task0_cache DIR. Values are parsed as YAML.
 """
+RUN_DIR_HELP = "a run directory: it holds config.yaml and checkpoints/ (dfcil train --out)"
+FINISHED_RUN_HELP = "a finished run directory: it holds config.yaml and model.pt (dfcil train --out)"
 LOG_HELP = "also log to csv or tensorboard (repeatable, or a comma list; config key `log`); metrics.jsonl stays"
 
 
@@ -90,7 +93,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "resume", help="continue an unfinished run from its newest checkpoint", epilog=RESUME_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    resume.add_argument("run_dir", metavar="DIR")
+    resume.add_argument("run_dir", metavar="DIR", help=RUN_DIR_HELP)
     resume.add_argument("--device", help="run on another device than the one the run started on")
     resume.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
     resume.add_argument(
@@ -103,7 +106,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     _add_sweep_parser(sub)
     report.add_parser(sub)
-    sub.add_parser("methods", help="list the registered methods")
+    sub.add_parser("methods", help="list the registered methods (name, summary, [not data-free])")
     sub.add_parser("datasets", help="list the registered datasets")
     _add_run_tools(sub)
     return parser
@@ -152,11 +155,12 @@ def _add_sweep_parser(sub) -> None:
     sweep.add_argument("--slurm.cluster", dest="slurm_cluster", help=argparse.SUPPRESS)  # "local": submitit's local
 
 
-def _sweep(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Sequence[str]) -> int:
+def _sweep(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:
     from dfcil.sweep import SweepSpec, sweep
     from dfcil.sweep.plan import parse_grid
     from dfcil.sweep.slurm import SLURM_OPTIONS
 
+    overrides = _split_overrides(unknown)
     if args.device:
         overrides.append(("device", args.device))
     if args.log is not None:
@@ -181,7 +185,7 @@ def _log_names(values: list[str] | None) -> list[str] | None:
 def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     """The commands on a finished run directory (dfcil.tools, dfcil.features)."""
     ev = sub.add_parser("eval", help="evaluate a finished run's final model (model.pt) on the test set")
-    ev.add_argument("run_dir", metavar="DIR")
+    ev.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
     ev.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
     which = ev.add_mutually_exclusive_group()
     which.add_argument("--classes", metavar="IDS", help="comma list of raw class ids or names (default: every class)")
@@ -189,14 +193,24 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ex = sub.add_parser("export", help="export a finished run's final network (weights + a JSON model card)")
-    ex.add_argument("run_dir", metavar="DIR")
-    ex.add_argument("--format", dest="fmt", default="safetensors", help="export format (default safetensors)")
+    ex.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
+    ex.add_argument(
+        "--format", dest="fmt", default="safetensors", choices=_ExportFormats(), metavar="FORMAT",
+        help="export format, one of: %(choices)s (default %(default)s)",
+    )  # fmt: skip
     ex.add_argument("--out", metavar="FILE", help="weights file (default DIR/model.<format>); the card goes beside")
     ex.add_argument("--data.root", dest="data_root", metavar="DIR", help="only for runs saved before model cards")
-    ins = sub.add_parser("inspect", help="a run's inversion diagnostics, or plots of its final model's features")
-    ins.add_argument("run_dir", metavar="DIR")
-    ins.add_argument("--synthetic", action="store_true", help="each task's inversion statistics, table and figure")
-    ins.add_argument("--features", action="store_true", help="t-SNE of the features of real and synthetic images")
+    ins = sub.add_parser("inspect", help="plots of a run's final features (default), or its inversions (--synthetic)")
+    ins.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
+    mode = ins.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--features", dest="mode", action="store_const", const="features", default="features",
+        help="t-SNE of the features of real and synthetic images (the default)",
+    )  # fmt: skip
+    mode.add_argument(
+        "--synthetic", dest="mode", action="store_const", const="synthetic",
+        help="each task's inversion statistics, table and figure",
+    )  # fmt: skip
     ins.add_argument("--out", metavar="DIR", help="where to write the plots (default DIR/inspect)")
     ins.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
     ins.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
@@ -206,6 +220,20 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
         "--inversion-steps", type=int, default=200,
         help="steps of the fresh inversion for runs that kept no generator (default 200)",
     )  # fmt: skip
+
+
+class _ExportFormats:
+    """``dfcil export --format``'s choices: the names in :data:`dfcil.tools.EXPORT_FORMATS`, read when argparse
+    reads the choices (``dfcil export`` parsing its options or printing its help), so that building the parser
+    imports neither dfcil.tools nor torch."""
+
+    def __iter__(self) -> Iterator[str]:
+        from dfcil.tools import EXPORT_FORMATS
+
+        return iter(EXPORT_FORMATS.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in list(self)
 
 
 def _ids(text: str | None, kind: type = str) -> list | None:
@@ -233,9 +261,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    if args.synthetic == args.features:
-        raise ConfigError("dfcil inspect: choose what to inspect, --synthetic (the inversions) or --features")
-    if args.synthetic:
+    if args.mode == "synthetic":
         from dfcil.diagnose import inspect_synthetic
 
         table, paths, missing = inspect_synthetic(args.run_dir, args.out)
@@ -259,7 +285,22 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-RUN_TOOLS = {"eval": _eval, "export": _export, "inspect": _inspect}
+def _methods(args: argparse.Namespace) -> int:
+    from dfcil.catalogue import method_entries
+
+    for entry in method_entries():  # read from the methods' source: no torch
+        note = "" if entry.data_free else "  [not data-free]"
+        print(f"{entry.name:14s} {entry.summary}{note}")
+    return 0
+
+
+def _datasets(args: argparse.Namespace) -> int:
+    from dfcil.data.datasets import DATASETS
+
+    for name in DATASETS.names():
+        doc = (DATASETS.get(name).__doc__ or "").strip().splitlines()
+        print(f"{name:14s} {doc[0] if doc else ''}")
+    return 0
 
 
 def _print_protocol(cfg: RunConfig) -> None:
@@ -295,7 +336,8 @@ def _schedule(phase: Any, gamma: float) -> str:
     return f"{phase.name} {phase.epochs} ep, lr {phase.lr:g}{drops}{head}"
 
 
-def _train(args: argparse.Namespace, overrides: list[tuple[str, str]], argv: Sequence[str]) -> int:
+def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:
+    overrides = _split_overrides(unknown)
     if args.device:
         overrides.append(("device", args.device))
     if args.log is not None:
@@ -358,9 +400,26 @@ def _interruptible(run_dir: str, options: Any, work: Callable[[], object]) -> in
     return 0
 
 
+# The commands that take config keys (--section.key VALUE) besides their own options, and the others.
+KEYED_COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str], Sequence[str]], int]] = {
+    "train": _train, "resume": _resume, "sweep": _sweep,
+}  # fmt: skip
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "report": report.main, "eval": _eval, "export": _export, "inspect": _inspect, "methods": _methods,
+    "datasets": _datasets,
+}  # fmt: skip
+
+SIGPIPE_STATUS = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away, e.g. `yes | head -1`
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        return _main(argv)
+        status = _main(argv)
+        sys.stdout.flush()  # a reader that went away shows here, inside the handler below
+        return status
+    except BrokenPipeError:  # `dfcil eval RUN | head -1`: the reader has what it wanted
+        _discard_stdout()
+        return SIGPIPE_STATUS
     except KeyboardInterrupt:  # also while the first imports (torch) load, before any run exists
         print("dfcil: interrupted", file=sys.stderr)
         return 130
@@ -369,40 +428,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.modules["dfcil.distributed"].stop()
 
 
+def _discard_stdout() -> None:
+    """Point file descriptor 1 at /dev/null, so that the interpreter's last flush of what stdout still buffers
+    does not raise BrokenPipeError again (and print "Exception ignored ...") at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (a test's capture): nothing is flushed to it at exit
+        pass
+
+
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _build_parser()
     args, unknown = parser.parse_known_args(argv)
     log_to_console()
-    if args.command == "report":  # before the training imports below: a report never loads torch
-        return report.main(args) if not unknown else parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-
     try:
-        if args.command not in ("train", "sweep", "resume") and unknown:
+        if args.command in KEYED_COMMANDS:
+            return KEYED_COMMANDS[args.command](args, unknown, argv)
+        if unknown:
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-        if args.command == "methods":
-            from dfcil.methods import METHODS
-
-            for name in METHODS.names():
-                method = METHODS.get(name)
-                doc = (method.__doc__ or "").strip().splitlines()
-                note = "" if method.data_free else "  [not data-free]"
-                print(f"{name:14s} {doc[0] if doc else ''}{note}")
-            return 0
-        if args.command == "datasets":
-            from dfcil.data.datasets import DATASETS
-
-            for name in DATASETS.names():
-                doc = (DATASETS.get(name).__doc__ or "").strip().splitlines()
-                print(f"{name:14s} {doc[0] if doc else ''}")
-            return 0
-        if args.command == "resume":
-            return _resume(args, unknown, argv)
-        if args.command == "sweep":
-            return _sweep(args, _split_overrides(unknown), argv)
-        if args.command in RUN_TOOLS:
-            return RUN_TOOLS[args.command](args)
-        return _train(args, _split_overrides(unknown), argv)
+        return COMMANDS[args.command](args)
     except (ConfigError, SplitError, DatasetError, RegistryError, CheckpointError) as err:
         print(f"dfcil: error: {err}", file=sys.stderr)
         return 2
