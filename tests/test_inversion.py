@@ -1,3 +1,4 @@
+import logging
 import math
 
 import numpy as np
@@ -202,3 +203,43 @@ def test_generator_adam_is_fused_and_steps_like_the_unfused_one():
         runs[fused] = inv.generator.state_dict()
     for k, v in runs[False].items():
         torch.testing.assert_close(runs[True][k], v, rtol=1e-4, atol=1e-5, msg=k)
+
+
+def _replay_inversion(runtime, steps=20):
+    """A task's inversion as the engine runs it (:meth:`Replay.fit`), on a small teacher; returns the generator."""
+    from types import SimpleNamespace
+
+    from dfcil.synthesis.replay import Replay
+
+    torch.manual_seed(0)
+    net = _teacher()
+    ctx = SimpleNamespace(task_id=1, n_old=5, net=net, image_size=32, batch_size=8, runtime=runtime,
+                          rng=torch.Generator().manual_seed(3))  # fmt: skip
+    replay = Replay(InversionConfig(steps=steps, zdim=32, batch_size=8))
+    replay.begin(ctx)
+    replay.fit(ctx, lambda: None)
+    return replay.synth.generator.state_dict()
+
+
+def test_inversion_logs_every_tenth_reads_terms_outside_the_checked_graph_and_changes_nothing(caplog, monkeypatch):
+    """A line at steps 2, 4, .., 20 with the four weighted terms, read after each step (the graph check, which fails
+    on a host sync inside a step, passes); the generator is the one trained without lines; a second process logs
+    nothing."""
+    from dfcil.distributed import Dist
+    from dfcil.progress import ProgressLog
+    from dfcil.runtime import Runtime
+
+    caplog.set_level(logging.INFO, logger="dfcil")
+    logged = _replay_inversion(Runtime(graphs="check"))
+    lines = [r.getMessage() for r in caplog.records if "inversion step" in r.getMessage()]
+    assert [int(line.split("step ")[1].split("/")[0]) for line in lines] == list(range(2, 21, 2))
+    assert all(f" {k}=" in line or f": {k}=" in line for line in lines for k in ("content", "diversity", "bn", "prior"))
+    assert lines[-1].startswith("task 1 inversion step 20/20 (100%): content=") and "steps/s, 0s left" in lines[-1]
+
+    caplog.clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(ProgressLog, "due", lambda self, step: False)
+        quiet = _replay_inversion(Runtime(graphs="check"))
+    _replay_inversion(Runtime(dist=Dist(rank=1, world=2), split_inversion=False), steps=2)  # a second process
+    assert not [r for r in caplog.records if "inversion step" in r.getMessage()]
+    assert all(torch.equal(logged[k], quiet[k]) for k in logged)

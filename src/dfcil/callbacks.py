@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,38 @@ from dfcil.config import RunConfig, check_unchanged
 from dfcil.context import Phase
 from dfcil.graphs import StepGraph
 from dfcil.loop import Callback, Loop
+from dfcil.progress import ProgressLog
 from dfcil.runtime import peak_memory_mb
 
 log = logging.getLogger("dfcil")
 
 
 class ConsoleLogger(Callback):
-    """One log line per epoch and per task (to the console and, when configured, ``run.log``)."""
+    """One log line per epoch and per task (to the console and, when configured, ``run.log``), and progress lines
+    inside a task's first epoch when it is slow.
+
+    The first epoch a process trains in a task (the one a resumed run continues, included) is timed up to its first
+    tenth of steps; if its steps so far project it past ``slow_epoch_s``, a line follows at that tenth and every
+    later one but the last (the epoch's own line follows at once), with the mean loss terms so far, the speed and
+    the time left. A fast epoch, and every epoch of the smoke preset, gets no extra line; later epochs have the
+    line of the one before to show how long they take.
+
+    Args:
+        slow_epoch_s: the projected seconds of an epoch above which it gets progress lines.
+        clock: seconds, monotonic (a test's fake clock).
+    """
+
+    def __init__(self, slow_epoch_s: float = 30.0, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.slow_epoch_s, self.clock = slow_epoch_s, clock
+        self.first_epoch = False  # from a task's start to the end of its first epoch here
+        self.lines: ProgressLog | None = None  # the first epoch's schedule while it may still need lines
+        self.slow = False  # whether the first epoch turned out slow at its first tenth
+
+    def on_run_start(self, loop: Loop) -> None:
+        self.loop = loop
 
     def on_task_start(self, info: dict[str, Any]) -> None:
+        self.first_epoch = True
         log.info(
             "task %d (of 0..%d): %d new classes (%d seen), %d training images, phases %s",
             info["task"],
@@ -38,7 +62,26 @@ class ConsoleLogger(Callback):
             ", ".join(f"{p['name']}×{p['epochs']}" for p in info["phases"]),
         )
 
+    def on_phase_start(self, phase: Phase) -> None:
+        if self.first_epoch:  # the epoch starts now: at the step of a resumed one (fit_task set the position)
+            position, ctx = self.loop.state.position, self.loop.ctx
+            desc = f"task {ctx.task_id} {phase.name} epoch {position.epoch} (of 0..{phase.epochs - 1})"  # as below
+            self.lines, self.slow = ProgressLog(desc, len(ctx.data), position.step, clock=self.clock), False
+
+    def on_step_end(self) -> None:
+        if self.lines is None:
+            return
+        epoch = self.loop.state.epoch
+        if not self.lines.due(epoch.step) or epoch.step == self.lines.total:
+            return
+        if not self.slow and self.lines.projected_s(epoch.step) <= self.slow_epoch_s:
+            self.lines = None  # fast: its epoch line comes soon enough
+            return
+        self.slow = True
+        self.lines.log(epoch.step, epoch.means(), " (epoch means so far)")  # the one device sync of a logged step
+
     def on_epoch_end(self, record: dict[str, Any]) -> None:
+        self.first_epoch, self.lines = False, None
         losses = " ".join(f"{k}={v:.4f}" for k, v in record["loss"].items())
         log.info(
             "task %d %s epoch %d (of 0..%d) lr=%.4g %s (%.1fs, %.0f img/s)",

@@ -300,6 +300,7 @@ def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar
         ep.record(losses, step.names, len(data))
         if bar is not None:
             bar.update(1)
+        loop.emit("on_step_end")
         if stopping(loop) and ep.step < len(data):
             state.position = dataclasses.replace(state.position, step=ep.step)
             stop(loop, f"in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")

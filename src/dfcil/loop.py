@@ -38,6 +38,10 @@ class Callback:
 
     def on_phase_start(self, phase: Phase) -> None: ...
 
+    def on_step_end(self) -> None:
+        """A training step ended; ``loop.state.epoch`` holds the epoch's steps done and their loss terms (on the
+        device: reading them is a host sync, so only at a few steps)."""
+
     def on_epoch_end(self, record: dict[str, Any]) -> None:
         """An epoch ended: its mean loss terms, lr, time and speed."""
 

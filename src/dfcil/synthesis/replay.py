@@ -23,6 +23,7 @@ from dfcil.context import TaskContext
 from dfcil.distributed import Dist
 from dfcil.models.batchnorm import BNMode
 from dfcil.models.network import IncrementalNet, NetOutput
+from dfcil.progress import ProgressLog
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 
 log = logging.getLogger("dfcil")
@@ -60,13 +61,19 @@ class Replay:
         log.info(
             "task %d: inverting the old model into a generator (steps %d..%d)", ctx.task_id, synth.step, synth.cfg.steps
         )
-        progress = ctx.runtime.progress
-        with progress(total=self.cfg.steps, desc=f"task {ctx.task_id} inversion", initial=synth.step) as bar:
+        desc, total = f"task {ctx.task_id} inversion", synth.cfg.steps
+        # a line every tenth of the steps, bar or none (run.log has no bar); several processes: the first logs
+        lines = ProgressLog(desc, total, synth.step) if ctx.runtime.dist.main else None
+        with ctx.runtime.progress(total=total, desc=desc, initial=synth.step) as bar:
 
             def after_step(step: int, values: Tensor) -> None:
                 bar.update(1)
-                if step % 50 == 0 or step == synth.cfg.steps:  # a host sync every 50 steps, for the progress bar
-                    bar.set_postfix({k: f"{v:.3f}" for k, v in zip(synth.names, values.tolist(), strict=True)})
+                shown, logged = step % 50 == 0 or step == total, lines is not None and lines.due(step)
+                if shown or logged:  # a host sync at these few steps: a captured step's output is read after it
+                    terms = dict(zip(synth.names, values.tolist(), strict=True))
+                    bar.set_postfix({k: f"{v:.3f}" for k, v in terms.items()})
+                    if logged:
+                        lines.log(step, terms)
                 on_step()
 
             synth.fit(after_step)
