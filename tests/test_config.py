@@ -202,3 +202,16 @@ def test_the_paper_presets_give_every_plain_ce_first_task_the_same_schedule(sett
         first[name] = (method.task0_signature(), schedule, train, cfg.model, cfg.data, cfg.seed)
     assert first["rdfcil"][1][0]["epochs"] == 160 and len(first["rdfcil"][1]) == 1
     assert all(value == first["rdfcil"] for value in first.values()), {k: v[1] for k, v in first.items()}
+
+
+def test_image_size_auto_is_unset_and_rebuild_is_a_runtime_key_saved_off():
+    from pydantic import ValidationError
+
+    from dfcil.config import RUNTIME_KEYS, DataConfig
+
+    assert DataConfig(image_size="auto") == DataConfig() and DataConfig(image_size=64).image_size == 64
+    with pytest.raises(ValidationError):
+        DataConfig(image_size="big")
+    cfg = load_config([CONFIGS / "smoke.yaml"], [("data.rebuild", "true")])[0]
+    assert cfg.data.rebuild and "data.rebuild" in RUNTIME_KEYS
+    assert "rebuild: false" in dump_config(cfg)  # what a run directory saves: a resume does not rebuild again

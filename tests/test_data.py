@@ -285,3 +285,10 @@ def test_read_npz_of_real_cifar(cifar_root):
     assert np.bincount(train.y).tolist() == [500] * 100
     d = build_dataset(DataConfig(root=str(cifar_root)))
     assert d.test.x.shape == (10000, 32, 32, 3)
+
+
+@pytest.mark.parametrize("name", ds.DATASETS.names())
+def test_each_dataset_says_in_one_plain_sentence_what_it_is(name):
+    """`dfcil datasets` prints each docstring's first line: a whole sentence, plain text, short."""
+    summary = (ds.DATASETS.get(name).__doc__ or "").strip().splitlines()[0]
+    assert summary.endswith(".") and "``" not in summary and len(summary) <= 100, summary

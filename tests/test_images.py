@@ -197,7 +197,11 @@ def test_a_link_to_a_missing_image_is_named_not_skipped(tmp_path):
             lambda r: (r / "test" / "eel").rename(r / "test" / "emu"),
             r"only in train: \['eel'\]; only in test: \['emu'\]",
         ),
-        (lambda r: (r / "train" / "cat" / "big.png").write_bytes(encode(pattern(20, 30))), "30.20 pixels, smaller"),
+        (
+            lambda r: (r / "train" / "cat" / "big.png").write_bytes(encode(pattern(20, 30))),
+            r"1 of 19 images are smaller than 32 px \(the smallest is 30×20, train/cat/big.png\): use "
+            r"--data.image_size 20 or leave it unset \(auto\)",
+        ),
     ],
     ids=["no-test-split", "empty-class", "other-classes", "small-image"],
 )
@@ -209,12 +213,75 @@ def test_a_bad_folder_gets_one_clear_error_and_leaves_no_cache(tmp_path, damage,
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
-def test_the_folder_dataset_needs_an_image_size_and_reads_val_as_test(tmp_path):
+def test_the_folder_dataset_reads_val_as_test(tmp_path):
     root = write_folder(tmp_path / "data")
-    with pytest.raises(DatasetError, match="data.image_size is needed"):
-        build_dataset(DataConfig(name="folder", root=str(root), cache=str(tmp_path / "c")))
     (root / "test").rename(root / "val")
     assert build_dataset(folder_config(root, tmp_path)).test.x.shape[0] == 6
+
+
+def write_sized(root: Path, sizes: list[tuple[int, int]]) -> Path:
+    """Two classes, each with a training image of every (width, height) in ``sizes`` and one 40-pixel test image."""
+    for c in ("a", "b"):
+        for i, (w, h) in enumerate(sizes):
+            (root / "train" / c).mkdir(parents=True, exist_ok=True)
+            (root / "train" / c / f"{i}.png").write_bytes(encode(pattern(h, w, seed=i)))
+        (root / "test" / c).mkdir(parents=True, exist_ok=True)
+        (root / "test" / c / "0.png").write_bytes(encode(pattern(40, 40)))
+    return root
+
+
+def auto_config(root: Path, tmp_path: Path, **extra) -> DataConfig:
+    return DataConfig(name="folder", root=str(root), cache=str(tmp_path / "cache"), workers=1, **extra)
+
+
+def test_auto_image_size_is_the_size_uniform_images_share(tmp_path, caplog):
+    root = write_folder(tmp_path / "data", size=32)  # 32×40 images, greyscale and CMYK among them
+    with caplog.at_level("INFO", logger="dfcil"):
+        d = build_dataset(auto_config(root, tmp_path, image_size="auto"))
+    assert d.image_size == 32 and d.train.x.shape == (12, 32, 32, 3)
+    assert "data.image_size auto: 32 px, the shorter side all 18 images share" in caplog.text
+    np.testing.assert_array_equal(d.train.x, build_dataset(folder_config(root, tmp_path / "explicit")).train.x)
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == [
+        Path(d.source.split("(cache ")[1].rstrip(")")).name
+    ] and "folder-auto-" in d.source
+
+
+def test_auto_image_size_of_mixed_images_is_their_median_shorter_side(tmp_path, caplog, monkeypatch):
+    root = write_sized(tmp_path / "data", [(24, 30), (48, 32), (64, 64)])  # shorter sides 24, 32, 64; test 40
+    with caplog.at_level("INFO", logger="dfcil"):
+        d = build_dataset(auto_config(root, tmp_path))
+    assert d.image_size == 32 and d.test.x.shape == (2, 32, 32, 3)
+    line = "data.image_size auto: 32 px, the median shorter side of 8 images (24 to 64 px; the 2 smaller ones are "
+    assert line + "enlarged)" in caplog.text
+    np.testing.assert_array_equal(d.train.x[0], decode((root / "train/a/0.png").read_bytes(), BaseTransform(32, 32)))
+    caplog.clear()
+    monkeypatch.setattr(img, "header_sizes", lambda *a: pytest.fail("headers read again"))
+    monkeypatch.setattr(img, "decode_chunk", lambda *a: pytest.fail("decoded again"))
+    with caplog.at_level("INFO", logger="dfcil"):  # a later run reads the choice from the cache, and says it
+        assert build_dataset(auto_config(root, tmp_path)).image_size == 32
+    assert line in caplog.text
+
+
+def test_an_explicit_size_larger_than_some_images_is_refused_before_decoding(tmp_path, monkeypatch):
+    root = write_sized(tmp_path / "data", [(48, 32), (64, 64)])
+    monkeypatch.setattr(img, "decode_chunk", lambda *a: pytest.fail("decoded before the sizes were checked"))
+    message = (
+        r"^4 of 6 images are smaller than 64 px \(the smallest is 48×32, train/a/0.png\): use --data.image_size 32 "
+        r"or leave it unset \(auto\), or remove the smaller images$"
+    )
+    with pytest.raises(DatasetError, match=message):
+        build_dataset(auto_config(root, tmp_path, image_size=64))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_image_sizes_are_read_from_headers_by_a_pool_as_by_one_process(tmp_path, monkeypatch):
+    root = write_sized(tmp_path / "data", [(24, 30), (48, 32), (64, 64)])
+    (root / "train" / "a" / "9.png").write_bytes(b"\x89PNG not really")  # unreadable: (0, 0), named by decoding
+    files = [img.ImageFile(str(f)) for f in sorted(root.rglob("*.png"))]
+    monkeypatch.setattr(img, "SIZE_CHUNK", 3)
+    one, two = img.image_sizes(files, workers=1), img.image_sizes(files, workers=2)
+    np.testing.assert_array_equal(one, two)
+    assert one.tolist()[:6] == [[40, 40], [40, 40], [24, 30], [48, 32], [64, 64], [0, 0]]  # test/ first
 
 
 def test_a_changed_source_or_an_older_cache_is_refused_with_the_fix(tmp_path):
@@ -222,13 +289,99 @@ def test_a_changed_source_or_an_older_cache_is_refused_with_the_fix(tmp_path):
     d = build_dataset(folder_config(root, tmp_path))
     cache = Path(d.source.split("(cache ")[1].rstrip(")"))
     (root / "train" / "cat" / "9.png").write_bytes(encode(pattern(40, 40, seed=9)))
-    with pytest.raises(DatasetError, match=r"prepared from another source .*delete .* to prepare it again"):
+    fix = rf"run again with --data.rebuild true \(or delete {cache}\) to prepare it again from the source"
+    with pytest.raises(DatasetError, match=r"prepared from another source .*: the source changed since; " + fix):
         build_dataset(folder_config(root, tmp_path))
     (root / "train" / "cat" / "9.png").unlink()
     manifest = json.loads((cache / "manifest.json").read_text())
     (cache / "manifest.json").write_text(json.dumps(manifest | {"cache_format": 0}))
     with pytest.raises(DatasetError, match="prepared by another version of dfcil"):
         build_dataset(folder_config(root, tmp_path))
+
+
+def test_a_stale_cache_is_rebuilt_on_request_while_a_reader_keeps_the_old_arrays(tmp_path):
+    root = write_folder(tmp_path / "data")
+    old = build_dataset(folder_config(root, tmp_path))
+    before = np.array(old.train.x)
+    (root / "train" / "cat" / "3.png").write_bytes(encode(pattern(40, 48, seed=99)))  # an edited image
+    with pytest.raises(DatasetError, match=r"run again with --data.rebuild true \(or delete .*folder-32px-"):
+        build_dataset(folder_config(root, tmp_path))
+    new = build_dataset(folder_config(root, tmp_path, rebuild=True))
+    np.testing.assert_array_equal(
+        new.train.x[3], decode((root / "train/cat/3.png").read_bytes(), BaseTransform(32, 32))
+    )
+    np.testing.assert_array_equal(old.train.x, before)  # the old memory map still reads the old cache's arrays
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.suffix != ".lock") == [
+        Path(new.source[:-1].split("cache ")[1]).name
+    ]
+    np.testing.assert_array_equal(build_dataset(folder_config(root, tmp_path)).train.x, new.train.x)
+
+
+KILLED_REBUILD = """
+import sys, time
+from pathlib import Path
+from dfcil.config import DataConfig
+from dfcil.data import images as img
+from dfcil.data.datasets import build_dataset
+
+root, cache, marker = sys.argv[1:]
+original, calls = img.decode_chunk, []
+
+
+def slow(images, transform):  # the second chunk never finishes: the parent kills the process there
+    calls.append(1)
+    if len(calls) == 2:
+        Path(marker).touch()
+        time.sleep(600)
+    return original(images, transform)
+
+
+img.decode_chunk = slow
+build_dataset(DataConfig(name="folder", root=root, image_size=32, cache=cache, workers=1, rebuild=True))
+"""
+
+
+def test_a_rebuild_killed_midway_leaves_the_old_cache_and_continues_next_time(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = write_folder(tmp_path / "data", train=70)  # 216 images: 5 chunks
+    build_dataset(folder_config(root, tmp_path))
+    (cache,) = (tmp_path / "cache").glob("folder-*")
+    (root / "train" / "dog" / "3.png").write_bytes(encode(pattern(40, 48, seed=99)))
+    marker = tmp_path / "decoding"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_REBUILD, str(root), str(tmp_path / "cache"), str(marker)])
+    deadline = time.monotonic() + 120
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), "the rebuild did not reach its second chunk"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    # under the cache's name: the old cache, whole (refused as stale, not as damaged), and the rebuild's partial
+    with pytest.raises(DatasetError, match="prepared from another source"):
+        build_dataset(folder_config(root, tmp_path))
+    assert (cache / "manifest.json").exists() and (tmp_path / "cache" / f".{cache.name}.partial").is_dir()
+    # the rebuild asked again continues the partial (a kill loses at most the last half minute of decoding)
+    rebuilt = build_dataset(folder_config(root, tmp_path, rebuild=True))
+    fresh = build_dataset(folder_config(root, tmp_path / "fresh"))
+    np.testing.assert_array_equal(rebuilt.train.x, fresh.train.x)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.suffix != ".lock") == [cache.name]
+
+
+def test_a_rebuild_killed_between_its_renames_is_finished_by_the_next_run(tmp_path, monkeypatch):
+    """The new cache whole in its hidden directory, the old one renamed aside, nothing under the cache's name:
+    the next run renames the new one into place without decoding, and removes the old one."""
+    root = write_folder(tmp_path / "data")
+    want = np.array(build_dataset(folder_config(root, tmp_path)).train.x)
+    (cache,) = (tmp_path / "cache").glob("folder-*")
+    cache.rename(cache.parent / f".{cache.name}.partial")
+    (cache.parent / f".{cache.name}.old").mkdir()
+    monkeypatch.setattr(img, "decode_chunk", lambda *a: pytest.fail("decoded again"))
+    np.testing.assert_array_equal(build_dataset(folder_config(root, tmp_path)).train.x, want)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.suffix != ".lock") == [cache.name]
 
 
 def test_a_cache_with_a_label_beyond_its_classes_is_refused_when_opened(tmp_path):

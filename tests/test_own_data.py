@@ -103,3 +103,29 @@ def test_rdfcil_runs_at_other_image_sizes_and_backbones(overrides, generator):
     few = [("data.train_per_class", "8"), ("train.batch_size", "16")]  # the shapes are what is checked: quick
     summary = run(tiny_config("rdfcil", [*overrides, *few]), options=RunOptions(callbacks=[seen], progress=False))
     assert len(summary["acc_per_task"]) == 2 and seen.generator == generator
+
+
+def test_own_data_needs_no_image_size_and_a_stale_cache_is_rebuilt_on_request(own_data, tmp_path, capsys):
+    """The README's own-data command without --data.image_size: the size comes from the images (32 px). A changed
+    source is refused with the fix; --data.rebuild true prepares the cache again, and the run saves it as false."""
+    import shutil
+
+    import yaml
+
+    from dfcil.runner import train
+
+    root = tmp_path / "data"
+    shutil.copytree(own_data / "folder", root)
+    args = ["train", "--config", "configs/own-data.yaml", "--data.root", str(root), "--dry-run"]
+    args += ["--data.cache", str(tmp_path / "cache"), "--data.workers", "1", "--train.batch_size", "8"]
+    assert main(args) == 0
+    assert "dataset:     folder (6 classes, 32x32)" in capsys.readouterr().out
+    (root / "train" / "class_0" / "00.png").write_bytes((root / "train" / "class_1" / "00.png").read_bytes())
+    assert main(args) == 2
+    assert "run again with --data.rebuild true (or delete" in capsys.readouterr().err
+    overrides = [("data.name", "folder"), ("data.root", str(root)), ("data.cache", str(tmp_path / "cache"))]
+    overrides += [("data.workers", "1"), ("data.rebuild", "true")]
+    train(tiny_config("finetune", overrides), tmp_path / "run", options=RunOptions(progress=False))
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["data"]
+    assert saved["rebuild"] is False and saved["image_size"] is None  # auto: the cache records the size chosen
+    assert main(args) == 0

@@ -53,6 +53,14 @@ def _yaml_switch(value: Any) -> Any:
 OnOffCheck = Annotated[Literal["off", "on", "check"], BeforeValidator(_yaml_switch)]
 
 
+def _auto_is_unset(value: Any) -> Any:
+    return None if value == "auto" else value
+
+
+# A side in pixels, or None (also spelled `auto`): the dataset's own
+ImageSize = Annotated[PositiveInt | None, BeforeValidator(_auto_is_unset)]
+
+
 def configclass(cls: type[T]) -> type[T]:
     """Make ``cls`` a frozen, validated dataclass that rejects unknown keys."""
     return _pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))(cls)
@@ -70,15 +78,20 @@ class DataConfig:
     num_classes: PositiveInt | None = None  # keep only the first K classes of the order (mini protocols)
     train_per_class: PositiveInt | None = None  # cap on training images per class (first n in file order)
     test_per_class: PositiveInt | None = None  # cap on test images per class (first n in file order)
-    # side of the (square) images in pixels; None: the dataset's own (CIFAR-100 32, Tiny-ImageNet 64, ImageNet-100
-    # 224); `folder` needs it. Decoded datasets are resized and centre-cropped to it, as the reference does.
-    image_size: PositiveInt | None = None
+    # side of the (square) images in pixels; auto (or None): the dataset's own (CIFAR-100 32, Tiny-ImageNet 64,
+    # ImageNet-100 224, `arrays` its arrays'), for `folder` what its images hold: the shorter side they share, else
+    # the median shorter side (smaller images enlarged). Decoded datasets are resized (shorter side) and
+    # centre-cropped to it, as the reference does; `folder` refuses images smaller than an explicit size.
+    image_size: ImageSize = None
     # per-channel normalisation of x / 255; None: the dataset's (the reference's constants, or computed from the
     # training images of `folder` and `arrays` datasets and cached)
     mean: tuple[Float, Float, Float] | None = None
     std: tuple[PositiveFloat, PositiveFloat, PositiveFloat] | None = None
     cache: str | None = None  # decoded datasets' cache; None: $DFCIL_CACHE, else ~/.cache/dfcil/prepared; runtime
     workers: PositiveInt | None = None  # processes that decode images; None: every core; runtime only
+    # prepare the decoded-image cache again from the source, replacing the old one (a stale or foreign cache is
+    # refused otherwise); runtime only, and saved as false: a resume does not rebuild again unless asked
+    rebuild: bool = False
 
 
 @configclass
@@ -200,13 +213,14 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
     "task0_cache": str | None,
     "log": tuple[str, ...],
 }
-# Keys that a resume may change: they never change the results (data.root says where the same data lies;
+# Keys that a resume may change: they never change the results (data.root says where the same data lies,
+# data.rebuild prepares its cache again from it;
 # engine.cuda_graphs changes how a step's kernels are launched, not which: a run whose capture failed continues with
 # it off). Everything else shapes the protocol or the model.
 RUNTIME_KEYS = frozenset(
     {
         "device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache", "engine.cuda_graphs",
-        "data.root", "data.download", "data.cache", "data.workers", "log",
+        "data.root", "data.download", "data.cache", "data.workers", "data.rebuild", "log",
     }
 )  # fmt: skip
 
@@ -404,7 +418,11 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
 
 
 def dump_config(cfg: RunConfig) -> str:
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+    """The config as a run directory saves it (``config.yaml``): one-off actions (``data.rebuild``) recorded off,
+    so that ``dfcil resume`` and a repeat of the run do not perform them again unless asked."""
+    plain = config_to_dict(cfg)
+    plain["data"]["rebuild"] = False
+    return yaml.safe_dump(plain, sort_keys=False)
 
 
 def config_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:

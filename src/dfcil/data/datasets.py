@@ -186,8 +186,10 @@ def read_cifar100_python(folder: Path, split: str) -> ImageArrays:
 
 @DATASETS.register("cifar100")
 def cifar100(root: Path, cfg: DataConfig, downloader: Downloader | None = None, **_: Any) -> ImageDataset:
-    """CIFAR-100 from ``root``: ``cifar100/{train,test}.npz`` (fast path), else ``cifar-100-python/``, else a
-    checksummed download of the official archive when ``download`` is set."""
+    """CIFAR-100: 100 classes of 32×32 images, from the data root or its official download.
+
+    Read from ``root``: ``cifar100/{train,test}.npz`` (fast path), else ``cifar-100-python/``, else a checksummed
+    download of the official archive when ``download`` is set."""
     prepared, official = root / "cifar100", root / "cifar-100-python"
     if (prepared / "train.npz").exists() or (prepared / "test.npz").exists():
         train, test = (read_npz(prepared / f"{s}.npz", 100, 32) for s in ("train", "test"))
@@ -237,9 +239,11 @@ def make_fake_arrays(num_classes: int, per_class: int, image_size: int, seed: in
 
 @DATASETS.register("fake")
 def fake(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
-    """A tiny generated dataset (10 classes unless ``data.num_classes``; 48 train / 16 test per class, more train
-    images where ``data.train_per_class`` asks for them; 32×32 unless ``data.image_size``, a multiple of 4) for tests,
-    smoke runs and timing a protocol's schedule at its real size. Needs no files."""
+    """Generated images for tests and smoke runs: 10 classes of 32×32 by default, no files needed.
+
+    10 classes unless ``data.num_classes``; 48 train / 16 test per class, more train images where
+    ``data.train_per_class`` asks for them; 32×32 unless ``data.image_size``, a multiple of 4. Also for timing a
+    protocol's schedule at its real size."""
     n, size = cfg.num_classes or 10, cfg.image_size or 32
     if size % 4:
         raise DatasetError(f"data.image_size {size}: the fake dataset needs a multiple of 4")

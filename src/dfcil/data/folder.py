@@ -6,12 +6,19 @@ images are the files with an image suffix, in sorted order. They are resized (sh
 to ``data.image_size``, decoded once into the cache (:mod:`dfcil.data.images`); the normalisation is the
 training images' per-channel mean and std unless the config gives it.
 
+The image size: an explicit ``data.image_size`` refuses images smaller than it (they would be enlarged), read
+from the images' headers before anything is decoded. Unset (``auto``), it is what the images hold: the shorter
+side they all share, else their median shorter side (the smaller ones enlarged, as torchvision's ``Resize``
+does); the choice is logged and recorded in the cache's manifest, and a later run on the same files reads it
+from there (the cache is refused once the files change, so a resumed run keeps its size).
+
 ``arrays``: ``<root>/train.npz`` and ``<root>/test.npz``, each with uint8 ``x`` ``[N, S, S, 3]`` and integer ``y``
 (labels 0..C-1, every class in both splits): the CIFAR-100 fast path for any class count and image size.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +30,17 @@ from dfcil.data.images import (
     IMAGE_SUFFIXES,
     BaseTransform,
     ImageFile,
+    Preparation,
     Split,
     cache_dir,
     channel_stats,
     fingerprint_files,
+    image_sizes,
     load_or_prepare,
 )
 from dfcil.errors import DatasetError
+
+log = logging.getLogger("dfcil")
 
 
 def class_folders(split_dir: Path) -> dict[str, list[Path]]:
@@ -64,14 +75,43 @@ def check_same_classes(train: list[str], test: list[str], test_dir: Path) -> Non
         )
 
 
+def auto_size(sizes: np.ndarray) -> tuple[int, str]:
+    """The image size ``data.image_size: auto`` chooses from the images' (width, height) ``sizes`` (unreadable
+    ones, (0, 0), left out), and why, in words."""
+    short = np.sort(sizes.min(axis=1)[sizes.min(axis=1) > 0])
+    if not len(short):
+        raise DatasetError("none of the images can be read; check that the folder holds image files")
+    size = int(short[(len(short) - 1) // 2])  # the lower median: the shorter side of an actual image
+    if short[0] == short[-1]:
+        return size, f"the shorter side all {len(short)} images share"
+    smaller = int(np.searchsorted(short, size))
+    return size, (
+        f"the median shorter side of {len(short)} images ({short[0]} to {short[-1]} px; the {smaller} smaller ones "
+        f"are enlarged); set data.image_size to choose another"
+    )
+
+
+def check_min_side(images: list[ImageFile], sizes: np.ndarray, size: int, root: Path) -> None:
+    """Refuse images smaller than an explicit ``size`` (from their headers: before anything is decoded)."""
+    short = sizes.min(axis=1)
+    small = np.flatnonzero((short > 0) & (short < size))
+    if len(small):
+        i = small[np.argmin(short[small])]
+        w, h = sizes[i]
+        raise DatasetError(
+            f"{len(small)} of {len(images)} images are smaller than {size} px (the smallest is {w}×{h}, "
+            f"{Path(images[i].path).relative_to(root)}): use --data.image_size {short[i]} or leave it unset (auto), "
+            f"or remove the smaller images"
+        )
+
+
 @DATASETS.register("folder")
 def folder(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> ImageDataset:
-    """Your own images: <root>/train/<class>/*, <root>/test/<class>/* (or val/), resized to data.image_size."""
-    if cfg.image_size is None:
-        raise DatasetError(
-            "data.image_size is needed for the folder dataset (e.g. 64): its images are resized (shorter side) and "
-            "centre-cropped to that size"
-        )
+    """Your own images, a folder per class: <root>/train/<class>/* and <root>/test/<class>/* (or val/).
+
+    Every image is resized (shorter side) and centre-cropped to data.image_size, by default the size the images
+    hold (see the module's docstring).
+    """
     train_dir = root / "train"
     test_dir = next((root / name for name in ("test", "val") if (root / name).is_dir()), root / "test")
     for d in (train_dir, test_dir):
@@ -88,15 +128,29 @@ def folder(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> Image
         images = [ImageFile(str(f)) for c in classes for f in files[c]]
         return Split(images, np.repeat(np.arange(len(classes)), [len(files[c]) for c in classes]))
 
-    size = cfg.image_size
     every = [f for files in (train, test) for c in classes for f in files[c]]
     identity = {"dataset": "folder", "source": str(root), "fingerprint": fingerprint_files(root, every)}
     identity["classes"] = classes
-    transform = BaseTransform(short=size, size=size, min_side=size)  # smaller images are refused, not enlarged
+    size = cfg.image_size
+    fixed = BaseTransform(short=size, size=size, min_side=size) if size else None  # smaller images refused
+    if fixed:  # else the transform is chosen from the images, and the manifest says which
+        identity["transform"] = fixed.as_dict()
+
+    def plan() -> Preparation:
+        splits = {"train": split(train), "test": split(test)}
+        images = [*splits["train"].images, *splits["test"].images]
+        sizes = image_sizes(images, cfg.workers)  # from the headers, before anything is decoded
+        if fixed:
+            check_min_side(images, sizes, fixed.size, root)
+            return Preparation(splits, fixed)
+        size, why = auto_size(sizes)
+        return Preparation(splits, BaseTransform(short=size, size=size), {"image_size_chosen": why})
+
     path = cache_dir(cfg.cache, "folder", root, size)
-    arrays, manifest = load_or_prepare(
-        path, identity, lambda: {"train": split(train), "test": split(test)}, transform, cfg.workers, progress
-    )
+    arrays, manifest = load_or_prepare(path, identity, plan, cfg.workers, progress, cfg.rebuild)
+    if fixed is None:
+        size = manifest["transform"]["size"]
+        log.info("data.image_size auto: %d px, %s", size, manifest["image_size_chosen"])
     stats = manifest["stats"]
     return ImageDataset(
         "folder", len(classes), size, tuple(stats["mean"]), tuple(stats["std"]), ImageArrays(*arrays["train"]),
@@ -106,7 +160,10 @@ def folder(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> Image
 
 @DATASETS.register("arrays")
 def arrays(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
-    """Your own arrays: <root>/train.npz and <root>/test.npz (uint8 x [N,S,S,3], integer y in 0..C-1)."""
+    """Your own arrays: <root>/train.npz and <root>/test.npz, images x and labels y in each.
+
+    ``x``: uint8 ``[N, S, S, 3]`` (RGB); ``y``: integer labels 0..C-1, every class in both splits. The images are
+    used as they are: ``data.image_size`` must be unset or ``S``."""
     train, test = (read_arrays(root / f"{split}.npz") for split in ("train", "test"))
     size = train.x.shape[1]
     if test.x.shape[1:] != train.x.shape[1:]:

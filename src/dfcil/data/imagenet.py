@@ -25,6 +25,7 @@ from dfcil.data.images import (
     IMAGE_SUFFIXES,
     BaseTransform,
     ImageFile,
+    Preparation,
     Split,
     cache_dir,
     fingerprint_files,
@@ -105,7 +106,9 @@ def _from_split_files(root: Path) -> dict[str, list[tuple[Path, int]]]:
 
 @DATASETS.register("imagenet100")
 def imagenet100(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> ImageDataset:
-    """ImageNet-100 (UCIR/PODNet split): 100 ILSVRC-2012 classes at 224×224, the validation images as test set."""
+    """ImageNet-100 (UCIR/PODNet split): 100 ILSVRC-2012 classes at 224×224, from your ILSVRC-2012 copy.
+
+    The validation images are the test set; see the module's docstring for the layouts read."""
     if all((root / name).is_file() for name in SPLIT_FILES.values()):
         items = _from_split_files(root)
         folder_of = {label: p.parent.name for p, label in reversed(items["train"])}  # train/<wnid>/<file>
@@ -126,16 +129,19 @@ def imagenet100(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> 
     transform = BaseTransform(short=round(size * 256 / 224), size=size)
     every = [p for pairs in items.values() for p, _ in pairs]
     identity = {"dataset": "imagenet100", "source": str(root), "fingerprint": fingerprint_files(root, every)}
-    identity["classes"] = wnids
+    identity |= {"classes": wnids, "transform": transform.as_dict()}
 
-    def splits() -> dict[str, Split]:
-        return {
-            s: Split([ImageFile(str(p)) for p, _ in pairs], np.array([y for _, y in pairs], dtype=np.int64))
-            for s, pairs in items.items()
-        }
+    def plan() -> Preparation:
+        return Preparation(
+            {
+                s: Split([ImageFile(str(p)) for p, _ in pairs], np.array([y for _, y in pairs], dtype=np.int64))
+                for s, pairs in items.items()
+            },
+            transform,
+        )
 
     path = cache_dir(cfg.cache, "imagenet100", root, size)
-    arrays, _ = load_or_prepare(path, identity, splits, transform, cfg.workers, progress)
+    arrays, _ = load_or_prepare(path, identity, plan, cfg.workers, progress, cfg.rebuild)
     train, test = ImageArrays(*arrays["train"]), ImageArrays(*arrays["test"])
     return ImageDataset(
         "imagenet100", COUNT, size, IMAGENET_MEAN, IMAGENET_STD, train, test, f"{root} (cache {path})", tuple(wnids)

@@ -9,6 +9,11 @@ memory-mapped files in a hidden ``.<name>.partial`` directory beside the cache; 
 place once every image is decoded, so a cache is whole or absent. An interrupted preparation (Ctrl-C, a kill)
 continues where it stopped the next time; images that cannot be decoded fail it, naming them, and leave nothing.
 Host memory stays bounded by the chunks in flight, whatever the dataset's size.
+
+A cache that no longer matches its source is refused; ``data.rebuild`` prepares it again beside the old one, then
+swaps the two (the old one is renamed aside, the new one into place, the old one removed). A process that has the
+old arrays memory-mapped keeps reading them (a removed file lives on while it is mapped); a kill at any point
+leaves the old cache, or nothing under the cache's name and a preparation that the next run continues or finishes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from dfcil.progress import make_progress
 
 CACHE_FORMAT = 1  # raise it when the layout or the decoding changes: older caches are then refused
 CHUNK = 64  # images per task of the decoding pool
+SIZE_CHUNK = 1024  # images per task of the header-reading pool (about 0.15 ms each)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 
 
@@ -139,6 +145,38 @@ def decode_chunk(images: Sequence[ImageFile], transform: BaseTransform) -> tuple
     return out, bad
 
 
+def header_sizes(images: Sequence[ImageFile]) -> np.ndarray:
+    """(width, height) of each image from its header, (0, 0) where it cannot be read (decoding names it later)."""
+    from PIL import Image
+
+    out = np.zeros((len(images), 2), dtype=np.int64)
+    archives = _WORKER_ARCHIVES if _WORKER_ARCHIVES is not None else {}
+    try:
+        for i, image in enumerate(images):
+            try:
+                source = image.path if image.archive is None else io.BytesIO(read_bytes(image, archives))
+                with Image.open(source) as img:  # lazy: reads the header, decodes no pixel
+                    out[i] = img.size
+            except Exception:  # noqa: BLE001, S112 - an unreadable image is named by the decoding, with its reason
+                continue
+    finally:
+        if archives is not _WORKER_ARCHIVES:
+            for archive in archives.values():
+                archive.close()
+    return out
+
+
+def image_sizes(images: Sequence[ImageFile], workers: int | None = None) -> np.ndarray:
+    """(N, 2) int64 (width, height) of ``images`` from their headers, without decoding a pixel; (0, 0) for an image
+    whose header cannot be read. A pool of ``workers`` processes (None: every core) reads large sets."""
+    workers = min(workers or os.cpu_count() or 1, -(-len(images) // SIZE_CHUNK))
+    if workers <= 1:
+        return header_sizes(images).reshape(-1, 2)
+    chunks = [images[i : i + SIZE_CHUNK] for i in range(0, len(images), SIZE_CHUNK)]
+    with concurrent.futures.ProcessPoolExecutor(workers, initializer=_start_worker, initargs=(os.getpid(),)) as pool:
+        return np.concatenate(list(pool.map(header_sizes, chunks)))
+
+
 def fingerprint_file(path: Path) -> str:
     """SHA-256 of a file's bytes (an archive the cache is built from)."""
     digest = hashlib.sha256()
@@ -168,11 +206,12 @@ def default_cache_root() -> Path:
     return Path(platformdirs.user_cache_dir("dfcil")) / "prepared"
 
 
-def cache_dir(cache_root: str | os.PathLike | None, dataset: str, source: Path, size: int) -> Path:
-    """Where the cache of ``dataset`` read from ``source`` at ``size`` pixels lives: one per source location."""
+def cache_dir(cache_root: str | os.PathLike | None, dataset: str, source: Path, size: int | None) -> Path:
+    """Where the cache of ``dataset`` read from ``source`` at ``size`` pixels lives: one per source location and
+    size. ``size`` None: the size chosen from the images (``data.image_size: auto``), which its manifest records."""
     root = Path(cache_root).expanduser() if cache_root else default_cache_root()
     where = hashlib.sha256(os.path.abspath(source.expanduser()).encode()).hexdigest()[:10]
-    return root / f"{dataset}-{size}px-{where}"
+    return root / f"{dataset}-{f'{size}px' if size else 'auto'}-{where}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,12 +226,38 @@ class Split:
             raise ValueError("one label per image")
 
 
+def rebuild_fix(path: Path) -> str:
+    return f"run again with --data.rebuild true (or delete {path}) to prepare it again from the source"
+
+
 def load_cache(path: Path, identity: dict[str, Any]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict]:
     """The splits of a prepared dataset (images memory-mapped) and its manifest; ``identity``: what the manifest
     must say about the source and the preparation, else the cache is refused (built from another source or by
-    another version)."""
+    another version). A cache that another process's rebuild replaced while it was being read is read again."""
+    for _ in range(3):
+        before = _inode(path / "manifest.json")
+        try:
+            loaded = _read_cache(path, identity)
+        except DatasetError:
+            if _inode(path / "manifest.json") == before:
+                raise
+            time.sleep(0.1)  # swapped for a rebuilt cache meanwhile (renamed aside, then in): read the new one
+            continue
+        if _inode(path / "manifest.json") == before:
+            return loaded
+    raise DatasetError(f"{path} was replaced three times while it was being read; run again once it is prepared")
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _read_cache(path: Path, identity: dict[str, Any]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict]:
     manifest_path = path / "manifest.json"
-    fix = f"delete {path} to prepare it again from the source"
+    fix = rebuild_fix(path)
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as err:
@@ -208,7 +273,7 @@ def load_cache(path: Path, identity: dict[str, Any]) -> tuple[dict[str, tuple[np
             found, want = (repr(v) if len(repr(v)) < 90 else repr(v)[:80] + "...]" for v in (manifest.get(key), want))
             raise DatasetError(
                 f"{path} was prepared from {what} ({key}: {found}, expected {want}): the source changed since; "
-                f"{fix} (or set data.cache to another directory)"
+                f"{fix}, or set data.cache to another directory"
             )
     splits = {}
     for name, count in manifest["counts"].items():
@@ -253,11 +318,15 @@ def prepare_cache(
     workers: int | None = None,
     progress: Callable[..., Any] | None = None,
 ) -> None:
-    """Decode ``splits`` into the cache directory ``path`` (which must not exist), continuing an interrupted
-    preparation with the same ``manifest``. Raises :class:`DatasetError` naming the images that cannot be decoded
-    (and removes the unfinished cache)."""
+    """Decode ``splits`` into the cache directory ``path``, continuing an interrupted preparation with the same
+    ``manifest``; a cache already at ``path`` (a rebuild) is replaced once the new one is whole. Raises
+    :class:`DatasetError` naming the images that cannot be decoded (and removes the unfinished cache)."""
     manifest = {"cache_format": CACHE_FORMAT, **manifest, "transform": transform.as_dict()}
     manifest["counts"] = {name: len(split.images) for name, split in splits.items()}
+    shutil.rmtree(_aside(path), ignore_errors=True)  # an old cache a killed rebuild had renamed aside
+    if _finished(_partial_dir(path), manifest):  # a preparation killed between its last write and its rename
+        _swap_in(_partial_dir(path), path)
+        return
     partial = _open_partial(path, splits, transform, manifest)
     bad = partial.bad  # what earlier, interrupted attempts found, and then this one's
     total = sum(len(s.images) for s in splits.values())
@@ -323,8 +392,40 @@ class _Writer:
         os.close(self.fd)
 
 
+def _partial_dir(path: Path) -> Path:
+    return path.parent / f".{path.name}.partial"
+
+
+def _aside(path: Path) -> Path:
+    return path.parent / f".{path.name}.old"
+
+
+def _finished(tmp: Path, manifest: dict) -> bool:
+    """Whether ``tmp`` is a whole preparation of ``manifest`` (its statistics added, its bookkeeping removed)."""
+    try:
+        done = json.loads((tmp / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(done, dict)
+        and done.pop("stats", None) is not None
+        and done == manifest
+        and (not (tmp / "bad.json").exists())
+    )
+
+
+def _swap_in(new: Path, path: Path) -> None:
+    """Rename the whole cache ``new`` to ``path``. A cache already there is renamed aside first and removed after:
+    its files live on for the processes that have them memory-mapped."""
+    if path.exists():
+        os.replace(path, _aside(path))
+    os.replace(new, path)
+    fsync_dir(path.parent)
+    shutil.rmtree(_aside(path), ignore_errors=True)
+
+
 def _open_partial(path: Path, splits: dict[str, Split], transform: BaseTransform, manifest: dict) -> _Partial:
-    tmp = path.parent / f".{path.name}.partial"
+    tmp = _partial_dir(path)
     marker = tmp / "manifest.json"
     if tmp.exists():
         try:
@@ -432,23 +533,33 @@ def _finish(partial: _Partial, splits: dict[str, Split], path: Path, manifest: d
         with open(f, "rb+") as handle:
             os.fsync(handle.fileno())
     write_atomic(partial.path / "manifest.json", json.dumps(manifest, indent=1))
-    os.replace(partial.path, path)
-    fsync_dir(path.parent)
+    _swap_in(partial.path, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preparation:
+    """What a cache is prepared from: the splits' images, how they are transformed, and notes for the manifest
+    (how the size was chosen)."""
+
+    splits: dict[str, Split]
+    transform: BaseTransform
+    notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def load_or_prepare(
     path: Path,
     identity: dict[str, Any],
-    list_splits: Callable[[], dict[str, Split]],
-    transform: BaseTransform,
+    plan: Callable[[], Preparation],
     workers: int | None = None,
     progress: Callable[..., Any] | None = None,
+    rebuild: bool = False,
 ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict]:
-    """The cached splits at ``path`` (memory-mapped) and their manifest; the first time, ``list_splits()`` names
-    the images, which are decoded into the cache. ``identity`` (source, fingerprint, classes, ...) must match an
-    existing cache's manifest."""
-    identity = identity | {"transform": transform.as_dict()}
-    if not (path / "manifest.json").exists():
+    """The cached splits at ``path`` (memory-mapped) and their manifest; the first time (or with ``rebuild``),
+    ``plan()`` names the images and their transform, and they are decoded into the cache. ``identity`` (source,
+    fingerprint, classes, transform where known, ...) must match an existing cache's manifest."""
+    manifest_file = path / "manifest.json"
+    if rebuild or not manifest_file.exists():
+        asked_to_replace = _inode(manifest_file) if rebuild else None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             probe = path.parent / f".{path.name}.write-test"
@@ -459,16 +570,21 @@ def load_or_prepare(
                 f"cannot write the decoded-image cache in {path.parent} ({err.strerror or err}); set data.cache (or "
                 f"$DFCIL_CACHE) to a writable directory"
             ) from None
-        # one process prepares a cache at a time (runs of a sweep may start together): the others wait, then read it
+        # one process prepares a cache at a time (runs of a sweep may start together): the others wait, then read
+        # it; a rebuild that another process finished meanwhile is not done twice
         lock = path.parent / f".{path.name}.lock"
         try:
             with FileLock(lock):
-                if not (path / "manifest.json").exists():
-                    if path.exists():  # a directory without a manifest is not a cache: a rename cannot leave one
+                current = _inode(manifest_file)
+                if current is None or (rebuild and current == asked_to_replace):
+                    if path.exists() and current is None and not rebuild:  # a rename cannot leave this
                         raise DatasetError(
-                            f"{path} exists but holds no manifest.json; delete it to prepare the cache again"
+                            f"{path} exists but holds no manifest.json; run again with --data.rebuild true (or "
+                            f"delete it) to prepare the cache again"
                         )
-                    prepare_cache(path, list_splits(), transform, identity, workers, progress)
+                    p = plan()
+                    assert identity.get("transform", p.transform.as_dict()) == p.transform.as_dict()
+                    prepare_cache(path, p.splits, p.transform, identity | p.notes, workers, progress)
         except BaseException:
             lock.unlink(missing_ok=True)  # a failed preparation leaves nothing behind, its lock file included
             raise

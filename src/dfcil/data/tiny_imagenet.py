@@ -24,6 +24,7 @@ from dfcil.data.datasets import DATASETS, ImageArrays, ImageDataset
 from dfcil.data.images import (
     BaseTransform,
     ImageFile,
+    Preparation,
     Split,
     cache_dir,
     fingerprint_file,
@@ -147,7 +148,9 @@ def list_splits(source: _Source, wnids: list[str]) -> dict[str, Split]:
 def tiny_imagenet200(
     root: Path, cfg: DataConfig, progress: Any = None, downloader: Downloader | None = None, **_: Any
 ) -> ImageDataset:
-    """Tiny-ImageNet-200 (cs231n): 200 classes, 64×64, the validation split as the test set."""
+    """Tiny-ImageNet-200 (cs231n): 200 classes of 64×64 images, from its zip or folder, or downloaded.
+
+    The validation split is the test set; see the module's docstring for the layout read."""
     source = _Source(find_source(root, cfg, downloader))
     wnids = sorted(source.read_text(f"{TOP}/wnids.txt").split())
     if len(wnids) != 200:
@@ -155,9 +158,11 @@ def tiny_imagenet200(
     size = cfg.image_size or 64
     transform = BaseTransform(short=size, size=size)
     identity = {"dataset": "tiny_imagenet200", "source": str(source.path), "fingerprint": source.fingerprint()}
-    identity["classes"] = wnids
+    identity |= {"classes": wnids, "transform": transform.as_dict()}
     path = cache_dir(cfg.cache, "tiny_imagenet200", source.path, size)
-    arrays, _ = load_or_prepare(path, identity, lambda: list_splits(source, wnids), transform, cfg.workers, progress)
+    arrays, _ = load_or_prepare(
+        path, identity, lambda: Preparation(list_splits(source, wnids), transform), cfg.workers, progress, cfg.rebuild
+    )
     train, test = ImageArrays(*arrays["train"]), ImageArrays(*arrays["test"])
     return ImageDataset(
         "tiny_imagenet200", 200, size, TINY_MEAN, TINY_STD, train, test, f"{source.path} (cache {path})", tuple(wnids)
