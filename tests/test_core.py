@@ -79,16 +79,29 @@ def test_no_file_sends_readers_to_files_the_repository_does_not_hold():
     assert [str(f.relative_to(REPO)) for f in files if f.is_file() and "spec/" in f.read_text()] == []
 
 
+def _anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces as hyphens."""
+    import re
+
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)  # a '#' comment in a code block is no heading
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 def test_relative_links_in_the_readme_and_docs_resolve():
+    """Every relative link of the README and docs/ names a file that exists, and a heading of it where it names one."""
     import re
 
     broken = []
     for doc in [REPO / "README.md", *REPO.glob("docs/**/*.md")]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)]*))?\)", doc.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            if not (doc.parent / target).exists():
+            path = (doc.parent / target) if target else doc
+            if not path.exists():
                 broken.append(f"{doc.relative_to(REPO)} -> {target}")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                broken.append(f"{doc.relative_to(REPO)} -> {target}#{anchor}")
     assert broken == []
 
 
