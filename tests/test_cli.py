@@ -78,6 +78,15 @@ def test_module_entry_point_and_method_list():
     assert "rdfcil" in names and "finetune" in names
 
 
+@pytest.mark.parametrize("command", ["methods", "datasets"])
+def test_listings_align_their_summaries_past_the_longest_name(command, capsys):
+    """tiny_imagenet200 is longer than the other names: every summary still starts in one column."""
+    assert main([command]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = {len(line) - len(line.split(maxsplit=1)[1]) for line in lines}
+    assert len(starts) == 1 and min(len(line.split()[0]) for line in lines) < starts.pop() - 2
+
+
 def test_dry_run_prints_the_protocol_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["train", "--config", SMOKE, "--dry-run", "--data.num_tasks", "3", "--data.base_classes", "4"]

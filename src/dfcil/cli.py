@@ -288,18 +288,21 @@ def _inspect(args: argparse.Namespace) -> int:
 def _methods(args: argparse.Namespace) -> int:
     from dfcil.catalogue import method_entries
 
-    for entry in method_entries():  # read from the methods' source: no torch
+    entries = method_entries()  # read from the methods' source: no torch
+    width = max(len(e.name) for e in entries)
+    for entry in entries:
         note = "" if entry.data_free else "  [not data-free]"
-        print(f"{entry.name:14s} {entry.summary}{note}")
+        print(f"{entry.name:{width}s}  {entry.summary}{note}")
     return 0
 
 
 def _datasets(args: argparse.Namespace) -> int:
     from dfcil.data.datasets import DATASETS
 
+    width = max(len(name) for name in DATASETS.names())
     for name in DATASETS.names():
         doc = (DATASETS.get(name).__doc__ or "").strip().splitlines()
-        print(f"{name:14s} {doc[0] if doc else ''}")
+        print(f"{name:{width}s}  {doc[0] if doc else ''}")
     return 0
 
 
