@@ -74,17 +74,40 @@ def test_rerun_is_deterministic(smoke_run, tmp_path):
 
 def test_module_entry_point_and_method_list():
     out = subprocess.run([sys.executable, "-m", "dfcil", "methods"], capture_output=True, text=True, check=True)
-    names = [line.split()[0] for line in out.stdout.splitlines()]
+    names = [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
     assert "rdfcil" in names and "finetune" in names
 
 
-@pytest.mark.parametrize("command", ["methods", "datasets"])
-def test_listings_align_their_summaries_past_the_longest_name(command, capsys):
+def test_the_dataset_listing_aligns_its_summaries_past_the_longest_name(capsys):
     """tiny_imagenet200 is longer than the other names: every summary still starts in one column."""
-    assert main([command]) == 0
+    assert main(["datasets"]) == 0
     lines = capsys.readouterr().out.splitlines()
     starts = {len(line) - len(line.split(maxsplit=1)[1]) for line in lines}
     assert len(starts) == 1 and min(len(line.split()[0]) for line in lines) < starts.pop() - 2
+
+
+def test_the_method_listing_says_what_each_method_keeps_and_which_are_data_free(capsys):
+    """A column of what each method keeps between tasks, aligned past the longest name and value; the methods that
+    keep data or a generator of it are marked."""
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line and not line.startswith("data-free")}
+    assert out.splitlines()[0].split() == ["method", "keeps", "between", "tasks", "summary"]
+    assert len({row.index(row.split()[1]) for row in rows.values()}) == 1  # one column
+    assert "all data" in rows["joint"] and rows["joint"].endswith("[not data-free]")
+    assert "generator " in rows["dgr"] and rows["dgr"].endswith("[not data-free]")
+    assert "synthesizer per task" in rows["rdfcil"] and "nothing" in rows["lwf"] and "not data-free" not in rows["lwf"]
+
+
+def test_a_method_that_says_it_stores_something_unknown_is_refused():
+    from dfcil.errors import RegistryError
+    from dfcil.methods import Method, register_method
+
+    class Hoarder(Method):
+        stores = "exemplars"
+
+    with pytest.raises(RegistryError, match="method 'hoarder': stores = 'exemplars' is not one of 'nothing'"):
+        register_method("hoarder")(Hoarder)
 
 
 def test_dry_run_prints_the_protocol_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -288,8 +311,8 @@ def test_the_method_listing_read_from_source_equals_the_registry():
 
 TOY_PACKAGE = {
     "__init__.py": "from dfcil.methods import kept, plain  # noqa: F401\nfrom dfcil.methods.base import Method\n",
-    "base.py": 'class Method:\n    """Base."""\n\n    data_free: ClassVar[bool] = True\n',
-    "shared.py": "from dfcil.methods.base import Method\n\n\nclass Keeper(Method):\n    data_free = False\n",
+    "base.py": 'class Method:\n    """Base."""\n\n    stores: ClassVar[str] = "nothing"\n',
+    "shared.py": 'from dfcil.methods.base import Method\n\n\nclass Keeper(Method):\n    stores = "all data"\n',
     "kept.py": (
         "from dfcil.methods.shared import Keeper as Stores\n\n\n"
         '@register_method("kept")\nclass Kept(Stores):\n    """Keeps real data.\n\n    More text."""\n'
@@ -309,11 +332,11 @@ def test_the_source_reader_follows_base_classes_and_refuses_a_computed_fact(tmp_
     for name, text in TOY_PACKAGE.items():
         (tmp_path / name).write_text(text)
     assert builtin_entries(tmp_path) == [
-        MethodEntry("kept", "Keeps real data.", data_free=False),  # from Keeper, imported under another name
-        MethodEntry("plain", "Plain.", data_free=True),  # the base's default
+        MethodEntry("kept", "Keeps real data.", stores="all data"),  # from Keeper, imported under another name
+        MethodEntry("plain", "Plain.", stores="nothing"),  # the base's default
     ]
-    (tmp_path / "plain.py").write_text(TOY_PACKAGE["plain.py"].replace('"""Plain."""', "data_free = bool(0)"))
-    with pytest.raises(ValueError, match=r"plain.py:6: Plain.data_free must be a literal"):
+    (tmp_path / "plain.py").write_text(TOY_PACKAGE["plain.py"].replace('"""Plain."""', "stores = str(0)"))
+    with pytest.raises(ValueError, match=r"plain.py:6: Plain.stores must be a literal"):
         builtin_entries(tmp_path)
 
 

@@ -51,6 +51,7 @@ def test_two_task_run_of_every_method(name, tmp_path):
     assert main(args + [f"--{k}={v}" for k, v in overrides]) == 0  # through the command line
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert len(summary["acc_per_task"]) == 2 and summary["last_acc"] == summary["acc_per_task"][1]
+    assert summary["stores"] == METHODS.get(name).stores  # what it kept between tasks, for the report
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["type"] == "epoch"]
     assert epochs and all(r["loss"] for r in epochs)  # named terms every epoch

@@ -339,3 +339,13 @@ def test_every_plot_from_a_real_smoke_run(tmp_path, capsys):
     kinds = ["curves/fake_n2", "runs/runs__smoke", "synthetic/runs__smoke"]
     assert files == sorted(f"{k}.{ext}" for k in kinds for ext in ("pdf", "png"))
     assert all((plots / f).stat().st_size > 1000 for f in files)
+
+
+def test_the_report_says_what_each_method_keeps_between_tasks(tmp_path):
+    """From summary.json's ``stores``, else (a run from before it was recorded) from the method's source."""
+    write_run(tmp_path, "joint/o0", C100_N10, {"name": "joint"}, summary=summary(60.0, 70.0) | {"stores": "all data"})
+    write_run(tmp_path, "rdfcil/o0", C100_N10, RDFCIL, summary=summary(40.0, 58.0))  # no "stores": an older run
+    write_run(tmp_path, "lwf/o0", C100_N10, {"name": "lwf"})  # unfinished: says nothing
+    text = report(find_runs([tmp_path]))
+    kept = "Kept between tasks besides the model: joint: all data (not data-free); rdfcil: synthesizer per task."
+    assert kept in text

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dfcil.stores import is_data_free
+
 METHODS_PACKAGE = Path(__file__).resolve().parent / "methods"
 BASE = ("base", "Method")  # (module, class) where every fact has its default
 
@@ -31,7 +33,11 @@ class MethodEntry:
 
     name: str
     summary: str  # the first line of the class docstring
-    data_free: bool  # False: keeps real data or a generative model of it (joint, dgr)
+    stores: str  # what it keeps between tasks besides the model: one of dfcil.stores.STORES
+
+    @property
+    def data_free(self) -> bool:
+        return is_data_free(self.stores)
 
 
 FACTS = tuple(f.name for f in dataclasses.fields(MethodEntry))[2:]
@@ -150,7 +156,7 @@ class _PackageSource:
 
 
 def _assignment(stmt: ast.stmt) -> tuple[str | None, ast.expr | None]:
-    """``("data_free", <False>)`` for ``data_free = False`` or ``data_free: ClassVar[bool] = False``."""
+    """``("stores", <"all data">)`` for ``stores = "all data"`` or ``stores: ClassVar[str] = "all data"``."""
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
         return stmt.targets[0].id, stmt.value
     if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:

@@ -289,10 +289,12 @@ def _methods(args: argparse.Namespace) -> int:
     from dfcil.catalogue import method_entries
 
     entries = method_entries()  # read from the methods' source: no torch
-    width = max(len(e.name) for e in entries)
+    width, keeps = max(len(e.name) for e in entries), max(len(e.stores) for e in entries)
+    print(f"{'method':{width}s}  {'keeps between tasks':{keeps}s}  summary")
     for entry in entries:
         note = "" if entry.data_free else "  [not data-free]"
-        print(f"{entry.name:{width}s}  {entry.summary}{note}")
+        print(f"{entry.name:{width}s}  {entry.stores:{keeps}s}  {entry.summary}{note}")
+    print("\ndata-free: nothing kept between tasks holds or generates earlier images (README: What each method keeps)")
     return 0
 
 

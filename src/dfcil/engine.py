@@ -101,7 +101,8 @@ def run(
             run_task(loop, ctx if ctx is not None and ctx.task_id == task else task_context(loop, task))
         split = protocol.split
         summary = {
-            "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "dataset": protocol.dataset.name,
+            "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "stores": loop.method.stores,
+            "dataset": protocol.dataset.name,
             "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
             **state.acc.summary(), "timings": state.timings, "wall_time_s": round(time.perf_counter() - started, 2),
             "total_time_s": round(state.elapsed_s(), 2), "resumed": resume, "device": str(loop.runtime.device),

@@ -24,9 +24,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dfcil.catalogue import method_entries
 from dfcil.errors import ReportError
 from dfcil.paper import Value
 from dfcil.runs import Group, Run, find_runs, group_runs
+from dfcil.stores import is_data_free
 
 # Our metrics: summary.json key → column title. old_acc / new_acc are the last task's entries of their lists.
 METRICS = {
@@ -209,6 +211,18 @@ def render_csv(recs: Sequence[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+def stores_of(runs: Sequence[Run]) -> dict[str, str]:
+    """What each finished run's method keeps between tasks (``Method.stores``), by method name: from summary.json,
+    else (runs from before it said) from the method's source (:mod:`dfcil.catalogue`, no torch)."""
+    known = {e.name: e.stores for e in method_entries()}
+    kept = {}
+    for r in runs:
+        method = (r.config.get("method") or {}).get("name") if r.summary is not None else None
+        if isinstance(method, str) and (stores := r.summary.get("stores") or known.get(method)):
+            kept[method] = stores
+    return kept
+
+
 def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: str | None = None) -> list[str]:
     """The notes under a table: which std, what a ``--by`` table's cells hold (``metric``), what Δ and the marks
     mean, the unfinished runs (a list). The paper is mentioned only when a group is on a dataset it ran."""
@@ -223,6 +237,11 @@ def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: 
                      f"the paper gives one run).")  # fmt: skip
     if any(g.setting.reduced for g in groups):
         notes.append("Reduced protocols (fewer classes, images or pixels) are never compared with the paper.")
+    if kept := stores_of(runs):
+        notes.append("Kept between tasks besides the model: " + "; ".join(
+            f"{method}: {stores}" + ("" if is_data_free(stores) else " (not data-free)")
+            for method, stores in sorted(kept.items())
+        ) + ".")  # fmt: skip
     unfinished = [r for r in runs if r.summary is None]
     if unfinished:
         notes.append(f"Unfinished runs (no summary.json): {len(unfinished)}")

@@ -14,6 +14,7 @@ from dfcil.context import Batch, Phase, Task, TaskContext
 from dfcil.errors import RegistryError
 from dfcil.models.network import IncrementalNet
 from dfcil.registry import Registry
+from dfcil.stores import check_stores
 
 
 class Method:
@@ -27,7 +28,9 @@ class Method:
     name: ClassVar[str]
     head: ClassVar[str] = "linear"  # which head IncrementalNet must build
     train_data: ClassVar[Literal["task", "seen"]] = "task"  # "seen": real data of every task so far (joint only)
-    data_free: ClassVar[bool] = True  # False: keeps real data or a generative model of it (joint, DGR)
+    # What it keeps from one task to the next besides the model: one of dfcil.stores.STORES, which also says
+    # which methods are data-free
+    stores: ClassVar[str] = "nothing"
     grad_clip_value: ClassVar[float | None] = None  # clamp every gradient to [-v, v] (PODNet: 5)
     # Its training_step may be replayed as a CUDA graph (engine.cuda_graphs: on): verified under "check" by
     # tests/test_graphs.py. False: the engine runs the method's steps eagerly even when graphs are on.
@@ -135,6 +138,10 @@ def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
     """
 
     def decorator(cls: type[Method]) -> type[Method]:
+        try:
+            check_stores(cls.stores, name)
+        except ValueError as err:
+            raise RegistryError(str(err)) from None
         cls.name = name
         cls.Config = _named_config(cls, name)
         return METHODS.register(name)(cls)

@@ -76,7 +76,7 @@ class DGR(Method):
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = DGRConfig
-    data_free = False
+    stores = "generator"
 
     def __init__(self, cfg: DGRConfig, train) -> None:
         super().__init__(cfg, train)

@@ -27,7 +27,7 @@ class Joint(Method):
 
     Config = JointConfig
     train_data = "seen"
-    data_free = False
+    stores = "all data"
 
     def phases(self, task: Task) -> list[Phase]:
         if self.cfg.last_only and task.task_id < task.num_tasks - 1:

@@ -83,6 +83,8 @@ class ReplayMethod(Method):
     every task but the first. Its config has an ``inversion`` section (:class:`~dfcil.synthesis.inversion.
     InversionConfig`)."""
 
+    stores = "synthesizer per task"
+
     def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:
         super().__init__(cfg, train)
         self.replay = Replay(cfg.inversion)
