@@ -200,7 +200,7 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
     batch, test = loop.cfg.train.eval_batch_size, loop.test
     loop.emit("on_eval_start")
     with ctx.runtime.progress(total=test.batches(task, batch), desc=f"task {task} eval") as bar, ctx.runtime.autocast():
-        state.acc.record(task, *test.evaluate(loop.net, task, batch, bar, ctx.runtime.dist))
+        state.acc.record(task, *test.evaluate(loop.net, task, batch, bar, ctx.runtime.dist, method.eval_logits))
     loop.emit("on_eval_end")
     state.diagnostics.append(state.task_diagnostics)  # what callbacks measured of the task (dfcil.diagnose)
     state.task_diagnostics = {}

@@ -7,10 +7,12 @@ protocol, device), so that bad input is refused before a run directory exists.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from dfcil import distributed
 from dfcil.config import RunConfig
@@ -23,7 +25,7 @@ from dfcil.io import check_creatable_dir
 from dfcil.methods import METHODS, Method, Task, build_method
 from dfcil.models.generator import generator_layout
 from dfcil.models.heads import HEADS
-from dfcil.models.network import IncrementalNet, backbone_for
+from dfcil.models.network import IncrementalNet, NetOutput, backbone_for
 from dfcil.models.resnet_cifar import BACKBONES
 from dfcil.progress import ProgressFactory
 from dfcil.runtime import check_compiler, resolve_device
@@ -178,9 +180,11 @@ class TestSet:
         batch_size: int,
         bar: Any = None,
         dist: Dist = Dist(),  # noqa: B008
+        scores: Callable[[NetOutput], Tensor] | None = None,
     ) -> tuple[np.ndarray, ...]:
-        """Top-1 accuracy counts per task after ``task``, argmax over all classes the head has (the seen ones).
-        Under several processes each evaluates every ``dist.world``-th image of each batch and the counts are
+        """Top-1 accuracy counts per task after ``task``, argmax over all classes the head has (the seen ones) of
+        ``scores`` of the network's output (the method's :meth:`~dfcil.methods.Method.eval_logits`; None: the
+        logits). Under several processes each evaluates every ``dist.world``-th image of each batch and the counts are
         summed: the same counts as one process's.
 
         Returns:
@@ -194,7 +198,8 @@ class TestSet:
         for i in range(0, n, batch_size):
             rows = slice(i + dist.rank, min(i + batch_size, n), dist.world)
             xb, yb = self.x[rows], self.y[rows]
-            pred = net(self.normalizer(xb)).logits.argmax(dim=1)
+            out = net(self.normalizer(xb))
+            pred = (out.logits if scores is None else scores(out)).argmax(dim=1)
             t = self.task_of_label[yb]
             correct.index_add_(0, t, (pred == yb).long())
             count.index_add_(0, t, torch.ones_like(yb))

@@ -316,7 +316,8 @@ def stop_on_signals(interrupt: Interrupt) -> Iterator[None]:
 
 
 class SaveModel(Callback):
-    """Writes the final network to ``path`` when the run ends (:func:`dfcil.model_file.save_model`)."""
+    """Writes the final network to ``path`` when the run ends (:func:`dfcil.model_file.save_model`), with the
+    method's :meth:`~dfcil.methods.Method.eval_state` where it has one (FeCAM's class statistics)."""
 
     def __init__(self, path: Path, cfg: RunConfig) -> None:
         self.path, self.cfg = path, cfg
@@ -332,4 +333,6 @@ class SaveModel(Callback):
             "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
             "class_names": [dataset.classes[c] for c in split.class_order] if dataset.classes else [],
         }  # fmt: skip
+        if method_state := self.loop.method.eval_state():  # what the method classifies with besides the network
+            about["method_state"] = method_state
         save_model(self.path, self.loop.net, type(self.loop.method).head, backbone, about)

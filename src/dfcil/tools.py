@@ -23,8 +23,9 @@ from dfcil.errors import ConfigError
 from dfcil.extras import require
 from dfcil.io import write_atomic, write_json
 from dfcil.load import load_config
+from dfcil.methods import build_method
 from dfcil.model_file import check_model, network_from
-from dfcil.models.network import IncrementalNet
+from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
 from dfcil.registry import Registry
@@ -139,14 +140,33 @@ def selected_labels(
 
 
 @torch.no_grad()
-def predict(net: IncrementalNet, test: TestSet, batch_size: int, runtime: Runtime) -> Tensor:
+def predict(
+    net: IncrementalNet,
+    test: TestSet,
+    batch_size: int,
+    runtime: Runtime,
+    scores: Callable[[NetOutput], Tensor] | None = None,
+) -> Tensor:
     """The network's class (order position) for every test image of the seen classes, in the engine's batches
-    (:meth:`TestSet.evaluate`), so that the engine's counts are reproduced exactly."""
+    (:meth:`TestSet.evaluate`), so that the engine's counts are reproduced exactly. ``scores``: the method's
+    :meth:`~dfcil.methods.Method.eval_logits`, None for the logits."""
     n, preds = int(test.seen[-1]), []
     with runtime.autocast():
         for i in range(0, n, batch_size):
-            preds.append(net(test.normalizer(test.x[i : min(i + batch_size, n)])).logits.argmax(dim=1))
+            out = net(test.normalizer(test.x[i : min(i + batch_size, n)]))
+            preds.append((out.logits if scores is None else scores(out)).argmax(dim=1))
     return torch.cat(preds)
+
+
+def method_scores(run: FinishedRun) -> Callable[[NetOutput], Tensor] | None:
+    """How the run's method scores classes when ``model.pt`` holds its evaluation state (FeCAM: class statistics),
+    else None (the network's logits)."""
+    state = run.model.get("method_state")
+    if not state:
+        return None
+    method = build_method(run.cfg.method, run.cfg.train)
+    method.load_eval_state(state)
+    return method.eval_logits
 
 
 def _accuracy(hit: Tensor, mask: Tensor) -> dict[str, Any] | None:
@@ -189,7 +209,7 @@ def evaluate_run(
     runtime = Runtime.from_config(cfg.engine, device_, make_progress(False))
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device_, cfg.engine.channels_last)
     test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device_)
-    pred = predict(run.network(device_), test, cfg.train.eval_batch_size, runtime)
+    pred = predict(run.network(device_), test, cfg.train.eval_batch_size, runtime, method_scores(run))
     order = protocol.split.class_order
     report = accuracy_report(pred, test.y, test.task_of_label, labels)
     return {"run": str(run.dir), "classes": [order[k] for k in labels], **report}
@@ -270,6 +290,11 @@ def export_run(
     (:func:`model_card`) beside them, as ``.json``. Returns both paths."""
     exporter = EXPORT_FORMATS.get(fmt)
     run = FinishedRun.open(run_dir, **{"data.root": data_root})
+    if run.model.get("method_state"):
+        raise ConfigError(
+            f"{run.cfg.method.name} does not classify with the network's logits but with state of its own that an "
+            f"exported network would not hold (model.pt's method_state); evaluate it with `dfcil eval {run.dir}`"
+        )
     out = Path(out) if out is not None else run.dir / f"model{exporter.suffix}"
     card = out.with_suffix(".json")
     if card == out:

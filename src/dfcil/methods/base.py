@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from dfcil.config import MethodConfig, TrainConfig, configclass
 from dfcil.context import Batch, Phase, Task, TaskContext
 from dfcil.errors import RegistryError
-from dfcil.models.network import IncrementalNet
+from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.registry import Registry
 from dfcil.stores import check_stores
 
@@ -81,6 +81,20 @@ class Method:
 
     def on_task_end(self, ctx: TaskContext) -> None:
         """Called after the last phase of a task, before evaluation."""
+
+    def eval_logits(self, out: NetOutput) -> Tensor:
+        """The class scores (B, n_seen) whose argmax is the prediction when the engine evaluates; default: the
+        network's logits. A method that classifies otherwise (FeCAM: Mahalanobis distances to stored class
+        statistics) overrides it and keeps what it needs in :meth:`eval_state`."""
+        return out.logits
+
+    def eval_state(self) -> dict[str, Any]:
+        """What :meth:`eval_logits` needs besides the network after the last task (e.g. class statistics): the
+        final model file keeps it, so that ``dfcil eval`` predicts as the run did. Default: nothing."""
+        return {}
+
+    def load_eval_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`eval_state` into a freshly built method (``dfcil eval``)."""
 
     def components(self) -> dict[str, Any]:
         """Named stateful parts saved and restored by the default state methods below, e.g. ``{"replay":
