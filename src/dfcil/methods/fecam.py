@@ -90,9 +90,11 @@ def class_statistics(features: Tensor, cfg: FeCAMConfig) -> tuple[Tensor, Tensor
 
 @register_method("fecam")
 class FeCAM(Method):
-    """FeCAM: a cosine classifier trained with CE on the first task; then the backbone stays fixed, and after every
-    task each new class gets its statistics (:func:`class_statistics`). From the second task on a test image goes to
-    the class of least Mahalanobis distance; after the first, to the cosine classifier's class."""
+    """FeCAM (Goswami et al., 2023): the first task's backbone, frozen; a Mahalanobis classifier per class.
+
+    A cosine classifier is trained with CE on the first task; then the backbone stays fixed, and after every task
+    each new class gets its statistics (:func:`class_statistics`). From the second task on a test image goes to the
+    class of least Mahalanobis distance; after the first, to the cosine classifier's class."""
 
     Config = FeCAMConfig
     head = "cosine"
