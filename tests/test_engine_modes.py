@@ -73,6 +73,7 @@ def test_fast_and_reference_give_the_same_losses_gradients_and_bn_statistics(pha
     torch.testing.assert_close(fast_method.class_counts, ref_method.class_counts)
 
 
+@pytest.mark.slow  # three smoke runs; the merged and separate passes are compared step by step above
 def test_fast_and_reference_reach_the_same_accuracy_on_the_smoke_preset(tmp_path):
     acc = {}
     for merge in ("all", "teacher", "none"):
@@ -128,6 +129,7 @@ def test_bf16_step_keeps_fp32_weights_and_losses():
     )
 
 
+@pytest.mark.slow  # a three-task compiled run; engine.compile: step is tested in the default run (test_static_head)
 def test_compile_traces_each_backbone_variant_once_for_the_whole_run(monkeypatch):
     """``engine.compile`` compiles the backbones (the student's and every frozen teacher's), whose graphs stay the
     same as the head grows: the variants are traced in the first two tasks and never again, with no graph break,
