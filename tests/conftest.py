@@ -69,3 +69,15 @@ class StopAfterEpochs(Callback):
         self.n -= 1
         if self.n == 0:
             self.interrupt.requested = True
+
+
+class StopInSetup(Callback):
+    """Ask the run to stop after ``n`` steps of a task's setup (the inversion)."""
+
+    def __init__(self, interrupt, n):
+        self.interrupt, self.n = interrupt, n
+
+    def on_setup_step(self):
+        self.n -= 1
+        if self.n == 0:
+            self.interrupt.requested = True

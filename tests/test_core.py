@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import CONFIGS, REPO
+from conftest import CONFIGS, REPO, StopInSetup
 from dfcil.callbacks import Callback
 from dfcil.errors import RunInterrupted
 from dfcil.load import load_config
@@ -116,18 +116,6 @@ def test_loss_terms_that_change_within_an_epoch_are_an_error():
         ep.record(torch.ones(1), ["a"], 4)
 
 
-class _StopInSetup(Callback):
-    """Ask the run to stop after ``n`` steps of a task's setup (the inversion)."""
-
-    def __init__(self, interrupt, n):
-        self.interrupt, self.n = interrupt, n
-
-    def on_setup_step(self):
-        self.n -= 1
-        if self.n == 0:
-            self.interrupt.requested = True
-
-
 def test_a_method_starts_each_task_once_even_when_resumed_inside_its_setup(tmp_path):
     """on_task_start runs once per task; a run resumed inside the inversion restores the method's state and goes
     on with synthesize, and ends exactly as an uninterrupted run."""
@@ -151,7 +139,7 @@ def test_a_method_starts_each_task_once_even_when_resumed_inside_its_setup(tmp_p
             train(
                 cfg,
                 tmp_path / "b",
-                options=RunOptions(progress=False, interrupt=interrupt, callbacks=[_StopInSetup(interrupt, 3)]),
+                options=RunOptions(progress=False, interrupt=interrupt, callbacks=[StopInSetup(interrupt, 3)]),
             )
         assert starts == [0, 1]
         resumed = resume(tmp_path / "b", options=RunOptions(progress=False))

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import CONFIGS
+from conftest import CONFIGS, StopInSetup
 from dfcil import diagnose, runner
 from dfcil.callbacks import ConsoleLogger
 from dfcil.checkpoint import loads
 from dfcil.errors import RunInterrupted
 from dfcil.load import load_config
-from dfcil.loop import Callback, RunOptions
+from dfcil.loop import RunOptions
 from dfcil.progress import ProgressLog, duration
 from dfcil.state import EpochProgress, Interrupt, Position
 
@@ -115,16 +115,6 @@ def test_a_resumed_first_epoch_continues_at_its_step(caplog):
     assert lines[0].endswith("1.00 steps/s, 1m00s left")
 
 
-class _StopInSetup(Callback):
-    def __init__(self, interrupt, n):
-        self.interrupt, self.n = interrupt, n
-
-    def on_setup_step(self):
-        self.n -= 1
-        if self.n == 0:
-            self.interrupt.requested = True
-
-
 def test_run_log_has_the_lines_and_the_run_is_the_same_without_them(tmp_path, monkeypatch, caplog):
     """R-DFCIL without a progress bar, 20 inversion steps, 6 steps per epoch, every first epoch taken as slow: the
     inversion of a run stopped inside it and resumed logs each tenth once, and the run equals one without lines."""
@@ -141,7 +131,7 @@ def test_run_log_has_the_lines_and_the_run_is_the_same_without_them(tmp_path, mo
     monkeypatch.setattr(runner, "ConsoleLogger", functools.partial(ConsoleLogger, slow_epoch_s=0.0))
     interrupt, out = Interrupt(), tmp_path / "logged"
     with pytest.raises(RunInterrupted, match="setup"):
-        stop = _StopInSetup(interrupt, 7)  # stops after step 8
+        stop = StopInSetup(interrupt, 7)  # stops after step 8
         runner.train(cfg, out, options=RunOptions(progress=False, interrupt=interrupt, callbacks=[stop]))
     runner.resume(out, options=RunOptions(progress=False))
 
