@@ -337,8 +337,10 @@ def _print_protocol(cfg: RunConfig) -> None:
 def _schedule(phase: Any, gamma: float) -> str:
     """A phase's lr schedule in words: ``rrl 160 ep, lr 0.1 ×0.1 at epochs 80, 120``."""
     drops = f" ×{gamma:g} at epochs {', '.join(map(str, phase.milestones))}" if phase.milestones else " constant"
-    head = ", head only" if phase.trainable == "head" else ""
-    return f"{phase.name} {phase.epochs} ep, lr {phase.lr:g}{drops}{head}"
+    head = {"head": ", head only", "frozen_bn": ", BN frozen"}.get(phase.trainable, "")
+    optimizer = f", {phase.optimizer}" if phase.optimizer != "sgd" else ""
+    wd = f", wd {phase.weight_decay:g}" if phase.weight_decay is not None else ""
+    return f"{phase.name} {phase.epochs} ep, lr {phase.lr:g}{drops}{head}{optimizer}{wd}"
 
 
 def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:

@@ -23,8 +23,12 @@ class Phase:
     epochs: int
     lr: float  # lr at the start of the phase
     milestones: tuple[int, ...] = ()  # epochs from the phase start where lr *= gamma
-    trainable: Literal["all", "head"] = "all"  # "head": backbone frozen (requires_grad=False) and in eval mode
+    # "head": backbone frozen (requires_grad=False) and in eval mode; "frozen_bn": everything trains but the BN
+    # layers, kept in eval mode with fixed affine parameters (EFC's and SDC's convention after the first task)
+    trainable: Literal["all", "head", "frozen_bn"] = "all"
     reset_optimizer: bool = False  # default: one optimiser per task, so momentum carries over between phases
+    optimizer: Literal["sgd", "adam"] = "sgd"  # "adam": Adam (betas 0.9, 0.999) with coupled weight decay
+    weight_decay: float | None = None  # None: train.weight_decay
 
 
 @dataclasses.dataclass(frozen=True)

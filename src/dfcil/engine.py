@@ -34,7 +34,7 @@ from dfcil.graphs import StepGraph
 from dfcil.loop import Loop, RunOptions
 from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
 from dfcil.models.network import backbone_for, build_network
-from dfcil.optim import fill_momentum, load_optimizer_state, sgd
+from dfcil.optim import OPTIMIZER_KINDS, fill_momentum, load_optimizer_state, phase_optimizer
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
 from dfcil.runtime import Runtime, process_state_kept, resolve_device, seed_everything
@@ -220,11 +220,15 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
     start = state.position if state.position.stage == "train" else Position(ctx.task_id, "train")
     for index, phase in enumerate(phases[start.phase :], start=start.phase):
         first_epoch = start.epoch if index == start.phase else 0
-        if state.optimizer is None or (phase.reset_optimizer and first_epoch == 0):
-            state.optimizer = sgd(params, phase.lr, train.momentum, train.weight_decay, ctx.runtime.fused)
+        wd = train.weight_decay if phase.weight_decay is None else phase.weight_decay
+        other_kind = state.optimizer is not None and OPTIMIZER_KINDS[type(state.optimizer)] != phase.optimizer
+        if state.optimizer is None or other_kind or (phase.reset_optimizer and first_epoch == 0):
+            state.optimizer = phase_optimizer(phase.optimizer, params, phase.lr, train.momentum, wd, ctx.runtime.fused)
             if state.optimizer_handoff is not None:  # a checkpoint's optimiser state, for this optimiser
                 load_optimizer_state(state.optimizer, state.optimizer_handoff)
                 state.optimizer_handoff = None
+        for group in state.optimizer.param_groups:  # a phase may decay otherwise than the one before it
+            group["weight_decay"] = wd
         ctx.net.set_trainable(phase.trainable, extra)  # "head": the backbone frozen in eval mode
         for part in method.frozen(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             part.requires_grad_(False)
@@ -247,8 +251,9 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
                 train_epoch(loop, ctx, phase, step, bar)
                 if stopping(loop) and epoch + 1 < phase.epochs:
                     stop(loop, f"in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
-        loop.emit("on_phase_end", phase)
         loop.graph = None
+        method.on_phase_end(ctx, phase)  # before the phase's checkpoint; called again by a run resumed from it
+        loop.emit("on_phase_end", phase)
         if stopping(loop):
             raise RunInterrupted(f"interrupted in task {ctx.task_id}, at the end of phase {phase.name}")
     state.optimizer = None

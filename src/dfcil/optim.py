@@ -24,6 +24,26 @@ def sgd(
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, **fused_kwargs(params, fused))
 
 
+def adam(params: Sequence[torch.Tensor], lr: float, weight_decay: float, fused: bool) -> torch.optim.Adam:
+    """Adam (betas 0.9, 0.999, eps 1e-8) with coupled weight decay (added to the gradient, as ``torch.optim.Adam``
+    and EFC's code), fused on CUDA when ``fused``."""
+    return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, **fused_kwargs(params, fused))
+
+
+OPTIMIZER_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam"}  # Phase.optimizer of each optimiser class
+
+
+def phase_optimizer(
+    kind: str, params: Sequence[torch.Tensor], lr: float, momentum: float, weight_decay: float, fused: bool
+) -> torch.optim.Optimizer:
+    """The optimiser a phase asks for (``Phase.optimizer``): ``"sgd"`` with the run's momentum, or ``"adam"``."""
+    if kind == "sgd":
+        return sgd(params, lr, momentum, weight_decay, fused)
+    if kind == "adam":
+        return adam(params, lr, weight_decay, fused)
+    raise ValueError(f"unknown optimiser {kind!r}: use 'sgd' or 'adam'")
+
+
 def fill_momentum(optimizer: torch.optim.SGD) -> None:
     """Give every trainable parameter without a momentum buffer a zero one, once some parameter has one.
 

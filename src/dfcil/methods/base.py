@@ -79,6 +79,11 @@ class Method:
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
         """Called after every epoch."""
 
+    def on_phase_end(self, ctx: TaskContext, phase: Phase) -> None:
+        """Called after the last epoch of ``phase``, before the phase's checkpoint (e.g. drift compensation between
+        R-DFCIL's RRL and CHR). A run resumed from that checkpoint calls it again with the state it saved, which
+        already holds the work: the method records that it did it (in :meth:`state_dict`) and does not repeat it."""
+
     def on_task_end(self, ctx: TaskContext) -> None:
         """Called after the last phase of a task, before evaluation."""
 

@@ -80,11 +80,16 @@ class IncrementalNet(nn.Module):
         self.head.reset_parameters()
 
     def set_trainable(self, trainable: str, extra: Sequence[nn.Module] = ()) -> None:
-        """Train everything (``"all"``), or only the head (``"head"``) with the backbone frozen in eval mode (its BN
-        running statistics fixed) and the ``extra`` modules trained alongside (projectors) frozen too."""
-        if trainable == "all":
+        """Train everything (``"all"``); or only the head (``"head"``) with the backbone frozen in eval mode (its BN
+        running statistics fixed) and the ``extra`` modules trained alongside (projectors) frozen too; or everything
+        but the backbone's BN layers (``"frozen_bn"``), which stay in eval mode with their affine parameters fixed."""
+        if trainable in ("all", "frozen_bn"):
             for m in (self, *extra):
                 m.train().requires_grad_(True)
+            if trainable == "frozen_bn":
+                for m in self.backbone.modules():
+                    if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                        m.eval().requires_grad_(False)
         elif trainable == "head":
             self.backbone.eval().requires_grad_(False)
             self.head.train().requires_grad_(True)
