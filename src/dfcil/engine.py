@@ -251,9 +251,9 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
                 train_epoch(loop, ctx, phase, step, bar)
                 if stopping(loop) and epoch + 1 < phase.epochs:
                     stop(loop, f"in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
-        loop.graph = None
         method.on_phase_end(ctx, phase)  # before the phase's checkpoint; called again by a run resumed from it
         loop.emit("on_phase_end", phase)
+        loop.graph = None
         if stopping(loop):
             raise RunInterrupted(f"interrupted in task {ctx.task_id}, at the end of phase {phase.name}")
     state.optimizer = None
