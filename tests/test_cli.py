@@ -78,6 +78,19 @@ def test_module_entry_point_and_method_list():
     assert "rdfcil" in names and "finetune" in names
 
 
+def test_every_listed_switch_is_a_config_key_of_the_methods_it_names():
+    from dfcil.catalogue import SWITCHES
+    from dfcil.config import TrainConfig
+    from dfcil.methods import METHODS, build_method
+    from dfcil.stores import STORES
+
+    for key, methods, stores, _ in SWITCHES:
+        assert stores in STORES
+        for name in methods:
+            cfg = METHODS.get(name).Config(**{key: True})
+            assert build_method(cfg, TrainConfig()).stores == stores, (key, name)
+
+
 def test_the_dataset_listing_aligns_its_summaries_past_the_longest_name(capsys):
     """tiny_imagenet200 is longer than the other names: every summary still starts in one column."""
     assert main(["datasets"]) == 0
@@ -91,8 +104,11 @@ def test_the_method_listing_says_what_each_method_keeps_and_which_are_data_free(
     keep data or a generator of it are marked."""
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line and not line.startswith("data-free")}
+    table, switches = out.split("\n\nswitches that change what a method keeps:\n")
+    rows = {line.split()[0]: line for line in table.splitlines()[1:]}
     assert out.splitlines()[0].split() == ["method", "keeps", "between", "tasks", "summary"]
+    assert switches.splitlines()[0].startswith("  method.ldc true (lwf, rdfcil): keeps class statistics. LDC")
+    assert "class statistics" in rows["efc"] and "class statistics" in rows["rdfcil_plus"]
     assert len({row.index(row.split()[1]) for row in rows.values()}) == 1  # one column
     assert "all data" in rows["joint"] and rows["joint"].endswith("[not data-free]")
     assert "generator " in rows["dgr"] and rows["dgr"].endswith("[not data-free]")

@@ -164,15 +164,18 @@ def test_the_readme_names_one_placeholder_for_the_data_root(placeholder):
 def test_the_readme_table_of_what_each_method_keeps_matches_the_methods():
     """Each row of 'What each method keeps' lists exactly the built-in methods whose ``stores`` it names, and says
     data-free as :mod:`dfcil.stores` does."""
-    from dfcil.catalogue import builtin_entries
+    from dfcil.catalogue import SWITCHES, builtin_entries
     from dfcil.stores import STORES, is_data_free
 
     section = README.read_text().split("### What each method keeps", 1)[1].split("\n#", 1)[0]
     rows = [r.split("|")[1:4] for r in section.splitlines() if r.startswith("| ") and not r.startswith("| keeps")]
-    table = {
-        kept.split(":")[0].strip(): (set(re.findall(r"`(\w+)`", methods)), free.strip()) for kept, methods, free in rows
-    }
+    table = {kept.split(":")[0].strip(): (methods, free.strip()) for kept, methods, free in rows}
     assert set(table) == set(STORES)
     for stores, (methods, free) in table.items():
-        assert methods == {e.name for e in builtin_entries() if e.stores == stores}, stores
+        methods, _, switched = methods.partition(";")  # the methods, then those that keep it with a switch
+        assert set(re.findall(r"`(\w+)`", methods)) == {e.name for e in builtin_entries() if e.stores == stores}
+        switches = {(m, key) for key, names, kept, _ in SWITCHES if kept == stores for m in names}
+        assert {(m, k) for m in re.findall(r"`(\w+)`", switched) for k in re.findall(r"--method\.(\w+)", switched)} == (
+            switches
+        ), stores
         assert free == ("yes" if is_data_free(stores) else "no"), stores

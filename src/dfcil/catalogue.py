@@ -40,6 +40,18 @@ class MethodEntry:
         return is_data_free(self.stores)
 
 
+# Config switches that change what a method keeps between tasks: (key, methods, stores, summary). dfcil methods
+# lists them under the methods; tests/test_cli.py checks that each method's config has the key.
+SWITCHES = (
+    (
+        "ldc",
+        ("lwf", "rdfcil"),
+        "class statistics",
+        "LDC (Gomez-Villa et al., 2024): class means moved by a learned projector after each task; nearest-mean "
+        "classifier",
+    ),
+)
+
 FACTS = tuple(f.name for f in dataclasses.fields(MethodEntry))[2:]
 
 

@@ -294,6 +294,11 @@ def _methods(args: argparse.Namespace) -> int:
     for entry in entries:
         note = "" if entry.data_free else "  [not data-free]"
         print(f"{entry.name:{width}s}  {entry.stores:{keeps}s}  {entry.summary}{note}")
+    from dfcil.catalogue import SWITCHES
+
+    print("\nswitches that change what a method keeps:")
+    for key, methods, stores, summary in SWITCHES:
+        print(f"  method.{key} true ({', '.join(methods)}): keeps {stores}. {summary}")
     print("\ndata-free: nothing kept between tasks holds or generates earlier images (README: What each method keeps)")
     return 0
 

@@ -16,6 +16,7 @@ from dfcil.methods import (  # noqa: F401 - imported to register each method
     lwf_mc,
     podnet_df,
     rdfcil,
+    rdfcil_plus,
     ucir_df,
 )
 from dfcil.methods.base import (

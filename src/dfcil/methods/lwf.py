@@ -1,6 +1,9 @@
-"""Learning without Forgetting (Li & Hoiem, 2017), as ABD's code runs it: no replay, KD on the new data."""
+"""Learning without Forgetting (Li & Hoiem, 2017), as ABD's code runs it: no replay, KD on the new data; with
+``ldc``, LwF + LDC (Gomez-Villa et al., 2024): drift-compensated class means and a nearest-mean classifier."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch.nn.functional as F
 from torch import Tensor
@@ -9,6 +12,7 @@ from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, configcl
 from dfcil.losses.distillation import kd_soft_ce
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
 from dfcil.methods.lifecycle import TeacherMethod
+from dfcil.methods.memory import ClassMemory, DriftConfig, NCMClassifier
 from dfcil.models.network import IncrementalNet
 
 
@@ -17,15 +21,38 @@ class LwFConfig(MethodConfig):
     name: str = "lwf"
     lambda_kd: NonNegativeFloat = 1.0  # μ
     temperature: PositiveFloat = 2.0  # T (no T² factor, as ABD)
+    # LDC: keep each class's mean feature (plain images, end of its task), move the stored means through a
+    # projector fitted after every later task's training, and classify by nearest mean (docs/baselines.md, LDC)
+    ldc: bool = False
+    drift: DriftConfig = dataclasses.field(default_factory=DriftConfig)  # the projector's fit (with ldc)
 
 
 @register_method("lwf")
-class LwF(TeacherMethod):
-    """LwF (Li & Hoiem, 2017): CE on the new data plus soft KD of the old model's outputs."""
+class LwF(NCMClassifier, TeacherMethod):
+    """LwF (Li & Hoiem, 2017): CE on the new data plus soft KD of the old model's outputs.
+
+    With ``ldc``: class means, moved by a projector fitted after each task, and nearest-mean classification (LDC).
+    """
 
     graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = LwFConfig
+
+    def __init__(self, cfg: LwFConfig, train) -> None:
+        super().__init__(cfg, train)
+        self.memory = ClassMemory(cfg.drift, covariances=False, augmented=False) if cfg.ldc else None
+        self.classify_by_means = cfg.ldc
+        if cfg.ldc:
+            self.stores = "class statistics"
+
+    def on_phase_end(self, ctx: TaskContext, phase: Phase) -> None:
+        if self.memory is not None and self.teacher.net is not None:  # after training, with the old model
+            self.memory.compensate(ctx, self.teacher.net, None)
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        if self.memory is not None:
+            self.memory.add_classes(ctx)  # the new classes' means, in the final feature space
+        super().on_task_end(ctx)
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         logits = net(batch.x).logits
@@ -36,4 +63,4 @@ class LwF(TeacherMethod):
         return terms
 
     def task0_signature(self) -> str | None:
-        return "ce"
+        return None if self.memory is not None else "ce"  # the class means of task 0 are not in a shared model

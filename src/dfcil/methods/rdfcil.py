@@ -22,6 +22,7 @@ from dfcil.losses.classification import balanced_class_weights, class_histogram,
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Phase, Task, TaskContext, register_method
 from dfcil.methods.lifecycle import ReplayMethod
+from dfcil.methods.memory import ClassMemory, DriftConfig, NCMClassifier
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
 from dfcil.synthesis.replay import frozen_student_pass, student_pass, teacher_pass
@@ -40,6 +41,10 @@ class RDFCILConfig(MethodConfig):
     old_kd: Literal["hkd", "rkd", "none"] = "hkd"  # KD on synthetic old data: HKD, RKD (swap), or none (w/o HKD)
     new_kd: Literal["rkd", "hkd", "none"] = "rkd"  # KD on real new data: RKD, HKD (swap), or none (w/o RKD)
     projection: Literal["learned", "identity"] = "learned"  # RKD through learned φ/ψ (d → 2d) or raw features
+    # LDC on R-DFCIL: keep each class's mean feature, move the stored means through a projector fitted at the end
+    # of every later task's RRL, and classify by nearest mean (docs/baselines.md, LDC)
+    ldc: bool = False
+    drift: DriftConfig = dataclasses.field(default_factory=DriftConfig)  # the projector's fit (ldc, R-DFCIL+)
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
 
 
@@ -77,7 +82,7 @@ def weighted_ce(logits: Tensor, y: Tensor, weight: Tensor, dist: Dist) -> Tensor
 
 
 @register_method("rdfcil")
-class RDFCIL(ReplayMethod):
+class RDFCIL(NCMClassifier, ReplayMethod):
     """R-DFCIL (Gao et al., 2022): relation-guided representation learning, then head refinement.
 
     Task 0: CE for ``epochs - chr_epochs`` epochs (the reference's remaining task-0 epochs are no-ops, skipped).
@@ -98,6 +103,10 @@ class RDFCIL(ReplayMethod):
                 f"method.chr_epochs or raise train.epochs"
             )
         self.task_id: int | None = None  # the task the state below belongs to
+        self.memory = self.build_memory(cfg)
+        self.classify_by_means = cfg.ldc
+        if self.memory is not None:
+            self.stores = "class statistics"
         self.projector: RelationProjector | None = None
         self.weights: LossWeights | None = None
         self.term_weights: Tensor | None = None  # (lce, hkd, rkd) of self.weights
@@ -129,7 +138,17 @@ class RDFCIL(ReplayMethod):
             self._build_task_state(ctx)  # projectors (drawing from the global stream first), weights, counts
         super().on_task_start(ctx)  # the old model's snapshot and a fresh generator per task (reference)
 
+    def build_memory(self, cfg: RDFCILConfig) -> ClassMemory | None:
+        """The class statistics it keeps: LDC's class means (``ldc``), else none."""
+        return ClassMemory(cfg.drift, covariances=False, augmented=False) if cfg.ldc else None
+
+    def on_phase_end(self, ctx: TaskContext, phase: Phase) -> None:
+        if phase.name == "rrl" and self.memory is not None:  # the backbone is final: CHR trains the head only
+            self.memory.compensate(ctx, self.teacher, self.replay.generate)
+
     def on_task_end(self, ctx: TaskContext) -> None:
+        if self.memory is not None:
+            self.memory.add_classes(ctx)  # the new classes' statistics, in the final feature space
         super().on_task_end(ctx)  # nothing of a task's teacher, generator or projectors is carried into the next
         self.task_id = self.projector = self.weights = self.term_weights = None
         self.class_counts = self.class_weights = None
@@ -204,4 +223,5 @@ class RDFCIL(ReplayMethod):
         self.class_weights.copy_(state["class_weights"])
 
     def task0_signature(self) -> str | None:
-        return "ce"  # task 0 is plain CE over its classes
+        # task 0 is plain CE over its classes; the class statistics of task 0 are not in a shared model
+        return "ce" if self.memory is None else None

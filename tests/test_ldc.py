@@ -1,0 +1,147 @@
+"""Class statistics kept across tasks (dfcil.methods.memory): LDC's drift compensation as a switch of LwF and
+R-DFCIL, and R-DFCIL+'s Gaussian replay in CHR, against hand-computed values."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dfcil.data.device import Normalizer, TrainBatches
+from dfcil.errors import ConfigError
+from dfcil.losses.prototypes import balanced_labels, ncm_scores, sample_gaussians
+from dfcil.methods import Batch, Phase, TaskContext
+from dfcil.methods.memory import ClassMemory, DriftConfig
+from dfcil.models.network import NetOutput
+from test_methods import _task1_setup, tiny_config
+
+
+class LinearFeatures(nn.Module):
+    """A stand-in network whose features are a fixed linear map of the image's first 4 pixels' red values."""
+
+    def __init__(self, matrix):
+        super().__init__()
+        self.matrix = matrix
+
+    def forward(self, x):
+        f = x[:, 0, 0, :4] @ self.matrix.T
+        return NetOutput(f, f, ())
+
+
+def _ctx(net, task_id=1, n_old=2, n_new=2, n=64):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 256, (n, 8, 8, 3), dtype=torch.uint8, generator=g)
+    y = torch.arange(n) % n_new + n_old
+    data = TrainBatches(x, y, 16, Normalizer((0.5,) * 3, (0.25,) * 3, torch.device("cpu")), g, augment=False)
+    return TaskContext(task_id=task_id, n_old=n_old, n_new=n_new, num_tasks=3, net=net, data=data,
+                       rng=torch.Generator().manual_seed(0))  # fmt: skip
+
+
+def test_add_classes_keeps_the_plain_mean_of_each_new_class():
+    net = LinearFeatures(torch.eye(4))
+    ctx = _ctx(net, task_id=0, n_old=0)
+    memory = ClassMemory(DriftConfig(), covariances=True, augmented=False)
+    memory.add_classes(ctx)
+    x = ctx.data.normalizer(ctx.data.x)[:, 0, 0, :4]
+    for c in range(2):
+        assert torch.allclose(memory.means[c], x[ctx.data.y == c].mean(0), atol=1e-5)
+        assert torch.allclose(memory.covs[c], torch.cov(x[ctx.data.y == c].T), atol=1e-4)
+    assert memory.factors.shape == (2, 4, 4)
+
+
+@pytest.mark.parametrize("kind", ["lstsq", "ldc"])
+def test_compensation_moves_stored_statistics_through_the_drift_it_fits(kind):
+    drift = torch.tensor([[1.0, 0.2, 0.0, 0.0], [0.0, 0.9, 0.0, 0.1], [0.0, 0.0, 1.1, 0.0], [0.3, 0.0, 0.0, 1.0]])
+    old, new = LinearFeatures(torch.eye(4)), LinearFeatures(drift)
+    ctx = _ctx(new)
+    memory = ClassMemory(DriftConfig(kind=kind, epochs=300, lr=0.01, passes=2, ridge=1e-9), True, False)
+    means, covs = torch.randn(2, 4), torch.eye(4).repeat(2, 1, 1)
+    memory.load_state_dict({"means": means, "covs": covs})
+    memory.compensate(ctx, old, None)
+    tol = 1e-4 if kind == "lstsq" else 2e-2
+    assert torch.allclose(memory.means, means @ drift.T, atol=tol)  # μ ← Pμ
+    assert torch.allclose(memory.covs[0], drift @ drift.T, atol=5 * tol)  # Σ ← PΣPᵀ
+    assert memory.compensated == 1
+    moved = memory.means.clone()
+    memory.compensate(ctx, old, None)  # a run resumed from the phase's checkpoint: not again
+    assert torch.equal(memory.means, moved)
+
+
+def test_drift_none_and_synthetic_pairs():
+    ctx = _ctx(LinearFeatures(2 * torch.eye(4)))
+    memory = ClassMemory(DriftConfig(kind="none"), False, False)
+    memory.load_state_dict({"means": torch.ones(2, 4)})
+    memory.compensate(ctx, LinearFeatures(torch.eye(4)), None)
+    assert torch.equal(memory.means, torch.ones(2, 4))
+    calls = []
+    memory = ClassMemory(DriftConfig(kind="lstsq", synthetic=True), False, False)
+    memory.load_state_dict({"means": torch.ones(2, 4)})
+    memory.compensate(ctx, LinearFeatures(torch.eye(4)), lambda n: calls.append(n) or torch.randn(n, 3, 8, 8))
+    assert calls == [16] * 4  # one synthetic batch per real batch
+    assert torch.allclose(memory.means, 2 * torch.ones(2, 4), atol=1e-2)
+
+
+def _run(tmp_path, name, extra):
+    from dfcil.loop import RunOptions
+    from dfcil.runner import train
+
+    cfg = tiny_config(name, extra)
+    train(cfg, tmp_path, options=RunOptions(progress=False))
+    return json.loads((tmp_path / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["lwf", "rdfcil"])
+def test_ldc_switch_classifies_by_nearest_mean_and_dfcil_eval_agrees(name, tmp_path):
+    from dfcil.checkpoint import loads
+    from dfcil.tools import evaluate_run
+
+    extra = [("method.ldc", "true"), ("method.drift.epochs", "2"), ("method.drift.passes", "1")]
+    summary = _run(tmp_path / "run", name, extra)
+    assert summary["stores"] == "class statistics"
+    state = loads((tmp_path / "run" / "model.pt").read_bytes())["method_state"]
+    assert state["means"].shape == (6, 64)  # every class's mean, for dfcil eval
+    report = evaluate_run(tmp_path / "run")  # nearest mean again, from model.pt: the run's last row
+    assert [t["correct"] for t in report["tasks"]] == summary["correct_matrix"][1]
+
+
+def test_rdfcil_plus_replays_class_gaussians_in_chr_only():
+    cfg, method, net, ctx, batches = _task1_setup(name="rdfcil_plus")
+    memory = method.memory
+    memory.load_state_dict({"means": torch.randn(3, 64), "covs": torch.eye(64).repeat(3, 1, 1) * 0.1})
+    x, y = next(iter(batches))
+    rrl = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+    assert "replay" not in rrl
+    state = ctx.rng.get_state()
+    chr_ = method.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
+    assert set(chr_) == {"gce", "hkd", "replay"}
+    # the same draw by hand: balanced old-class labels, samples μ + Lε, 0.5 · CE of the head on them
+    ctx.rng.set_state(state)
+    method.replay.generate_share(len(x), ctx.runtime.dist)  # the synthetic batch the step drew first
+    labels = balanced_labels(3, len(x), ctx.rng, "cpu")
+    z = sample_gaussians(memory.means, memory.factors, labels, ctx.rng)
+    assert torch.bincount(labels, minlength=3).tolist() == [3, 3, 2] or sorted(torch.bincount(labels).tolist()) == [
+        2,
+        3,
+        3,
+    ]
+    with torch.no_grad():
+        want = 0.5 * F.cross_entropy(net.head(z), labels)
+    assert chr_["replay"].item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_rdfcil_plus_switches_and_refusals(tmp_path):
+    _, off, net, ctx, batches = _task1_setup([("method.replay", "false")], name="rdfcil_plus")
+    off.memory.load_state_dict({"means": torch.randn(3, 64), "covs": torch.eye(64).repeat(3, 1, 1)})
+    x, y = next(iter(batches))
+    assert "replay" not in off.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
+    with pytest.raises(ConfigError, match="method.classifier ncm"):
+        tiny_config("rdfcil_plus", [("method.ldc", "true")]) and _task1_setup([("method.ldc", "true")], "rdfcil_plus")
+
+
+def test_rdfcil_plus_ncm_classifier_scores_by_the_stored_means():
+    _, method, net, ctx, _ = _task1_setup([("method.classifier", "ncm")], name="rdfcil_plus")
+    method.memory.load_state_dict({"means": torch.randn(6, 64), "covs": torch.eye(64).repeat(6, 1, 1)})
+    out = net(torch.randn(4, 3, 32, 32))
+    assert torch.equal(method.eval_logits(out), ncm_scores(out.features, method.memory.means))
+    assert set(method.eval_state()) == {"means"}
