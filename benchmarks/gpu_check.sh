@@ -20,14 +20,18 @@
 #                                        #   class orders 0, 1, 2; R-DFCIL fp32 and bf16 on seeds 1, 2, 3; the
 #                                        #   ablations on orders 0, 1, 2; MINI_BUDGET seconds in all (default 540),
 #                                        #   the records of every run in $OUT/mini-runs.tgz
+#   bash benchmarks/gpu_check.sh mini10  # cifar100-mini10 (R-DFCIL+ and its ablations against R-DFCIL, EFC,
+#                                        #   LwF + LDC, FeCAM, fine-tuning) on class orders 0, 1, 2, packed on the
+#                                        #   GPU; MINI_BUDGET seconds (540); the same command resumes it; records in
+#                                        #   $OUT/mini10-runs.tgz and the report in $OUT/mini10-report.md
 # DATA: a data root holding cifar100/{train,test}.npz (default /tmp/data); where it has none and .devdata/ holds
 # the arrays packed by benchmarks/pack_cifar.py, they are unpacked there. Wheels in .whl/ (if any) are installed
 # offline into /tmp/site for a machine whose image lacks dfcil's dependencies; else dfcil must be installed.
 # Results and records go to $OUT (default /tmp/out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-case "${1:-}" in prep | speed | full | resume | tests | mini | round2) ;; *)
-  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|round2 (docs/gpu.md)" >&2
+case "${1:-}" in prep | speed | full | resume | tests | mini | mini10 | round2) ;; *)
+  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|mini10|round2 (docs/gpu.md)" >&2
   exit 2
   ;;
 esac
@@ -122,6 +126,17 @@ mini)
   sweep ablations "${ablations[@]}" --grid data.class_order_seed=0,1,2
   (cd "$RUNS" && find mini-* -maxdepth 2 \( -name summary.json -o -name config.yaml -o -name meta.json \
     -o -name metrics.jsonl -o -name sweep.json -o -name run.log \) | tar czf "$OUT/mini-runs.tgz" -T -)
+  ;;
+mini10)
+  data
+  runs=(--config configs/cifar100-mini10.yaml)
+  for f in configs/cifar100-mini10/*.yaml; do runs+=(--config "configs/cifar100-mini10.yaml+$f"); done
+  timeout "${MINI_BUDGET:-540}" python3 -m dfcil sweep "${runs[@]}" --grid data.class_order_seed=0,1,2 \
+    --data.root "$DATA" --device cuda --engine.channels_last true --out "$RUNS/mini10" 2>&1 | tee "$OUT/mini10.txt"
+  python3 -m dfcil report "$RUNS/mini10" > "$OUT/mini10-report.md" 2>&1
+  tail -20 "$OUT/mini10-report.md"
+  (cd "$RUNS" && find mini10 -maxdepth 2 \( -name summary.json -o -name config.yaml -o -name meta.json \
+    -o -name metrics.jsonl -o -name sweep.json -o -name run.log \) | tar czf "$OUT/mini10-runs.tgz" -T -)
   ;;
 round2)
   end=$((SECONDS + ${ROUND2_BUDGET:-570}))
