@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from dfcil.methods import METHODS
-from dfcil.paper import VARIANTS, PaperRow, find_row
+from dfcil.paper import PROTOCOLS, UNVERIFIED, VARIANTS, PaperRow, find_row
 
 HERE = Path(__file__).parent
 
@@ -43,13 +43,30 @@ SHARED = (
     "Shared with R-DFCIL (docs/reference.md): CIFAR ResNet-32 (cl-lite variant), SGD lr 0.1\n"
     "momentum 0.9 batch 128, pad-4 crop + flip, training seed 1."
 )
+# the rows that train with their own paper's optimiser and schedule (described in their notes)
+SHARED_OWN = (
+    "Shared with R-DFCIL (docs/reference.md): CIFAR ResNet-32 (cl-lite variant, d = 64), pad-4 crop + flip,\n"
+    "training seed 1; the optimiser and schedule are this method's own recipe (below)."
+)
 HEADS = {
     "ucir_df": "cosine head (UCIR: σ·cos, one learned σ)",
     "podnet_df": "LSC head (PODNet: 10 proxies per class, learned η)",
+    "lwf_ldc": "bias-free linear head in training; LDC's nearest class mean (cosine) classifies",
+}
+# schedules that the line below cannot say: EFC's two Adam phases, FeCAM's one trained task
+SCHEDULES = {
+    "fecam": "This preset: the first task trains 200 epochs, lr x0.1 at epochs 60, 120 and 160, wd 0.0005; later\n"
+    "tasks do not train. Cosine head in the first task, then FeCAM's Mahalanobis classifier on the class statistics.",
+    "efc": "This preset: 100 epochs per task, batch 64; first task Adam lr 1e-3, wd 2e-4, x0.1 at epochs 45 and 90,\n"
+    "with self-rotation labels; later tasks Adam lr 1e-4 constant, wd 2e-4, BN frozen. EFC reads these from the\n"
+    "method section (first_lr, first_weight_decay, lr, weight_decay): train.lr and train.weight_decay repeat the\n"
+    "first task's and are not read, train.momentum is unused. Bias-free linear heads, U(−1/√d, 1/√d) as EFC's.",
 }
 
 
 def schedule_line(key: str, train: dict) -> str:
+    if key in SCHEDULES:
+        return SCHEDULES[key]
     t = SCHEDULE | train
     *first, last = map(str, t["milestones"])
     milestones = f"{', '.join(first)} and {last}" if first else last
@@ -156,6 +173,55 @@ PAPER_ROWS = {
         "R-DFCIL (Tables 1 and 2)",
         "200 epochs per task = 160 RRL + 40 CHR (task 0: 160 epochs of CE), CHR lr 0.005 with HKD kept on.",
     ),
+    # Methods of other papers, with their own recipes where dfcil's configs can hold them (the differences said)
+    "efc": (
+        {"name": "efc", "lambda_efm": 10.0, "eta": 0.1, "sigma": 0.2, "first_lr": 0.001}
+        | {"first_weight_decay": 0.0002, "lr": 0.0001, "weight_decay": 0.0002},
+        {"epochs": 100, "batch_size": 64, "milestones": [45, 90], "lr": 0.001, "weight_decay": 0.0002},
+        "EFC (Magistri et al., ICLR 2024)",
+        "EFC's CIFAR-100 cold-start recipe (its code's defaults, which gave the paper's tables): λ_EFM 10, η 0.1,\n"
+        "σ 0.2, Gaussian replay of the old classes in the asymmetric CE, drift of the old means at each task's end.\n"
+        "# Departures from the EFC paper: R-DFCIL's ResNet-32 (d = 64, pre-ReLU features) for its ResNet-18\n"
+        "# (d = 512), dfcil's pad-4 crop + flip for its pad-4 + RandomResizedCrop + flip, dfcil's (ABD's) class\n"
+        "# orders for its own (docs/baselines.md, EFC).",
+    ),
+    "lwf_ldc": (
+        {"name": "lwf", "lambda_kd": 10.0, "temperature": 2.0, "ldc": True}
+        | {"drift": {"kind": "ldc", "epochs": 20, "lr": 0.001, "batch_size": 128, "passes": 20}},
+        {"epochs": 100, "lr": 0.05, "milestones": [45, 90], "weight_decay": 0.0002},
+        "LwF + LDC (Gomez-Villa et al., ECCV 2024; method lwf with ldc: true)",
+        "LDC's recipe for LwF: λ_KD 10, T 2 (no T² factor); after each later task a bias-free d×d projector, fitted\n"
+        "by Adam lr 1e-3 for 20 epochs (batch 128, fresh augmentations each epoch) to map the old model's features\n"
+        "to the new one's, moves the stored class means; nearest mean on L2-normalised features classifies.\n"
+        "# dfcil trains every task with one schedule: this preset gives the first task LDC's incremental schedule\n"
+        "# (SGD lr 0.05, 100 epochs, x0.1 at 45 and 90, wd 2e-4), where LDC trains it 200 epochs at lr 0.1, x0.1 at\n"
+        "# 60, 120 and 160, wd 5e-4 (lwf has no first-task schedule). Other departures: dfcil's LwF takes its CE\n"
+        "# over all seen classes (LDC: the new classes' logits only) with a bias-free linear head (LDC: cosine, a\n"
+        "# learned scale), augments with pad-4 crop + flip only (LDC adds ColorJitter and AutoAugment), on R-DFCIL's\n"
+        "# ResNet-32 (d = 64) and class orders (docs/baselines.md, LDC).",
+    ),
+    "fecam": (
+        {"name": "fecam", "tukey_beta": 0.5, "nonnegative": "relu", "shrink_diag": 1.0, "shrink_offdiag": 1.0}
+        | {"shrink_times": 2},
+        {"epochs": 200, "milestones": [60, 120, 160]},
+        "FeCAM (Goswami et al., NeurIPS 2023)",
+        "FeCAM's recipe: the first task trains a cosine classifier with CE (SGD lr 0.1, momentum 0.9, wd 5e-4,\n"
+        "batch 128, 200 epochs); the backbone then stays frozen and no later task trains. Per class: the mean and\n"
+        "the covariance of Tukey-transformed features (β 0.5, on ReLU(features): dfcil's are pre-ReLU), shrunk twice\n"
+        "(γ1 = γ2 = 1) and normalised to a correlation; the Mahalanobis distance classifies from the second task.\n"
+        "# FeCAM anneals its lr by a cosine over the 200 epochs; dfcil's schedule has steps, so this preset lowers it\n"
+        "# x0.1 at 60, 120 and 160 (the first-task steps of LDC's code, on the same PyCIL base). Other departures:\n"
+        "# R-DFCIL's ResNet-32 (d = 64, pre-ReLU) for its ResNet-18 (d = 512, post-ReLU), pad-4 crop + flip without\n"
+        "# ColorJitter and AutoAugment, dfcil's class orders (docs/baselines.md, FeCAM).\n"
+        "# No paper number: FeCAM's authors give none for a cold start; their own tables start from a large first\n"
+        "# task, and their numbers are not held here.",
+    ),
+}
+# Rows of another paper than R-DFCIL's: key → (its source in dfcil.paper, the row the preset reproduces)
+OTHER_PAPERS = {
+    "efc": ("EFC paper", "the EFC paper's cold-start row of EFC"),
+    "lwf_ldc": ("LDC paper", "the LDC paper's row of LwF + LDC"),
+    "fecam": ("FeCAM paper", "FeCAM paper"),
 }
 # R-DFCIL on N = 20 (paper Table 6 and the supplement): name: (train overrides, description); each one's method
 # settings are dfcil.paper.VARIANTS["rdfcil"][name], from which a report recognises the ablation in a run.
@@ -178,8 +244,9 @@ ABLATIONS = {
 
 
 def paper_key(key: str) -> tuple[str, str]:
-    """(method, variant) of a preset row in dfcil.paper's table: abd_faithful is ABD as ABD's paper ran it."""
-    return ("abd", "faithful") if key == "abd_faithful" else (key, "")
+    """(method, variant) of a preset row in dfcil.paper's table: abd_faithful is ABD as ABD's paper ran it, lwf_ldc
+    LwF with LDC."""
+    return {"abd_faithful": ("abd", "faithful"), "lwf_ldc": ("lwf", "ldc")}.get(key, (key, ""))
 
 
 def _wrap(line: str) -> list[str]:
@@ -192,11 +259,34 @@ def header(lines: list[str]) -> str:
     return "\n".join(f"# {line}" if line else "#" for line in lines) + "\n"
 
 
-def numbers(row: PaperRow | None) -> str:
+def numbers(row: PaperRow | None, none: str = "no number in the paper for this setting") -> str:
     if row is None or row.last_acc is None:
-        return "no number in the paper for this setting"
+        return none
     avg = f", average incremental accuracy = {row.avg_inc_acc.text}" if row.avg_inc_acc else ""
     return f"A_N = {row.last_acc.text}{avg}"
+
+
+def claim(key: str, dataset: str, setting: str, orders: str) -> list[str]:
+    """The header's paper lines: the number a report compares with (``Paper (...): ...``), and for another paper's
+    row the numbers recalled but not checked (never compared) and that paper's protocol."""
+    method, variant = paper_key(key)
+    row = find_row(dataset, setting, method, variant)
+    if key not in OTHER_PAPERS:
+        return [f"Paper ({orders}): {numbers(row)}."]
+    source, what = OTHER_PAPERS[key]
+    recalled = UNVERIFIED.get((dataset, setting, method, variant))
+    none = (
+        "no number checked against the paper for this setting"
+        if recalled
+        else "no number from its authors for this setting"
+    )
+    lines = [f"Paper ({what}, on its own protocol): {numbers(row, none)}."]
+    if recalled:
+        said = [f"{m} = {v}" for m, v in zip(("A_N", "Ā_N"), recalled, strict=True) if v is not None]
+        lines.append(f"Recalled from the {source} but not checked against it, so never compared: {', '.join(said)}.")
+    if source in PROTOCOLS:
+        lines.append(f"That protocol is not this preset's: {PROTOCOLS[source]}.")
+    return lines
 
 
 def text(head: list[str], body: dict) -> str:
@@ -220,6 +310,20 @@ def defaults(name: str) -> dict:
     return section | ({"inversion": INVERSION} if "inversion" in section else {})
 
 
+# R-DFCIL+ (dfcil's own, no paper): R-DFCIL's preset and schedule with R-DFCIL+'s switches at their defaults
+PLUS_KEYS = ("replay", "replay_ratio", "lambda_replay", "drift", "classifier")
+PAPER_ROWS["rdfcil_plus"] = (
+    PAPER_ROWS["rdfcil"][0]
+    | {"name": "rdfcil_plus"}
+    | {k: dataclasses.asdict(METHODS.get("rdfcil_plus").Config())[k] for k in PLUS_KEYS},
+    PAPER_ROWS["rdfcil"][1],
+    "R-DFCIL+ (dfcil's own: R-DFCIL with class Gaussians, drift compensation and replay in CHR; no paper)",
+    "R-DFCIL's preset (rdfcil_<setting>.yaml) and its schedule, with R-DFCIL+'s defaults: a mean and covariance\n"
+    "# per class (about 16.6 KB each at d = 64, kept besides R-DFCIL's state), moved at the end of each RRL by an\n"
+    "# LDC projector (one augmented pass), and replayed as sampled features in CHR (docs/rdfcil-plus.md).",
+)
+
+
 def method_rows() -> dict[str, tuple]:
     """Every registered method's row: the paper's where it has one, else its defaults and no number."""
     rows = dict(PAPER_ROWS)
@@ -238,16 +342,15 @@ def presets(keys: Iterable[str] | None = None) -> dict[Path, str]:
     for key, (method, train, row, notes) in rows.items():
         for setting, (tasks, base, desc, tab) in SETTINGS.items():
             name = f"{key}_{setting}.yaml"
-            paper = find_row("cifar100", setting, *paper_key(key))
             head = [
                 f"{row} on CIFAR-100, {desc} (the protocol of R-DFCIL's Table {tab}).",
-                f"Paper (mean ± std over class orders 0, 1, 2): {numbers(paper)}.",
+                *claim(key, "cifar100", setting, "mean ± std over class orders 0, 1, 2"),
                 "",
                 "Command (seed-0 class order; --data.class_order_seed 1 and 2 for the other two orders):",
                 f"  dfcil train --config configs/cifar100/{name} --data.root DATA "
                 f"--out runs/cifar100-{key}_{setting}-s0",
                 "",
-                SHARED,
+                SHARED_OWN if key in OTHER_PAPERS else SHARED,
                 schedule_line(key, train),
             ] + ([notes.replace("# ", "")] if notes else [])
             lines = [line for block in head for line in block.split("\n")]
@@ -270,7 +373,7 @@ def presets(keys: Iterable[str] | None = None) -> dict[Path, str]:
         if keys is not None and key not in keys and not key.startswith("rdfcil_"):
             continue
         head = [
-            f"cifar100-mini overlay: {key.replace('rdfcil_', 'rdfcil, ablation ')}, on the",
+            f"cifar100-mini overlay: {ablation_name(key)}, on the",
             "cifar100-mini protocol, schedule and synthesizer budget (80 inversion steps). Use it after the base",
             "(DATA: the data root, README section Data):",
             f"  dfcil train --config configs/cifar100-mini.yaml --config configs/cifar100-mini/{key}.yaml \\",
@@ -280,6 +383,11 @@ def presets(keys: Iterable[str] | None = None) -> dict[Path, str]:
     return files
 
 
+def ablation_name(key: str) -> str:
+    """A mini overlay's name in its header: ``rdfcil, ablation no_rkd`` for R-DFCIL's ablations."""
+    return f"rdfcil, ablation {key.removeprefix('rdfcil_')}" if key.removeprefix("rdfcil_") in ABLATIONS else key
+
+
 def mini_overlays() -> dict[str, dict]:
     """cifar100-mini overlays: every registered method but R-DFCIL (the base preset), and R-DFCIL's ablations."""
     budget = {"inversion": {"steps": 80}}
@@ -287,6 +395,7 @@ def mini_overlays() -> dict[str, dict]:
         "joint": {"name": "joint", "from_scratch": True, "last_only": False},
         "abd": {"name": "abd", "inversion": {"steps": 80, "persistent": False}},
         "podnet_df": {"name": "podnet_df", "ft_epochs": 3} | budget,
+        "lwf_ldc": {"name": "lwf", "lambda_kd": 10.0, "temperature": 2.0, "ldc": True},
     }
     for name in METHODS.names():
         if name not in overlays and name != "rdfcil":
@@ -319,6 +428,10 @@ OTHER = {
         | {"milestones": [80, 120], "gamma": 0.1},
         "chr_epochs": 40,
         "inversion_steps": 5000,
+        "own": {"efc": ("n10", "n20")},  # other papers' methods, in the settings where their paper has a number
+        "own_shared": "Shared with R-DFCIL (docs/reference.md): 64×64 images, CIFAR ResNet-32 (cl-lite variant, 16×16\n"
+        "final map, d = 64), pad-4 crop + flip, training seed 1; the optimiser and schedule are this method's own\n"
+        "recipe (below).",
         "orders": "mean ± std over class orders 0, 1, 2",
         "command": "seed-0 class order; --data.class_order_seed 1 and 2 for the other two orders",
         "shared": "Shared with R-DFCIL (docs/reference.md): 64×64 images, CIFAR ResNet-32 (cl-lite variant, 16×16\n"
@@ -364,7 +477,15 @@ def other_rows(d: dict) -> dict[str, tuple]:
                   "Trains once, in the last task, on all classes (last_only): only A_N is meaningful.\nNot "
                   "data-free: it uses all real data."),
         "finetune": ({"name": "finetune"}, {}, "fine-tuning (the lower bound; no row in the paper)", ""),
-    }  # fmt: skip
+    } | {key: PAPER_ROWS[key][:3] + (OWN_NOTES.get(key, PAPER_ROWS[key][3]),) for key in d.get("own", {})}  # fmt: skip
+
+
+OWN_NOTES = {  # the notes of another paper's method on Tiny-ImageNet-200, where they differ from CIFAR-100's
+    "efc": "EFC's recipe as on CIFAR-100 (its code uses the same optimiser, schedule, λ_EFM, η and σ on\n"
+    "Tiny-ImageNet): λ_EFM 10, η 0.1, σ 0.2. Departures from the EFC paper: R-DFCIL's ResNet-32 (d = 64, pre-ReLU\n"
+    "features) for its ResNet-18 (d = 512, AvgPool 8), dfcil's pad-4 crop + flip for its pad-8 crop + flip,\n"
+    "dfcil's (ABD's) class orders for its own (docs/baselines.md, EFC).",
+}
 
 
 def other_presets() -> dict[Path, str]:
@@ -374,21 +495,24 @@ def other_presets() -> dict[Path, str]:
     for dataset, d in OTHER.items():
         for key, (method, train, row, notes) in other_rows(d).items():
             for setting, (tasks, base, desc, tab) in d["settings"].items():
+                if key in d.get("own", {}) and setting not in d["own"][key]:
+                    continue
                 name = f"{key}_{setting}.yaml"
                 schedule = d["schedule"] | train
+                milestones = " and ".join(map(str, schedule["milestones"]))
                 head = [
                     f"{row} on {d['label']}, {desc} (the protocol of R-DFCIL's Table {tab}).",
-                    f"Paper ({d['orders']}): {numbers(find_row(dataset, setting, key))}.",
+                    *claim(key, dataset, setting, d["orders"]),
                     "",
                     f"Command ({d['command']}):",
                     f"  dfcil train --config configs/{dataset}/{name} --data.root DATA "
                     f"--out runs/{dataset}-{key}_{setting}",
                     "",
-                    d["shared"],
-                    f"This preset: {schedule['epochs']} epochs per task, lr x0.1 at epochs "
-                    f"{' and '.join(map(str, schedule['milestones']))}, wd {schedule['weight_decay']:g}; bias-free "
-                    f"linear head.",
-                ] + ([notes] if notes else [])
+                    d["own_shared"] if key in OTHER_PAPERS else d["shared"],
+                    SCHEDULES.get(key)
+                    or f"This preset: {schedule['epochs']} epochs per task, lr x0.1 at epochs "
+                    f"{milestones}, wd {schedule['weight_decay']:g}; bias-free linear head.",
+                ] + ([notes.replace("# ", "")] if notes else [])
                 data = d["data"] | {"num_tasks": tasks, "base_classes": base}
                 if "class_order" in data:
                     data["class_order"] = reference_class_order()

@@ -8,7 +8,17 @@ import pytest
 from conftest import CONFIGS, REPO
 from dfcil.config import config_to_dict
 from dfcil.load import load_config
-from dfcil.paper import VARIANTS, Value, find_row, paper_rows, paper_value, protocol_name, variant_of
+from dfcil.paper import (
+    PROTOCOLS,
+    UNVERIFIED,
+    VARIANTS,
+    Value,
+    find_row,
+    paper_rows,
+    paper_value,
+    protocol_name,
+    variant_of,
+)
 from dfcil.runs import setting_of
 
 
@@ -50,6 +60,26 @@ def test_rows_say_what_they_are():
         paper_value("cifar100", "n5", "rdfcil", "forgetting")
 
 
+def test_other_papers_rows_are_their_own_protocol_and_hold_only_checked_numbers():
+    """EFC's and LDC's checked numbers are rows, quoted with their paper's protocol (as ABD's paper's rows); what was
+    only recalled stays out of the table."""
+    efc, ldc = find_row("cifar100", "n10", "efc"), find_row("cifar100", "n10", "lwf", "ldc")
+    assert (efc.last_acc.text, efc.avg_inc_acc, efc.source, efc.label) == ("43.62", None, "EFC paper", "EFC")
+    assert (ldc.last_acc.text, ldc.avg_inc_acc, ldc.source, ldc.label) == ("45.4", None, "LDC paper", "LwF + LDC")
+    assert efc.quoted and efc.data_free and efc.own_protocol == PROTOCOLS["EFC paper"]
+    assert "ResNet-18 (d = 512), 100 epochs per task" in efc.own_protocol and "its own class order" in efc.own_protocol
+    assert ldc.quoted and "ResNet-18" in ldc.own_protocol and "200 epochs in the first task" in ldc.own_protocol
+    assert find_row("cifar100", "n10", "lwf").own_protocol == PROTOCOLS["ABD paper"]  # LwF*, from ABD's paper
+    assert find_row("cifar100", "n5", "lwf_mc").own_protocol == PROTOCOLS["ABD paper"]
+    assert find_row("cifar100", "n10", "rdfcil").own_protocol == "" and not find_row("cifar100", "n10", "abd").quoted
+    assert not any(r.method == "fecam" for r in paper_rows())  # FeCAM's authors give no cold-start number
+    for (dataset, protocol, method, variant), recalled in UNVERIFIED.items():
+        row = find_row(dataset, protocol, method, variant)
+        held = () if row is None else (row.last_acc, row.avg_inc_acc)
+        assert all(v is None or h is None for v, h in zip(recalled, held or (None, None), strict=True))
+    assert find_row("cifar100", "n20", "efc") is None and find_row("tiny_imagenet200", "n10", "efc") is None
+
+
 def _reference_section() -> str:
     text = (REPO / "docs" / "reference.md").read_text()
     return text[text.index("## Paper numbers") :].split("\n## ")[0]
@@ -67,6 +97,12 @@ def test_every_number_of_the_reference_page_is_in_the_table():
     single = {float(x) for x in re.findall(r"\d+\.\d+", tables + supplement)}
     assert {12.1, 77.46, 53.10, 44.89, 30.92, 49.47, 21.35, 5.81} <= single <= means
     assert len(single) == 20
+    # other papers: the checked numbers (✓) are rows, the unverified ones UNVERIFIED's, and nothing else is said
+    others = section[section.index("**Other papers' numbers") :]
+    checked = {float(x) for x in re.findall(r"(\d+\.\d+) ✓", others)}
+    unverified = {float(x) for x in re.findall(r"(\d+\.\d+) unverified", others)}
+    assert checked == {r.last_acc.mean for r in paper_rows() if r.source in ("EFC paper", "LDC paper")}
+    assert unverified == {float(v) for pair in UNVERIFIED.values() for v in pair if v is not None}
 
 
 def test_protocol_names_and_variants():
@@ -75,6 +111,7 @@ def test_protocol_names_and_variants():
     assert variant_of("rdfcil", {"new_kd": "none", "old_kd": "none"}) == "no_rkd+no_hkd"  # no paper row
     assert variant_of("abd", {"inversion": {"persistent": True, "steps": 10000}}) == "faithful"
     assert variant_of("rdfcil", {"new_kd": "rkd", "chr_epochs": 3}) == "" and variant_of("lwf", {}) == ""
+    assert variant_of("lwf", {"lambda_kd": 10.0, "ldc": True}) == "ldc" and variant_of("lwf", {"ldc": False}) == ""
 
 
 def _header_numbers(text: str) -> tuple[str | None, str | None] | None:

@@ -349,3 +349,49 @@ def test_the_report_says_what_each_method_keeps_between_tasks(tmp_path):
     text = report(find_runs([tmp_path]))
     kept = "Kept between tasks besides the model: joint: all data (not data-free); rdfcil: synthesizer per task."
     assert kept in text
+
+
+def other_papers_runs(root: Path) -> Path:
+    """EFC and LwF + LDC on CIFAR-100 N = 10 (their papers' checked numbers), EFC on N = 20 (a number recalled
+    from its paper, unchecked) and R-DFCIL beside them."""
+    write_run(root, "efc/o0", C100_N10, {"name": "efc"}, summary=summary(40.0, 55.0))
+    ldc = {"name": "lwf", "lambda_kd": 10.0, "ldc": True}
+    write_run(root, "ldc/o0", C100_N10, ldc, summary=summary(44.0, 57.0) | {"stores": "class statistics"})
+    write_run(root, "lwf/o0", C100_N10, {"name": "lwf"}, summary=summary(10.0, 30.0) | {"stores": "nothing"})
+    write_run(root, "efc20/o0", C100_N10 | {"num_tasks": 20}, {"name": "efc"}, summary=summary(30.0, 45.0))
+    write_run(root, "rdfcil/o0", C100_N10, RDFCIL, summary=summary(42.0, 59.0))
+    return root
+
+
+def test_other_papers_numbers_are_marked_as_their_own_protocol(tmp_path):
+    """EFC's and LDC's numbers come beside ours with a † and, under the table, their papers' backbone, schedule and
+    class order; R-DFCIL's own rows have no mark, and numbers recalled but not checked are never shown."""
+    runs = find_runs([other_papers_runs(tmp_path / "runs")])
+    recs = {r["group"]: r for r in records(group_runs(runs))}
+    efc, ldc, rdfcil = recs["efc · cifar100 · n10"], recs["lwf[ldc] · cifar100 · n10"], recs["rdfcil · cifar100 · n10"]
+    assert (efc["paper_row"], efc["last_acc_paper_mean"], efc["avg_inc_acc_paper_mean"]) == (
+        "EFC (EFC paper) †",
+        43.62,
+        None,
+    )
+    assert efc["last_acc_diff"] == pytest.approx(-3.62) and efc["last_acc_within_paper_std"] is None
+    assert (ldc["paper_row"], ldc["last_acc_paper_mean"]) == ("LwF + LDC (LDC paper) †", 45.4)
+    assert ldc["paper_protocol"].startswith("LDC paper (Gomez-Villa et al., ECCV 2024, LwF + LDC): ResNet-18")
+    assert (rdfcil["paper_row"], rdfcil["paper_protocol"]) == ("R-DFCIL (Table 1)", "")
+    assert recs["efc · cifar100 · n20"]["last_acc_paper_mean"] is None  # 32.15 is recalled, not checked
+    text = report(runs)
+    row = next(line for line in text.splitlines() if line.startswith("| efc · cifar100 · n10"))
+    assert "| 40.00 | 43.62 | −3.62 | 55.00 | – |" in row and row.endswith("| EFC (EFC paper) † |")
+    note = next(line for line in text.splitlines() if line.startswith("†: another paper's number"))
+    efc_protocol = "EFC paper (Magistri et al., ICLR 2024, cold start): ResNet-18 (d = 512), 100 epochs per task"
+    assert efc_protocol in note and "PyCIL's class order (seed 1993)" in note  # LDC's
+    assert "ABD paper" in note  # LwF*, quoted from ABD's paper, is another protocol too
+    assert "32.15" not in text and "58.58" not in text and "59.5" not in text
+    kept = "efc: class statistics; lwf: nothing; lwf[ldc]: class statistics; rdfcil: synthesizer per task."
+    assert kept in text
+    pivot = report(runs, "md", by=("method", "protocol"))
+    assert "| efc | 40.00 (1) [paper 43.62†, −3.62] | 30.00 (1) |" in pivot and efc_protocol in pivot
+    latex = report(runs, "latex", by=("method", "protocol"))
+    assert "[paper 45.40$^\\dagger$, $-$1.40]" in latex and "% †: another paper's number" in latex
+    only_rdfcil = report([r for r in runs if r.config["method"]["name"] == "rdfcil"])
+    assert "†" not in only_rdfcil

@@ -1,4 +1,5 @@
-"""The paper's numbers (R-DFCIL, Gao et al., ECCV 2022) as one table, keyed the way dfcil names things.
+"""The paper's numbers (R-DFCIL, Gao et al., ECCV 2022) as one table, keyed the way dfcil names things, with rows
+quoted from other papers (ABD's; EFC's and LDC's, on their own protocols).
 
 A row is one approach in one setting: ``(dataset, protocol, method, variant)``.
 
@@ -9,13 +10,18 @@ A row is one approach in one setting: ``(dataset, protocol, method, variant)``.
   exemplar-based rows of Table 2, which dfcil does not implement.
 * ``variant``: ``""`` for the approach as the table's row; an R-DFCIL ablation (Table 6 and the supplement, keys
   of :data:`VARIANTS`); ``faithful`` for ABD as ABD's own paper ran it (the paper's "ABD*"); ``abd_oracle`` for
-  ABD's upper bound; ``supplement_full`` for the supplement's single run of the full R-DFCIL.
+  ABD's upper bound; ``supplement_full`` for the supplement's single run of the full R-DFCIL; ``ldc`` for LwF with
+  LDC's drift-compensated class means (``method.ldc: true``, the LDC paper's "LwF + LDC").
 
 Each row holds ``last_acc`` (A_N) and ``avg_inc_acc`` (Ā_N) in percent as :class:`Value` (mean, std, the text as
-printed; std None where the paper gives a single run), or None where the paper has no number. Rows marked
-``quoted`` are ABD's paper's numbers (ABD's backbone and schedule), either quoted by R-DFCIL's tables (the rows
-with a star) or only in ABD's paper (fine-tuning, LwF.MC, ABD's upper bound). docs/reference.md ("Paper numbers")
-holds the same numbers as tables.
+printed; std None where the paper gives a single run or no std), or None where the paper has no number. Rows marked
+``quoted`` are another paper's numbers on that paper's own protocol (backbone, schedule, class order), which
+``own_protocol`` describes (:data:`PROTOCOLS`; ``dfcil report`` marks them † and prints it under the table): ABD's
+paper's, either quoted by R-DFCIL's tables (the rows with a star) or only in ABD's paper (fine-tuning, LwF.MC, ABD's
+upper bound); EFC's (Magistri et al., ICLR 2024) and LDC's (Gomez-Villa et al., ECCV 2024), only the numbers that
+were checked. Numbers recalled from those papers but not checked against them are in :data:`UNVERIFIED`, never in
+the table (the presets' headers quote them with that mark). docs/reference.md ("Paper numbers") holds the same
+numbers as tables.
 
     paper_value("cifar100", "n10", "rdfcil", "last_acc")   # Value(mean=42.37, std=0.72, text='42.37 ± 0.72')
     find_row("cifar100", "n20", "rdfcil", "no_hkd").source  # 'Table 6'
@@ -47,6 +53,18 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "chr_ce_only": {"chr_hkd": False},  # CHR with the class-balanced CE alone, as the paper's text
     },
     "abd": {"faithful": {"inversion": {"persistent": True}}},  # one generator for the whole run, as ABD's code
+    "lwf": {"ldc": {"ldc": True}},  # LwF + LDC (LDC paper): drift-compensated class means, nearest-mean classifier
+}
+
+# The protocol of each paper that rows are quoted from, as a report's footnote says it (R-DFCIL's own: none).
+PROTOCOLS = {
+    "ABD paper": "ABD paper (Smith et al., ICCV 2021): ABD's own backbone, schedule and augmentation (on CIFAR-100 "
+    "its ResNet-32, SGD 250 epochs per task, x0.1 at 100, 150 and 200, wd 2e-4, colour jitter; class orders 0, 1, 2 "
+    "as dfcil's)",
+    "EFC paper": "EFC paper (Magistri et al., ICLR 2024, cold start): ResNet-18 (d = 512), 100 epochs per task (Adam; "
+    "first task with self-rotation), its own class order",
+    "LDC paper": "LDC paper (Gomez-Villa et al., ECCV 2024, LwF + LDC): ResNet-18 (d = 512) with a cosine head, SGD "
+    "200 epochs in the first task and 100 in each later one, PyCIL's class order (seed 1993)",
 }
 
 _EQUAL = ("n5", "n10", "n20")
@@ -87,6 +105,12 @@ _TABLES: tuple[tuple[str, str, tuple[str, ...], tuple[tuple[Any, ...], ...]], ..
         ("rdfcil", "", "R-DFCIL", ("54.76 ± 0.76", "49.70 ± 0.61", "30.01 ± 0.56"),
          ("64.78 ± 1.58", "61.71 ± 1.17", "49.95 ± 0.76")),
     )),
+    ("cifar100", "EFC paper", ("n10",), (  # cold start; Ā_N and N = 20: UNVERIFIED
+        ("efc", "", "EFC", ("43.62",), None),
+    )),
+    ("cifar100", "LDC paper", ("n10",), (  # Ā_N: UNVERIFIED
+        ("lwf", "ldc", "LwF + LDC", ("45.4",), None),
+    )),
     ("cifar100", "Table 6", ("n20",), (  # its full R-DFCIL row is Table 1's (30.75 ± 0.12, 48.47 ± 1.90)
         ("rdfcil", "no_rkd", "R-DFCIL without RKD", ("21.63 ± 5.60",), ("40.86 ± 5.98",)),
         ("rdfcil", "no_hkd", "R-DFCIL without HKD", ("5.37 ± 0.35",), ("20.96 ± 0.69",)),
@@ -118,6 +142,17 @@ _TABLES: tuple[tuple[str, str, tuple[str, ...], tuple[tuple[Any, ...], ...]], ..
     )),
 )  # fmt: skip
 
+# Numbers recalled from EFC's and LDC's papers but not checked against them: (dataset, protocol, method, variant)
+# → (A_N, Ā_N) as recalled, None where not even recalled. Never compared with a run; the presets' headers and
+# docs/reference.md quote them marked as unverified. 43.62 and 45.4 (A_N, N = 10) were checked and are rows above.
+UNVERIFIED: dict[tuple[str, str, str, str], tuple[str | None, str | None]] = {
+    ("cifar100", "n10", "efc", ""): (None, "58.58"),
+    ("cifar100", "n20", "efc", ""): ("32.15", "47.36"),
+    ("tiny_imagenet200", "n10", "efc", ""): ("34.10", "47.95"),
+    ("tiny_imagenet200", "n20", "efc", ""): ("28.69", "42.07"),
+    ("cifar100", "n10", "lwf", "ldc"): (None, "59.5"),
+}
+
 _NOT_DATA_FREE = {"joint", "dgr", "ucir", "podnet"}  # real old data: all of it, a VAE of it, or exemplars
 
 
@@ -146,7 +181,8 @@ class PaperRow:
     last_acc: Value | None
     avg_inc_acc: Value | None
     data_free: bool
-    quoted: bool  # ABD's paper's number (its own backbone and schedule)
+    quoted: bool  # another paper's number, on its own protocol
+    own_protocol: str = ""  # that paper's protocol (backbone, schedule, class order), PROTOCOLS; "" for R-DFCIL's
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -157,6 +193,8 @@ def _build() -> dict[tuple[str, str, str, str], PaperRow]:
     rows: dict[tuple[str, str, str, str], PaperRow] = {}
     for dataset, source, protocols, table in _TABLES:
         for method, variant, label, last, avg in table:
+            abd = label.endswith("*") or source == "ABD paper"
+            quoted_from = "ABD paper" if abd else source if source in PROTOCOLS else ""
             for i, protocol in enumerate(protocols):
                 a_n, a_bar = last[i], avg[i] if avg else None
                 if a_n is None and a_bar is None:
@@ -164,7 +202,8 @@ def _build() -> dict[tuple[str, str, str, str], PaperRow]:
                 row = PaperRow(
                     dataset, protocol, method, variant, label, source,
                     last_acc=Value.parse(a_n) if a_n else None, avg_inc_acc=Value.parse(a_bar) if a_bar else None,
-                    data_free=method not in _NOT_DATA_FREE, quoted=label.endswith("*") or source == "ABD paper",
+                    data_free=method not in _NOT_DATA_FREE, quoted=bool(quoted_from),
+                    own_protocol=PROTOCOLS.get(quoted_from, ""),
                 )  # fmt: skip
                 assert row.key not in rows, f"paper row {row.key} given twice"
                 rows[row.key] = row

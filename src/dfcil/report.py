@@ -5,7 +5,8 @@ are found recursively under the paths given (a run, a sweep, a folder of many), 
 group differ only in class order (``data.class_order_seed``, ``data.class_order``) and training ``seed``, and each
 group's metrics are given as mean ± std over its finished runs. The paper's value for the group's dataset,
 protocol and method (:mod:`dfcil.paper`) is shown next to ours, with the difference and whether ours lies within
-one of the paper's standard deviations.
+one of the paper's standard deviations. A number another paper gives on its own protocol (ABD's, EFC's, LDC's:
+another backbone, schedule or class order) is marked † and its protocol is said under the table.
 
 Pure reading: only ``config.yaml`` and ``summary.json`` are read, as plain data, and neither torch nor the
 engine is imported.
@@ -27,7 +28,7 @@ from typing import Any
 from dfcil.catalogue import method_entries
 from dfcil.errors import ReportError
 from dfcil.paper import Value
-from dfcil.runs import Group, Run, find_runs, group_runs
+from dfcil.runs import Group, Run, find_runs, group_runs, setting_of
 from dfcil.stores import is_data_free
 
 # Our metrics: summary.json key → column title. old_acc / new_acc are the last task's entries of their lists.
@@ -53,6 +54,7 @@ STD_NOTE = (
     "only in class order or training seed"
 )
 PAPER_STD_NOTE = "; the paper's ± is over its 3 class orders (convention not stated)"
+OTHER_PROTOCOL = "†: another paper's number, on that paper's own protocol, not R-DFCIL's nor this run's"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,12 +109,14 @@ def records(groups: Sequence[Group]) -> list[dict[str, Any]]:
                 f"{metric}_diff": cmp.diff if cmp else None,
                 f"{metric}_within_paper_std": cmp.within if cmp else None,
             }
-        rec["paper_row"] = f"{row.label} ({row.source})" if row else ""
+        rec["paper_row"] = f"{row.label} ({row.source})" + (" †" if row.own_protocol else "") if row else ""
+        rec["paper_protocol"] = row.own_protocol if row else ""
         out.append(rec)
     return out
 
 
-_LATEX_TOKENS = {"Ā_N": "$\\bar{A}_N$", "A_N": "$A_N$", "±": "$\\pm$", "·": "$\\cdot$", "Δ": "$\\Delta$", "−": "$-$"}
+_LATEX_TOKENS = {"Ā_N": "$\\bar{A}_N$", "A_N": "$A_N$", "†": "$^\\dagger$", "±": "$\\pm$", "·": "$\\cdot$"}
+_LATEX_TOKENS |= {"Δ": "$\\Delta$", "−": "$-$"}
 _LATEX_ESCAPES = {c: f"\\{c}" for c in "&%$#_{}"} | {"\\": "\\textbackslash{}", "~": "\\~{}", "^": "\\^{}"}
 
 
@@ -123,6 +127,7 @@ class _Style:
         self.latex = fmt == "latex"
         self.pm = " $\\pm$ " if self.latex else " ± "
         self.yes, self.no = ("\\checkmark", "$\\times$") if self.latex else ("✓", "✗")
+        self.dagger = "$^\\dagger$" if self.latex else "†"  # another paper's protocol
 
     def text(self, s: str) -> str:
         """``s`` as a cell: in LaTeX with its special characters escaped and A_N, Ā_N, ±, ·, Δ, − as maths."""
@@ -184,6 +189,7 @@ def pivot_table(
         cell = style.stat(r[f"{metric}_mean"], r[f"{metric}_std"], r[f"{metric}_n"])
         if r.get(f"{metric}_paper_mean") is not None:
             paper = style.stat(r[f"{metric}_paper_mean"], r[f"{metric}_paper_std"])
+            paper += style.dagger if r["paper_protocol"] else ""
             cell += f" [paper {paper}, {style.diff(r[f'{metric}_diff'], r[f'{metric}_within_paper_std'])}]"
         cells[rk, ck] = cell
     across = "/" if style.latex else "\\"  # a backslash is a command in LaTeX
@@ -212,14 +218,18 @@ def render_csv(recs: Sequence[dict[str, Any]]) -> str:
 
 
 def stores_of(runs: Sequence[Run]) -> dict[str, str]:
-    """What each finished run's method keeps between tasks (``Method.stores``), by method name: from summary.json,
-    else (runs from before it said) from the method's source (:mod:`dfcil.catalogue`, no torch)."""
+    """What each finished run's method keeps between tasks (``Method.stores``), by method name (by variant, e.g.
+    ``lwf[ldc]``, where variants of one method keep different things): from summary.json, else (runs from before it
+    said) from the method's source (:mod:`dfcil.catalogue`, no torch)."""
     known = {e.name: e.stores for e in method_entries()}
-    kept = {}
+    by_name: dict[str, dict[str, str]] = {}  # method name → its variants' labels (lwf[ldc]) → what they keep
     for r in runs:
         method = (r.config.get("method") or {}).get("name") if r.summary is not None else None
         if isinstance(method, str) and (stores := r.summary.get("stores") or known.get(method)):
-            kept[method] = stores
+            by_name.setdefault(method, {})[setting_of(r.config).method_label] = stores
+    kept = {}
+    for method, labels in by_name.items():  # by variant only where a switch changes it (LwF with LDC)
+        kept |= {method: next(iter(labels.values()))} if len(set(labels.values())) == 1 else labels
     return kept
 
 
@@ -234,7 +244,10 @@ def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: 
         )
     if paper:
         notes.append(f"Δ = ours − paper in points; {style.yes} within one paper std, {style.no} outside (no mark: "
-                     f"the paper gives one run).")  # fmt: skip
+                     f"the paper gives one run or no std).")  # fmt: skip
+    shown = [row for g in groups if (row := g.setting.paper_row()) is not None]
+    if protocols := sorted({row.own_protocol for row in shown if row.own_protocol}):
+        notes.append(f"{OTHER_PROTOCOL}: " + "; ".join(protocols) + ".")
     if any(g.setting.reduced for g in groups):
         notes.append("Reduced protocols (fewer classes, images or pixels) are never compared with the paper.")
     if kept := stores_of(runs):
