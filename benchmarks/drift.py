@@ -32,16 +32,15 @@ from dfcil.losses.prototypes import fit_projector, lstsq_projector
 from dfcil.progress import make_progress
 from dfcil.protocol import prepare
 
-VARIANTS = {  # name: (kind, passes)
-    "none": ("none", 0),
-    "lstsq": ("lstsq", 1),
-    "ldc, 1 pass": ("ldc", 1),
-    "ldc, 20 passes (LDC)": ("ldc", 20),
-}
+
+def variants(ldc_passes: int) -> dict[str, tuple[str, int]]:
+    """name: (kind, passes of augmented feature pairs)."""
+    return {"none": ("none", 0), "lstsq": ("lstsq", 1), "ldc, 1 pass": ("ldc", 1),
+            f"ldc, {ldc_passes} passes{' (LDC)' if ldc_passes == 20 else ''}": ("ldc", ldc_passes)}  # fmt: skip
 
 
 class Snapshots(Callback):
-    """A copy of the network and the task's data at the end of each task's last backbone phase."""
+    """A copy of the network at the end of each task."""
 
     def __init__(self) -> None:
         self.nets: list[torch.nn.Module] = []
@@ -61,6 +60,7 @@ def features(net, x) -> torch.Tensor:  # noqa: ANN001
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", required=True)
+    parser.add_argument("--ldc-passes", type=int, default=20, help="passes of the last row (LDC: 20)")
     args, rest = parser.parse_known_args()
     overrides = [(k.removeprefix("--"), v) for k, v in zip(rest[::2], rest[1::2], strict=True)]
     cfg, _ = load_config(args.config, overrides)
@@ -70,7 +70,8 @@ def main() -> None:
     norm = snaps.loop.test.normalizer
     device = torch.device("cpu")
     per_class = cfg.data.train_per_class
-    rows = {name: ([], [], []) for name in VARIANTS}
+    kinds = variants(args.ldc_passes)
+    rows = {name: ([], [], []) for name in kinds}
     g = torch.Generator().manual_seed(0)
     for t in range(1, len(snaps.nets)):
         old, new = snaps.nets[t - 1], snaps.nets[t]
@@ -80,7 +81,7 @@ def main() -> None:
         classes = y_old.unique()
         stored = torch.stack([f_old_old[y_old == c].mean(0) for c in classes])
         true = torch.stack([f_new_old[y_old == c].mean(0) for c in classes])
-        for name, (kind, passes) in VARIANTS.items():
+        for name, (kind, passes) in kinds.items():
             start = time.perf_counter()
             if kind == "none":
                 moved = stored

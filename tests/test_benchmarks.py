@@ -2,6 +2,7 @@
 
 import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,15 @@ def test_startup_times_a_command_beside_another_revision_and_removes_its_checkou
     assert "| command | HEAD (before) median s | HEAD (before) min s | working tree median s |" in lines[2]
     assert lines[4].startswith("| `dfcil --help` |") and lines[4].endswith("| < 1.5 s |") and len(lines) == 5
     assert subprocess.run(worktrees, capture_output=True, text=True, check=True).stdout == before
+
+
+def test_drift_benchmark_prints_the_error_of_each_compensation():
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "drift.py"), "--config", str(BENCH.parent / "configs" / "smoke.yaml"),
+         "--ldc-passes", "2", "--train.epochs", "1", "--train.milestones", "[]", "--data.num_classes", "6"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if line.startswith("| ")}
+    assert set(rows) >= {"none", "lstsq", "ldc, 1 pass", "ldc, 2 passes"}
+    assert rows["none"].split("|")[2].strip() == "1.000"  # not moving the means: the reference error
