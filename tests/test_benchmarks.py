@@ -83,7 +83,7 @@ def test_startup_times_a_command_beside_another_revision_and_removes_its_checkou
 def test_drift_benchmark_prints_the_error_of_each_compensation():
     done = subprocess.run(
         [sys.executable, str(BENCH / "drift.py"), "--config", str(BENCH.parent / "configs" / "smoke.yaml"),
-         "--ldc-passes", "2", "--train.epochs", "1", "--train.milestones", "[]", "--data.num_classes", "6"],
+         "--ldc-passes", "2", "--train.epochs", "2", "--train.milestones", "[]", "--data.num_classes", "6"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
