@@ -106,7 +106,7 @@ _TABLES: tuple[tuple[str, str, tuple[str, ...], tuple[tuple[Any, ...], ...]], ..
          ("64.78 ± 1.58", "61.71 ± 1.17", "49.95 ± 0.76")),
     )),
     ("cifar100", "EFC paper", ("n10",), (  # cold start; Ā_N and N = 20: UNVERIFIED
-        ("efc", "", "EFC", ("43.62",), None),
+        ("efc", "", "EFC", ("43.6",), None),
     )),
     ("cifar100", "LDC paper", ("n10",), (  # Ā_N: UNVERIFIED
         ("lwf", "ldc", "LwF + LDC", ("45.4",), None),
@@ -144,7 +144,7 @@ _TABLES: tuple[tuple[str, str, tuple[str, ...], tuple[tuple[Any, ...], ...]], ..
 
 # Numbers recalled from EFC's and LDC's papers but not checked against them: (dataset, protocol, method, variant)
 # → (A_N, Ā_N) as recalled, None where not even recalled. Never compared with a run; the presets' headers and
-# docs/reference.md quote them marked as unverified. 43.62 and 45.4 (A_N, N = 10) were checked and are rows above.
+# docs/reference.md quote them marked as unverified. 43.6 and 45.4 (A_N, N = 10) were checked and are rows above.
 UNVERIFIED: dict[tuple[str, str, str, str], tuple[str | None, str | None]] = {
     ("cifar100", "n10", "efc", ""): (None, "58.58"),
     ("cifar100", "n20", "efc", ""): ("32.15", "47.36"),
