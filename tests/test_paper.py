@@ -145,3 +145,12 @@ def test_every_paper_variant_has_a_preset():
     names = {p.stem for p in (CONFIGS / "cifar100" / "ablations").glob("*.yaml")}
     assert {f"rdfcil_n20_{k}" for k in VARIANTS["rdfcil"]} == names
     assert len(PRESETS) > 100
+
+
+def test_rdfcil_with_ldc_is_its_own_variant_with_no_paper_number():
+    from dfcil.paper import paper_value, variant_of
+
+    assert variant_of("rdfcil", {"ldc": True, "chr_epochs": 40}) == "ldc"
+    assert variant_of("rdfcil", {"ldc": False}) == ""
+    assert paper_value("cifar100", "n10", "rdfcil", "last_acc", "ldc") is None
+    assert variant_of("lwf", {"ldc": True}) == "ldc" and paper_value("cifar100", "n10", "lwf", "last_acc", "ldc")

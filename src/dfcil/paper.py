@@ -56,6 +56,11 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "lwf": {"ldc": {"ldc": True}},  # LwF + LDC (LDC paper): drift-compensated class means, nearest-mean classifier
 }
 
+# Settings that make a run another approach than the paper's row of its method, with no paper number of its own:
+# a report names the variant and compares the run with nothing (R-DFCIL with LDC's nearest-mean classifier is not
+# the paper's R-DFCIL).
+SWITCHES: dict[str, dict[str, dict[str, Any]]] = {"rdfcil": {"ldc": {"ldc": True}}}
+
 # The protocol of each paper that rows are quoted from, as a report's footnote says it (R-DFCIL's own: none).
 PROTOCOLS = {
     "ABD paper": "ABD paper (Smith et al., ICCV 2021): ABD's own backbone, schedule and augmentation (on CIFAR-100 "
@@ -245,4 +250,5 @@ def variant_of(method: str, settings: dict[str, Any]) -> str:
             return False
         return all(holds(v, have.get(k)) if isinstance(v, dict) else have.get(k) == v for k, v in want.items())
 
-    return "+".join(name for name, want in VARIANTS.get(method, {}).items() if holds(want, settings))
+    variants = VARIANTS.get(method, {}) | SWITCHES.get(method, {})
+    return "+".join(name for name, want in variants.items() if holds(want, settings))
