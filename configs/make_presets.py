@@ -319,8 +319,9 @@ PAPER_ROWS["rdfcil_plus"] = (
     PAPER_ROWS["rdfcil"][1],
     "R-DFCIL+ (dfcil's own: R-DFCIL with class Gaussians, drift compensation and replay in CHR; no paper)",
     "R-DFCIL's preset (rdfcil_<setting>.yaml) and its schedule, with R-DFCIL+'s defaults: a mean and covariance\n"
-    "# per class (about 16.6 KB each at d = 64, kept besides R-DFCIL's state), moved at the end of each RRL by an\n"
-    "# LDC projector (one augmented pass), and replayed as sampled features in CHR (docs/rdfcil-plus.md).",
+    "# per class (about 16.6 KB each at d = 64, kept besides R-DFCIL's state), moved at the end of each RRL by a\n"
+    "# linear map fitted by least squares (one augmented pass), and replayed as sampled features in CHR\n"
+    "# (docs/rdfcil-plus.md).",
 )
 
 
