@@ -8,7 +8,9 @@ methods would cost the whole of torch (seconds) for a few lines of text. ``tests
 entries equal the ones :func:`entry_of` makes from the imported registry, so the two cannot drift apart.
 
 Methods registered outside the package (a plugin, a test's toy method) are listed from their classes: once
-``dfcil.methods`` is imported, :func:`method_entries` reads the registry itself.
+``dfcil.methods`` is imported, :func:`method_entries` reads the registry itself. The methods that installed packages
+declare as entry points (:mod:`dfcil.plugins`) and that are not imported are listed from the packages' metadata
+(:func:`plugin_entries`): their names and packages, without importing them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dfcil.plugins import entry_points, package_of
 from dfcil.stores import is_data_free
 
 METHODS_PACKAGE = Path(__file__).resolve().parent / "methods"
@@ -38,6 +41,32 @@ class MethodEntry:
     @property
     def data_free(self) -> bool:
         return is_data_free(self.stores)
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginEntry:
+    """A method an installed package declares (an entry point of ``dfcil.methods``), not imported."""
+
+    name: str
+    package: str  # "mypkg 0.1"
+    module: str  # the entry point's value: the module that registers the method
+
+
+def plugin_of(entry: MethodEntry) -> str | None:
+    """The module outside dfcil that registered ``entry``'s method (a plugin), or None for a built-in one."""
+    methods = sys.modules.get("dfcil.methods")
+    if methods is None or entry.name not in methods.METHODS.names():
+        return None
+    module = methods.METHODS.get(entry.name).__module__
+    return None if module == "dfcil" or module.startswith("dfcil.") else module
+
+
+def plugin_entries(listed: Iterable[str]) -> list[PluginEntry]:
+    """The methods installed packages declare that are not among ``listed`` (the registered ones), by name, read
+    from the packages' metadata: nothing is imported."""
+    listed = set(listed)
+    found = {ep.name: PluginEntry(ep.name, package_of(ep), ep.module) for ep in entry_points("dfcil.methods")}
+    return [entry for name, entry in sorted(found.items()) if name not in listed]
 
 
 # Config switches that change what a method keeps between tasks: (key, methods, stores, summary). dfcil methods

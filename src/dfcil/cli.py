@@ -1,16 +1,17 @@
 """Command line: parsing only; the work is done by :mod:`dfcil.runner` and :mod:`dfcil.engine` (training) and by
 :mod:`dfcil.tools` and :mod:`dfcil.features` (finished runs).
 
-dfcil train --config FILE.yaml [--config MORE.yaml] [--section.key VALUE ...] [--out DIR]
+dfcil train --config FILE.yaml [--config MORE.yaml] [--section.key VALUE ...] [--out DIR] [--plugin MODULE ...]
             [--device DEV] [--log csv,tensorboard] [--print-config] [--dry-run] [--progress | --no-progress]
 dfcil resume DIR [--device DEV] [--data.root DIR] [--log NAME ...]
 dfcil sweep --config FILE.yaml[+MORE.yaml] [--config ...] [--grid KEY=V1,V2 ...] [--section.key VALUE ...]
             --out DIR [--jobs K] [--dry-run] [--launcher local|slurm] [--slurm.KEY VALUE ...] [--no-wait]
+            [--plugin MODULE ...]
 dfcil report PATH... [--format md|csv|latex] [--by ROWS,COLS] [--metric M] [--plots DIR]
 dfcil eval DIR [--data.root DIR] [--classes IDS | --tasks IDS] [--device DEV] [--json]
 dfcil export DIR [--format FORMAT] [--out FILE]
 dfcil inspect DIR [--features | --synthetic] [--out DIR] [--data.root DIR] [--device DEV]   (default --features)
-dfcil methods
+dfcil methods [--plugin MODULE ...]
 dfcil datasets
 """
 
@@ -49,6 +50,10 @@ Any config key can be set with a dotted option, LightningCLI style: --train.epoc
 RUN_DIR_HELP = "a run directory: it holds config.yaml and checkpoints/ (dfcil train --out)"
 FINISHED_RUN_HELP = "a finished run directory: it holds config.yaml and model.pt (dfcil train --out)"
 LOG_HELP = "also log to csv or tensorboard (repeatable, or a comma list; config key `log`); metrics.jsonl stays"
+PLUGIN_HELP = (
+    "a module name or .py file to import first, e.g. one that registers a method (repeatable; adds to the config key "
+    "`plugins`, saved with the run: resume, sweeps and eval import it again)"
+)
 
 
 def _split_overrides(tokens: Sequence[str]) -> list[tuple[str, str]]:
@@ -86,6 +91,7 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     train.add_argument("--dry-run", action="store_true", help="validate config and data, print the protocol, exit")
     train.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
+    train.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
     bars = train.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -106,7 +112,8 @@ def _build_parser() -> argparse.ArgumentParser:
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     _add_sweep_parser(sub)
     report.add_parser(sub)
-    sub.add_parser("methods", help="list the registered methods (name, summary, [not data-free])")
+    methods = sub.add_parser("methods", help="list the registered methods (name, summary, [not data-free]) and plugins")
+    methods.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="import it first (repeatable)")
     sub.add_parser("datasets", help="list the registered datasets")
     _add_run_tools(sub)
     return parser
@@ -143,6 +150,7 @@ def _add_sweep_parser(sub) -> None:
     )
     sweep.add_argument("--device", help="auto, cpu, cuda (as --device in the config), for every run")
     sweep.add_argument("--log", action="append", metavar="NAME", help="logs for every run, as dfcil train's --log")
+    sweep.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
     sweep.add_argument("--dry-run", action="store_true", help="print the runs and their states, run nothing")
     sweep.add_argument("--launcher", choices=("local", "slurm"), default="local", help="processes here, or SLURM")
     sweep.add_argument("--no-wait", dest="wait", action="store_false", help="slurm: submit and return")
@@ -169,7 +177,7 @@ def _sweep(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     spec = SweepSpec(
         configs=[part.split("+") for part in args.config], grid=parse_grid(args.grid), fixed=overrides,
         out=Path(args.out), jobs=args.jobs, dry_run=args.dry_run, launcher=args.launcher, slurm=slurm,
-        wait=args.wait, command=["dfcil", *argv],
+        wait=args.wait, command=["dfcil", *argv], plugins=args.plugin,
     )  # fmt: skip
     return sweep(spec)
 
@@ -286,14 +294,26 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from dfcil.catalogue import method_entries
+    from dfcil.catalogue import method_entries, plugin_entries, plugin_of
 
-    entries = method_entries()  # read from the methods' source: no torch
-    width, keeps = max(len(e.name) for e in entries), max(len(e.stores) for e in entries)
+    if args.plugin:  # their methods are listed from the registry, which importing them fills (and torch)
+        from dfcil.methods import METHODS  # noqa: F401 - the built-in methods first: a plugin may build on them
+        from dfcil.plugins import import_plugins
+
+        import_plugins(args.plugin)
+    entries = method_entries()  # without plugins given: read from the methods' source, no torch
+    plugins = plugin_entries(e.name for e in entries)  # installed, not imported: from their packages' metadata
+    width = max(len(e.name) for e in [*entries, *plugins])
+    keeps = max(len(e.stores) for e in entries)
     print(f"{'method':{width}s}  {'keeps between tasks':{keeps}s}  summary")
     for entry in entries:
         note = "" if entry.data_free else "  [not data-free]"
+        module = plugin_of(entry)
+        note += f"  [plugin: {module}]" if module else ""
         print(f"{entry.name:{width}s}  {entry.stores:{keeps}s}  {entry.summary}{note}")
+    for plugin in plugins:
+        what = f"(imported when a config names it; dfcil methods --plugin {plugin.module} describes it)"
+        print(f"{plugin.name:{width}s}  {'?':{keeps}s}  {what}  [plugin: {plugin.package}]")
     from dfcil.catalogue import SWITCHES
 
     print("\nswitches that change what a method keeps:")
@@ -358,7 +378,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
         raise ConfigError("dfcil train needs --config FILE.yaml (try configs/smoke.yaml)")
     from dfcil.load import load_config
 
-    cfg, dropped = load_config(args.config, overrides)
+    cfg, dropped = load_config(args.config, overrides, plugins=args.plugin)
     if dropped:
         log.warning("method switched to %r: ignoring the config file's %s", cfg.method.name, ", ".join(dropped))
     if args.print_config:

@@ -191,6 +191,10 @@ class RunConfig:
     task0_cache: str | None = None
     # metric logs beside metrics.jsonl: csv, tensorboard (dfcil.loggers; dfcil train --log); runtime only
     log: tuple[str, ...] = ()
+    # modules (names, or .py files: absolute once loaded) imported before the method is looked up, so that what
+    # they register (a method, a dataset, ...) can be named; every later process of the run imports them again
+    # (dfcil.plugins)
+    plugins: tuple[str, ...] = ()
 
 
 def with_absolute_paths(cfg: RunConfig) -> RunConfig:
@@ -212,6 +216,7 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
     "epoch_checkpoint_interval_s": NonNegativeFloat,
     "task0_cache": str | None,
     "log": tuple[str, ...],
+    "plugins": tuple[str, ...],
 }
 # Keys that a resume may change: they never change the results (data.root says where the same data lies,
 # data.rebuild prepares its cache again from it;

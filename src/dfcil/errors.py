@@ -12,6 +12,10 @@ class MissingExtraError(ConfigError):
     """A feature needs an optional dependency that is not installed."""
 
 
+class PluginError(ConfigError):
+    """A plugin (an entry point of a ``dfcil.*`` group, or a ``plugins:`` module or file) that cannot be imported."""
+
+
 class RegistryError(KeyError):
     """An unknown or duplicate registry name."""
 

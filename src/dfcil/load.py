@@ -3,7 +3,8 @@
 
 This is where the config layer meets the methods: it looks them up in :data:`dfcil.methods.METHODS`, the one table
 of registered methods, so it stands above them, and the methods (which declare their configs with
-:mod:`dfcil.config`) never import it.
+:mod:`dfcil.config`) never import it. The config's ``plugins`` are imported here, before any method is looked up,
+so that a method a plugin defines can be named (:mod:`dfcil.plugins`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dfcil.config import (
 )
 from dfcil.errors import ConfigError, RegistryError
 from dfcil.methods import METHODS
+from dfcil.plugins import import_plugins, normalized
 
 DEFAULT_METHOD = "rdfcil"  # the method of a config that names none
 
@@ -48,8 +50,22 @@ def method_config(name: Any) -> type[MethodConfig]:
         raise ConfigError(f"method.name: {err}. List them with `dfcil methods`.") from None
 
 
+def plugin_specs(value: Any) -> tuple[str, ...]:
+    """A config's ``plugins`` (None or a list of module names and ``.py`` files) validated, files' paths absolute,
+    repeats dropped."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ConfigError(
+            f"plugins must be a list of module names or .py files, e.g. [mypkg.mymethod, my_method.py]; got "
+            f"{quoted(value)}"
+        )
+    return tuple(dict.fromkeys(normalized(v.strip()) for v in value))
+
+
 def build_config(raw: Mapping[str, Any]) -> RunConfig:
-    """Validate a raw config mapping (merged YAML + overrides) into a :class:`RunConfig`."""
+    """Validate a raw config mapping (merged YAML + overrides) into a :class:`RunConfig`, after importing its
+    ``plugins`` (which may define the method, dataset or backbone it names)."""
     allowed = {"method", *SECTIONS, *TOP_LEVEL_SCALARS}
     for key in raw:
         if key not in allowed:
@@ -58,6 +74,8 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
             raise ConfigError(
                 f"unknown config key {quoted(key)}.{hint} Valid top-level keys: {', '.join(sorted(allowed))}"
             )
+    plugins = plugin_specs(raw.get("plugins"))
+    import_plugins(plugins)
     method_raw = dict(raw.get("method") or {})
     method_raw["name"] = method_raw.get("name", DEFAULT_METHOD)
     method_cfg = validate_section(method_config(method_raw["name"]), method_raw, "method")
@@ -68,6 +86,7 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
                 kwargs[key] = TypeAdapter(typ).validate_python(raw[key])
             except ValidationError as err:
                 raise ConfigError(f"{key}: {err.errors()[0]['msg']} (got {quoted(raw[key])})") from None
+    kwargs["plugins"] = plugins
     return RunConfig(method=method_cfg, **kwargs)
 
 
@@ -95,6 +114,7 @@ def load_config(
     paths: Sequence[str | Path] = (),
     overrides: Iterable[tuple[str, str]] = (),
     base: Mapping[str, Any] | None = None,
+    plugins: Sequence[str] = (),
 ) -> tuple[RunConfig, list[str]]:
     """Merge YAML files, then ``key=value`` overrides (command-line strings), into a validated config.
 
@@ -103,13 +123,19 @@ def load_config(
     finetune`` and ``--config cifar100-mini.yaml --config cifar100-mini/lwf.yaml`` work; the dropped names are
     returned so the caller can say so. Keys given by the switching source itself are never dropped.
 
+    ``plugins`` (``--plugin``) add to the ``plugins`` the sources list; all of them are imported first, so that a
+    method they define can be switched to.
+
     Returns:
         The config and the list of dropped ``method.*`` keys.
     """
     raw: dict[str, Any] = deep_merge({}, base or {})
     dropped: list[str] = []
-    for path in paths:
-        data = read_yaml(path)
+    files = [(path, read_yaml(path)) for path in paths]
+    overrides = list(overrides)
+    wanted = _plugins_of(raw, [data for _, data in files], overrides, plugins)
+    import_plugins(wanted)
+    for path, data in files:
         method = data.get("method") or {}
         if not isinstance(method, dict):
             raise ConfigError(
@@ -119,7 +145,6 @@ def load_config(
         if name is not None:
             dropped += _switch_method(raw, name)
         deep_merge(raw, data)
-    overrides = list(overrides)
     section = raw.get("method")
     files_method = section.get("name", DEFAULT_METHOD) if isinstance(section, dict) else DEFAULT_METHOD
     for key, text in overrides:  # a method switch first, so that the other overrides land in the new method
@@ -129,7 +154,25 @@ def load_config(
         if key != "method.name":
             set_dotted(raw, key, parse_value(text))
     _refuse_keys_of_the_method_left(raw, files_method)
+    raw["plugins"] = list(wanted)
     return build_config(raw), dropped
+
+
+def _plugins_of(
+    base: Mapping[str, Any],
+    files: Sequence[Mapping[str, Any]],
+    overrides: Sequence[tuple[str, str]],
+    added: Sequence[str],
+) -> tuple[str, ...]:
+    """The ``plugins`` that the merged sources will hold (a later source's list replaces an earlier one's, as for any
+    key), then ``added``."""
+    listed = base.get("plugins")
+    for data in files:
+        listed = data.get("plugins", listed)
+    for key, text in overrides:
+        if key == "plugins":
+            listed = parse_value(text)
+    return plugin_specs([*plugin_specs(listed), *added])
 
 
 def _refuse_keys_of_the_method_left(raw: dict[str, Any], files_method: str) -> None:

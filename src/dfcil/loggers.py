@@ -32,7 +32,7 @@ from dfcil.state import Position
 
 # A logger: built from the run directory; building it writes nothing (a bad name or a missing extra is refused
 # before the run directory exists)
-LOGGERS: Registry[Callable[[Path], Callback]] = Registry("logger")
+LOGGERS: Registry[Callable[[Path], Callback]] = Registry("logger", group="dfcil.loggers")
 
 
 def build_loggers(names: Sequence[str], run_dir: Path) -> list[Callback]:

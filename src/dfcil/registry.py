@@ -5,6 +5,9 @@ imports its built-in members by name (``dfcil/methods/__init__.py``, ``dfcil/dat
 ``dfcil/models/__init__.py``), and Python runs a package's ``__init__`` before any module inside it, so a registry
 is complete as soon as anything of its family is imported. Lookups of unknown names raise an error that lists the
 valid names.
+
+A registry with an entry-point ``group`` (``dfcil.methods``, ...) also finds plugins: asked for a name it does not
+hold, it imports the module of the installed entry point of that name (:mod:`dfcil.plugins`), which registers it.
 """
 
 from __future__ import annotations
@@ -14,16 +17,23 @@ import difflib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from dfcil.errors import RegistryError
+from dfcil.errors import PluginError, RegistryError
+from dfcil.plugins import entry_points, load_entry_point
 
 T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """A name → item table with decorator registration and helpful lookup errors."""
+    """A name → item table with decorator registration, plugins found by name, and helpful lookup errors.
 
-    def __init__(self, kind: str) -> None:
+    Args:
+        kind: what an item is, in words (``"method"``).
+        group: the entry-point group where installed packages declare more items (``"dfcil.methods"``), or None.
+    """
+
+    def __init__(self, kind: str, group: str | None = None) -> None:
         self.kind = kind
+        self.group = group
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -31,7 +41,8 @@ class Registry(Generic[T]):
 
         def decorator(item: T) -> T:
             if name in self._items:
-                raise RegistryError(f"{self.kind} {name!r} is registered twice")
+                first, second = _origin(self._items[name]), _origin(item)
+                raise RegistryError(f"{self.kind} {name!r} is registered twice: by {first} and by {second}; rename one")
             self._items[name] = item
             return item
 
@@ -56,20 +67,50 @@ class Registry(Generic[T]):
                 self._items[name] = before
 
     def get(self, name: str) -> T:
-        try:
+        """The item ``name``; one an installed plugin declares is imported first.
+
+        Raises:
+            RegistryError: no item and no plugin has that name (the message lists the valid names).
+            PluginError: the plugin that declares ``name`` fails to import, or registers no such item.
+        """
+        if name in self:
             return self._items[name]
-        except KeyError:
-            close = difflib.get_close_matches(name, self._items, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise RegistryError(
-                f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(sorted(self._items))}"
-            ) from None
+        known = [*self._items, *self.plugin_names()]
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        plugins = f"; plugins: {', '.join(self.plugin_names())}" if self.plugin_names() else ""
+        raise RegistryError(
+            f"unknown {self.kind} {name!r}.{hint} Registered {self.kind}s: {', '.join(sorted(self._items))}{plugins}"
+        )
 
     def names(self) -> list[str]:
+        """The registered names (plugins that are installed but not imported yet are :meth:`plugin_names`)."""
         return sorted(self._items)
 
+    def plugin_names(self) -> list[str]:
+        """The names installed packages declare under the registry's group and that are not registered (yet)."""
+        if self.group is None:
+            return []
+        return sorted({ep.name for ep in entry_points(self.group)} - set(self._items))
+
     def __contains__(self, name: object) -> bool:
-        return name in self._items
+        """Whether ``name`` is registered, after importing the plugin that declares it, if one does."""
+        if name in self._items:
+            return True
+        if self.group is None or not isinstance(name, str):
+            return False
+        where = load_entry_point(self.group, self.kind, name)
+        if where is not None and name not in self._items:
+            raise PluginError(
+                f"{where} was imported but registered no {self.kind} {name!r}: its module must register it under the "
+                f"name of its entry point"
+            )
+        return where is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def _origin(item: object) -> str:
+    """The module that defines ``item``, in words, for errors."""
+    return f"module {getattr(item, '__module__', None) or '?'}"

@@ -3,7 +3,8 @@
 A run directory holds
 
 * ``config.yaml``: the resolved config (``dfcil train --config DIR/config.yaml`` repeats the run);
-* ``meta.json``: package, library and git versions, device, command line;
+* ``meta.json``: package, library and git versions, device, command line, the plugins it used (module, file,
+  package version, git SHA);
 * ``run.log``: the log; ``metrics.jsonl``: one JSON record per epoch and per task;
 * ``checkpoints/``: the newest and previous complete checkpoints (see :mod:`dfcil.checkpoint`);
 * ``model.pt``: the final network (:mod:`dfcil.model_file`); ``summary.json``: written last, atomically, only when
@@ -38,6 +39,7 @@ from dfcil import distributed
 from dfcil.callbacks import ConsoleLogger, JsonlLogger
 from dfcil.checkpoint import Checkpointer
 from dfcil.config import RUNTIME_KEYS, RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
+from dfcil.data.datasets import DATASETS
 from dfcil.diagnose import InversionDiagnostics
 from dfcil.distributed import Dist
 from dfcil.engine import run
@@ -45,10 +47,14 @@ from dfcil.errors import ConfigError, RunInterrupted
 from dfcil.grid import SyntheticGrid
 from dfcil.io import check_creatable_dir, write_atomic, write_json
 from dfcil.load import load_config
-from dfcil.loggers import build_loggers
+from dfcil.loggers import LOGGERS, build_loggers
 from dfcil.loop import Callback, Loop, RunOptions
+from dfcil.methods import METHODS
 from dfcil.model_file import save_model
 from dfcil.models.network import backbone_for
+from dfcil.models.resnet_cifar import BACKBONES
+from dfcil.plugins import module_name
+from dfcil.plugins import provenance as plugin_provenance
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, prepare
 from dfcil.runtime import resolve_device
@@ -85,7 +91,18 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
         "torch_threads": torch.get_num_threads(),
         "processes": distributed.current().world,  # torchrun: the run's processes (docs/distributed.md)
         "argv": list(argv) if argv is not None else sys.argv,
+        "plugins": [plugin_provenance(module) for module in plugin_modules(cfg)],
     }
+
+
+def plugin_modules(cfg: RunConfig) -> list[str]:
+    """The modules outside dfcil that the run imports: its config's ``plugins``, and those that define what it names
+    (its method, dataset, backbone and loggers: a plugin's, when an entry point brought it in)."""
+    used = [METHODS.get(cfg.method.name), DATASETS.get(cfg.data.name), *(LOGGERS.get(n) for n in cfg.log)]
+    if cfg.model.backbone in BACKBONES.names():  # "auto" stands for a built-in one
+        used.append(BACKBONES.get(cfg.model.backbone))
+    modules = [module_name(spec) for spec in cfg.plugins] + [getattr(item, "__module__", "") for item in used]
+    return [m for m in dict.fromkeys(modules) if m and m != "dfcil" and not m.startswith("dfcil.")]
 
 
 def check_new_run_dir(out: Path) -> None:

@@ -50,7 +50,8 @@ class ImageDataset:
 
 # A builder: (data root, the config's data section, progress factory, downloader) -> ImageDataset
 DatasetBuilder = Callable[..., ImageDataset]
-DATASETS: Registry[DatasetBuilder] = Registry("dataset")  # filled by the modules dfcil/data/__init__.py imports
+# filled by the modules dfcil/data/__init__.py imports, and by plugins (entry points of dfcil.datasets)
+DATASETS: Registry[DatasetBuilder] = Registry("dataset", group="dfcil.datasets")
 
 
 def default_data_root() -> Path:

@@ -143,8 +143,9 @@ def loss_terms(
 
 
 # The registered methods, by name: the one table the engine, the config loader (dfcil.load) and the tools look
-# methods up in. dfcil/methods/__init__.py imports every built-in method, so it is complete once this package is.
-METHODS: Registry[type[Method]] = Registry("method")
+# methods up in. dfcil/methods/__init__.py imports every built-in method, so it is complete once this package is; a
+# plugin's method (an entry point of the group dfcil.methods) is imported when a config names it (dfcil.plugins).
+METHODS: Registry[type[Method]] = Registry("method", group="dfcil.methods")
 
 
 def register_method(name: str) -> Callable[[type[Method]], type[Method]]:

@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from dfcil.models.batchnorm import BatchNorm2d, BNMode
 from dfcil.registry import Registry
 
-BACKBONES: Registry = Registry("backbone")  # filled by the modules dfcil/models/__init__.py imports
+# filled by the modules dfcil/models/__init__.py imports, and by plugins (entry points of dfcil.backbones)
+BACKBONES: Registry = Registry("backbone", group="dfcil.backbones")
 
 
 def memory_format_of(x: Tensor) -> torch.memory_format:

@@ -43,6 +43,7 @@ class SweepSpec:
     slurm: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # --slurm.KEY options (and cluster)
     wait: bool = True  # slurm: wait for the jobs (else submit and return)
     command: Sequence[str] = ()  # the command line, recorded in sweep.json
+    plugins: Sequence[str] = ()  # --plugin: modules or .py files every run imports (added to its config's plugins)
 
 
 def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gpu_memory) -> int:
@@ -50,7 +51,7 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
     failed, 3 while submitted jobs are not finished yet, 130 when interrupted. ``gpus``: the visible GPUs' free
     memory (tests give their own)."""
     out = Path(spec.out)
-    runs = plan(spec.configs, spec.grid, spec.fixed)
+    runs = plan(spec.configs, spec.grid, spec.fixed, spec.plugins)
     check_existing(runs, out)
     if spec.dry_run:
         print(f"sweep of {len(runs)} runs into {out}:")

@@ -42,6 +42,7 @@ class SweepRun:
     error: str | None = None
     job_id: str | None = None
     result: dict[str, Any] | None = None  # from its summary.json, read once when the run is found or ends finished
+    plugins: tuple[str, ...] = ()  # dfcil sweep --plugin, each passed on as dfcil train --plugin
 
     def argv(self, run_dir: Path) -> list[str]:
         """``dfcil train`` arguments that start (or, on an existing run directory, resume) this run; paths are
@@ -57,6 +58,8 @@ class SweepRun:
                 if value == "[]":
                     continue
             args += [f"--{key}", value]
+        for plugin in self.plugins:
+            args += ["--plugin", plugin]
         return [*args, "--out", os.path.abspath(run_dir), "--no-progress"]
 
     def record(self) -> dict[str, Any]:
@@ -127,12 +130,15 @@ def plan(
     config_groups: Sequence[Sequence[str]],
     grid: Sequence[tuple[str, Sequence[str]]] = (),
     fixed: Sequence[tuple[str, str]] = (),
+    plugins: Sequence[str] = (),
 ) -> list[SweepRun]:
-    """Every run of the sweep, validated (a bad key or value fails here, before anything runs)."""
+    """Every run of the sweep, validated (a bad key or value fails here, before anything runs). ``plugins``: the
+    modules or files every run imports besides its config's (``--plugin``)."""
     if not config_groups:
         raise ConfigError("dfcil sweep needs at least one --config FILE.yaml (several files of one run: a.yaml+b.yaml)")
-    from dfcil.load import load_config
+    from dfcil.load import load_config, plugin_specs
 
+    plugins = plugin_specs(plugins)  # files' paths absolute: the runs need not start where the sweep did
     labels = _config_labels(config_groups)
     varying = [(k, vs) for k, vs in grid if len(vs) > 1]
     short = [k.rsplit(".", 1)[-1] for k, _ in varying]
@@ -144,7 +150,7 @@ def plan(
             assigned = list(zip((k for k, _ in grid), values, strict=True))
             overrides = (*fixed, *assigned)
             try:
-                cfg, _ = load_config(files, overrides)
+                cfg, _ = load_config(files, overrides, plugins=plugins)
             except ConfigError as err:
                 shown = " ".join(f"{k}={v}" for k, v in assigned)
                 raise ConfigError(f"{'+'.join(files)}{' with ' + shown if shown else ''}: {err}") from None
@@ -166,7 +172,8 @@ def plan(
                     f"two runs of the sweep would both be named {name!r}: give distinct configs or values"
                 )
             names.add(name)
-            runs.append(SweepRun(name, tuple(files), tuple(overrides), config_to_dict(cfg), _image_size(cfg)))
+            config = config_to_dict(cfg)
+            runs.append(SweepRun(name, tuple(files), tuple(overrides), config, _image_size(cfg), plugins=plugins))
     return runs
 
 

@@ -1,0 +1,200 @@
+"""Plugins: methods, datasets, backbones and loggers defined outside dfcil, found by every process of a run.
+
+Two ways in (docs/extending.md, "Plugins"):
+
+* **Entry points.** An installed package declares its components under the groups of :data:`GROUPS`, e.g.
+  ``[project.entry-points."dfcil.methods"] mymethod = "mypkg.mymethod"``. A registry asked for a name it does not
+  hold imports the module of the entry of that name (:func:`load_entry_point`), which registers itself. Only that
+  entry is imported: a broken plugin breaks the runs that name it, and no other.
+* **The config key** ``plugins`` (``dfcil train --plugin MODULE``): module names or ``.py`` files, imported before
+  the config's method is validated (:func:`import_plugins`). It is saved in ``config.yaml``, so ``dfcil resume``,
+  every run of a sweep, SLURM jobs, torchrun ranks and ``dfcil eval`` import them again.
+
+A plugin that cannot be imported is one :class:`~dfcil.errors.PluginError` naming it, its package and the error.
+This module imports nothing of dfcil but its errors: the registries and the config loader stand above it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from dfcil.errors import PluginError
+
+GROUPS = ("dfcil.methods", "dfcil.datasets", "dfcil.backbones", "dfcil.loggers")
+
+
+def entry_points(group: str) -> list[importlib.metadata.EntryPoint]:
+    """The entry points of ``group`` that the installed packages (every distribution on ``sys.path``) declare."""
+    return list(importlib.metadata.entry_points(group=group))
+
+
+def package_of(ep: importlib.metadata.EntryPoint) -> str:
+    """``"mypkg 0.1"``: the distribution that declares ``ep``."""
+    dist = ep.dist
+    return f"{dist.name} {dist.version}" if dist is not None else "an unnamed package"
+
+
+def load_entry_point(group: str, kind: str, name: str) -> str | None:
+    """Import the module of the entry point ``name`` of ``group`` (it registers the ``kind`` ``name`` itself).
+
+    Returns:
+        The entry point in words (for the caller's errors), or None when no installed package declares ``name``.
+
+    Raises:
+        PluginError: several packages declare ``name``, or its module fails to import.
+    """
+    found = {(ep.value, package_of(ep)): ep for ep in entry_points(group) if ep.name == name}
+    if not found:
+        return None
+    if len(found) > 1:
+        shown = " and ".join(f"{value} (package {package})" for value, package in sorted(found))
+        raise PluginError(f"{kind} {name!r} is declared by several plugins: {shown}; uninstall all but one")
+    (value, package), ep = next(iter(found.items()))
+    where = f"{kind} plugin {name!r} ({group} entry point {value!r} of package {package})"
+    try:
+        ep.load()
+    except Exception as err:  # any error of the plugin's own code: one line that names it
+        raise PluginError(f"{where} failed to import: {one_line(err)}; fix it, or uninstall {package}") from None
+    return where
+
+
+def is_file(spec: str) -> bool:
+    """Whether a ``plugins`` entry is a ``.py`` file's path (else a module name)."""
+    return spec.endswith(".py") or "/" in spec or os.sep in spec
+
+
+def normalized(spec: str) -> str:
+    """A ``plugins`` entry as a run saves it: a file's path absolute (a relative one means the directory the command
+    ran in, which a later ``dfcil resume`` need not share), a module name as given."""
+    return str(Path(spec).expanduser().absolute()) if is_file(spec) else spec
+
+
+def module_name(spec: str) -> str:
+    """The module a ``plugins`` entry is imported as: a file's stem, or the module name."""
+    return Path(spec).stem if is_file(spec) else spec
+
+
+def import_plugins(specs: Iterable[str]) -> None:
+    """Import every ``plugins`` entry (each registers what it defines); an entry imported before is not run again.
+
+    Raises:
+        PluginError: an entry cannot be found or fails to import; the message names it and the fix.
+    """
+    for spec in specs:
+        import_plugin(spec)
+
+
+def import_plugin(spec: str) -> ModuleType:
+    """Import one ``plugins`` entry: a module name (from ``sys.path``) or a ``.py`` file."""
+    if is_file(spec):
+        return _import_file(Path(spec).expanduser().absolute())
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (spec == err.name or spec.startswith(f"{err.name}.")):
+            stem = spec.rsplit(".", 1)[-1]
+            raise PluginError(
+                f"plugin {spec!r}: no module of that name can be imported. Install its package (pip install -e "
+                f"DIR), add its folder to PYTHONPATH, or give its file's path (--plugin path/to/{stem}.py)"
+            ) from None
+        raise PluginError(f"plugin {spec!r} failed to import: {one_line(err)}; install what it needs") from None
+    except Exception as err:
+        raise PluginError(f"plugin {spec!r} failed to import: {one_line(err)}") from None
+
+
+def _import_file(path: Path) -> ModuleType:
+    """Import the file ``path`` as the module named by its stem (which pickling and ``sys.modules`` then know)."""
+    if not path.is_file():
+        raise PluginError(
+            f"plugin file {path} does not exist: give the path of a .py file, or a module name (one on PYTHONPATH or "
+            f"in an installed package); a run keeps the path it started with: put the file back there to resume it"
+        )
+    name = path.stem
+    if not name.isidentifier():
+        raise PluginError(f"plugin file {path}: {name!r} is not a Python module name; rename the file (letters, _)")
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        where = getattr(loaded, "__file__", None)
+        if where is not None and Path(where).resolve() == path.resolve():
+            return loaded
+        raise PluginError(
+            f"plugin file {path}: a module named {name!r} is already imported (from {where or 'Python itself'}); "
+            f"rename the file"
+        )
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file always has a source loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise PluginError(f"plugin file {path} failed to import: {one_line(err)}") from None
+    return module
+
+
+def one_line(err: BaseException) -> str:
+    """``ValueError: bad thing (at /path/mod.py:12)``: an exception in one line, with where its plugin raised it."""
+    text = f"{type(err).__name__}: {' '.join(str(err).split())}"
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith("<frozen")]
+    if frames and not isinstance(err, SyntaxError):  # a SyntaxError's text names its file and line already
+        text += f" (at {frames[-1].filename}:{frames[-1].lineno})"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------- provenance
+
+
+def provenance(module: str) -> dict[str, Any]:
+    """What ``meta.json`` records of a plugin module: its file, its package and version (or None), and the git SHA
+    of the repository its file lies in (or None)."""
+    loaded = sys.modules.get(module)
+    file = getattr(loaded, "__file__", None)
+    package = _distribution(module)
+    version = None
+    if package is not None:
+        try:
+            version = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+    return {
+        "module": module,
+        "file": file,
+        "package": package,
+        "version": version,
+        "git_sha": _git_sha(Path(file).parent) if file else None,
+    }
+
+
+def _distribution(module: str) -> str | None:
+    """The installed distribution that provides ``module``: from the files it installed, else from the entry points
+    of dfcil's groups that name the module (an editable install lists no package files)."""
+    top = module.split(".")[0]
+    names = importlib.metadata.packages_distributions().get(top)
+    if names:
+        return names[0]
+    for group in GROUPS:
+        for ep in entry_points(group):
+            if ep.dist is not None and ep.value.split(":")[0].split(".")[0] == top:
+                return ep.dist.name
+    return None
+
+
+def _git_sha(folder: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None

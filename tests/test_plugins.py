@@ -1,0 +1,250 @@
+"""Plugins: methods (and datasets, backbones, loggers) from outside dfcil, found by name by every command and
+every process of a run: installed packages' entry points, and ``plugins`` / ``--plugin`` modules and files
+(:mod:`dfcil.plugins`). Fake installed packages are ``.dist-info`` folders in a directory on ``sys.path`` (and
+``PYTHONPATH``, for child processes), which is all ``importlib.metadata`` reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import CONFIGS, REPO, StopAfterEpochs
+from dfcil.cli import main
+from dfcil.data.datasets import DATASETS
+from dfcil.errors import ConfigError, PluginError, RegistryError, RunInterrupted
+from dfcil.load import load_config
+from dfcil.loggers import LOGGERS
+from dfcil.methods import METHODS
+from dfcil.models.resnet_cifar import BACKBONES
+from dfcil.registry import Registry
+
+EXAMPLE = REPO / "examples" / "plugin"
+SMOKE = str(CONFIGS / "smoke.yaml")
+TINY_KEYS = [("train.epochs", "2"), ("train.milestones", "[]"), ("data.num_classes", "6")]  # tests/test_methods.py's
+TINY = [arg for key, value in TINY_KEYS for arg in (f"--{key}", value)]
+
+TOY = '''
+import torch.nn.functional as F
+
+from dfcil.methods import Method, register_method
+
+
+@register_method("{name}")
+class Toy(Method):
+    """A plugin's toy method: CE on the task's data."""
+
+    def training_step(self, net, batch, ctx, phase):
+        return {{"ce": F.cross_entropy(net(batch.x).logits, batch.y)}}
+'''
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder on ``sys.path`` and ``PYTHONPATH`` for fake installed packages; what the test registers and imports
+    from it (or from the example) is gone afterwards."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p))
+    registries = (METHODS, DATASETS, BACKBONES, LOGGERS)
+    names, modules = [set(r.names()) for r in registries], set(sys.modules)
+    yield folder
+    for registry, before in zip(registries, names, strict=True):
+        for name in set(registry.names()) - before:
+            registry.unregister(name)
+    for name in set(sys.modules) - modules:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if file.startswith((str(tmp_path), str(EXAMPLE))):
+            del sys.modules[name]
+
+
+def install(site: Path, dist: str, version: str, entry_points: dict[str, dict[str, str]], **modules: str) -> None:
+    """A fake installed distribution ``dist`` declaring ``entry_points`` ({group: {name: module}}), with ``modules``
+    (name → source) beside it."""
+    for name, source in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    groups = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items()]
+    (info / "entry_points.txt").write_text("\n".join(groups))
+
+
+def test_an_installed_method_is_imported_when_a_config_names_it_and_only_then(site, capsys):
+    install(site, "toy-pkg", "1.0", {"dfcil.methods": {"plug_toy": "plug_toy"}}, plug_toy=TOY.format(name="plug_toy"))
+    load_config([SMOKE], [("method.name", "lwf")])
+    assert "plug_toy" not in sys.modules and METHODS.plugin_names() == ["plug_toy"]
+    # switching from the smoke preset's rdfcil drops rdfcil's keys: the switch finds the plugin's method by name
+    cfg, dropped = load_config([SMOKE], [("method.name", "plug_toy")])
+    assert cfg.method.name == "plug_toy" and "method.chr_epochs" in dropped and "plug_toy" in sys.modules
+    assert main(["methods"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("plug_toy "))
+    assert "A plugin's toy method" in line and "[plugin: plug_toy]" in line
+
+
+def test_dfcil_methods_lists_installed_plugins_from_their_metadata_without_importing_them_or_torch(site):
+    install(site, "toy-pkg", "1.0", {"dfcil.methods": {"plug_toy": "plug_toy"}}, plug_toy=TOY.format(name="plug_toy"))
+    code = "\n".join(
+        [
+            "import sys",
+            "from dfcil.cli import main",
+            "main(['methods'])",
+            "print(sorted({'torch', 'plug_toy'} & {*sys.modules}))",
+        ]
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    (line,) = [line for line in out.splitlines() if line.startswith("plug_toy ")]
+    assert "[plugin: toy-pkg 1.0]" in line and "--plugin plug_toy" in line
+    assert out.splitlines()[-1] == "[]"  # neither torch nor the plugin was imported
+
+
+BROKEN = """
+raise RuntimeError("no licence server\\nfound")
+"""
+
+
+def test_a_broken_plugin_is_one_line_naming_it_and_breaks_no_run_that_does_not_use_it(site, capsys):
+    install(
+        site, "broken-pkg", "1.2", {"dfcil.methods": {"broken": "broken_plugin", "silent": "silent_plugin"}},
+        broken_plugin=BROKEN, silent_plugin="x = 1\n",
+    )  # fmt: skip
+    assert load_config([SMOKE], [("method.name", "lwf")])[0].method.name == "lwf"
+    assert main(["train", "--config", SMOKE, "--method.name", "broken", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dfcil: error: method plugin 'broken'")
+    assert "broken-pkg 1.2" in err and "RuntimeError: no licence server found" in err and "broken_plugin.py:2" in err
+    with pytest.raises(PluginError, match="'silent'.*registered no method 'silent'"):
+        METHODS.get("silent")
+    with pytest.raises(RegistryError, match=r"Did you mean 'broken'\?.*plugins: broken, silent"):
+        METHODS.get("brokn")
+
+
+def test_two_registrations_of_one_name_are_an_error_naming_both_modules(site, tmp_path, capsys):
+    (tmp_path / "shadow.py").write_text(TOY.format(name="lwf"))
+    assert main(["train", "--config", SMOKE, "--plugin", str(tmp_path / "shadow.py"), "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "method 'lwf' is registered twice: by module dfcil.methods.lwf and by module shadow" in err
+    assert err.count("\n") == 1 and "shadow.py failed to import" in err
+
+    registry = Registry("thing")
+    registry.register("a")(Path)
+    with pytest.raises(RegistryError, match="'a' is registered twice: by module pathlib and by module json"):
+        registry.register("a")(json.JSONDecoder)
+
+    install(site, "one", "1.0", {"dfcil.backbones": {"twin": "one_net"}})
+    install(site, "two", "2.0", {"dfcil.backbones": {"twin": "two_net"}})
+    with pytest.raises(
+        PluginError, match=r"'twin' is declared by several plugins: one_net \(package one 1\.0\) and two_net"
+    ):
+        BACKBONES.get("twin")
+
+
+def test_a_plugin_that_cannot_be_imported_is_one_error_naming_it_and_the_fix(tmp_path, capsys):
+    (tmp_path / "bad_syntax.py").write_text("def f(:\n")
+    (tmp_path / "needs_more.py").write_text("import no_such_dependency_xyz\n")
+    cases = {
+        "no_such_plugin_xyz": "plugin 'no_such_plugin_xyz': no module of that name can be imported. Install its",
+        str(tmp_path / "missing.py"): "missing.py does not exist: give the path of a .py file, or a module name",
+        str(tmp_path / "bad_syntax.py"): "bad_syntax.py failed to import: SyntaxError",
+        str(tmp_path / "needs_more.py"): "No module named 'no_such_dependency_xyz'",
+    }
+    for plugin, message in cases.items():
+        assert main(["train", "--config", SMOKE, "--plugin", plugin, "--print-config"]) == 2, plugin
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    with pytest.raises(ConfigError, match="plugins must be a list of module names or .py files"):
+        load_config([SMOKE], [("plugins", "3")])
+
+
+def test_a_sweep_passes_its_plugins_to_every_run(site, tmp_path, monkeypatch):
+    from dfcil.sweep.plan import plan
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file_toy.py").write_text(TOY.format(name="file_toy"))
+    runs = plan([[SMOKE]], [("seed", ["1", "2"])], [("method.name", "file_toy")], plugins=["file_toy.py"])
+    path = str(tmp_path / "file_toy.py")
+    for run in runs:
+        assert run.config["plugins"] == [path] and run.config["method"]["name"] == "file_toy"
+        argv = run.argv(tmp_path / run.name)
+        assert argv[argv.index("--plugin") + 1] == path
+
+
+def _eval_in_a_new_process(run_dir: Path, cwd: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "dfcil", "eval", str(run_dir), "--json"], cwd=cwd, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_eval(site, tmp_path, monkeypatch):
+    from dfcil.runner import RunOptions, train
+    from dfcil.state import Interrupt
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my_method.py").write_text(TOY.format(name="file_toy"))
+    monkeypatch.chdir(work)
+    cfg = load_config([SMOKE], [("method.name", "file_toy"), *TINY_KEYS], plugins=["my_method.py"])[0]
+    interrupt = Interrupt()
+    options = RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
+    with pytest.raises(RunInterrupted):
+        train(cfg, tmp_path / "run", options)
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["plugins"] == [str(work / "my_method.py")]
+    (plugin,) = json.loads((tmp_path / "run" / "meta.json").read_text())["plugins"]
+    assert plugin == {"module": "my_method", "file": str(work / "my_method.py"), "package": None, "version": None,
+                      "git_sha": None}  # fmt: skip
+
+    METHODS.unregister("file_toy")  # as in a new process: only config.yaml says where the method is
+    del sys.modules["my_method"]
+    monkeypatch.chdir(tmp_path)
+    assert main(["resume", str(tmp_path / "run"), "--no-progress"]) == 0
+    assert "file_toy" in METHODS and (tmp_path / "run" / "summary.json").exists()
+    monkeypatch.delenv("PYTHONPATH")
+    report = _eval_in_a_new_process(tmp_path / "run", cwd=tmp_path)  # from elsewhere, nothing on PYTHONPATH
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert report["acc"] == summary["last_acc"] and len(report["classes"]) == 6
+
+
+def test_the_example_plugin_trains_resumes_sweeps_and_evaluates_by_name(site, tmp_path, monkeypatch, capsys):
+    """examples/plugin, installed (its pyproject's entry points, on the path): every command finds its method by
+    name, in this process and in new ones, with dfcil untouched."""
+    from dfcil.runner import RunOptions, train
+    from dfcil.state import Interrupt
+
+    pyproject = (EXAMPLE / "pyproject.toml").read_text()  # what pip would install from it (no tomllib on 3.10)
+    assert 'name = "dfcil-cosine-lwf"\nversion = "0.1.0"' in pyproject
+    assert '[project.entry-points."dfcil.methods"]\ncosine_lwf = "dfcil_cosine_lwf"' in pyproject
+    install(site, "dfcil-cosine-lwf", "0.1.0", {"dfcil.methods": {"cosine_lwf": "dfcil_cosine_lwf"}})
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EXAMPLE / "src"), os.environ["PYTHONPATH"]]))
+    assert "cosine_lwf" not in METHODS.names()
+
+    cfg = load_config([SMOKE], [("method.name", "cosine_lwf"), *TINY_KEYS])[0]
+    interrupt = Interrupt()
+    options = RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
+    with pytest.raises(RunInterrupted):  # stopped inside task 1, as Ctrl-C would
+        train(cfg, tmp_path / "run", options)
+    assert main(["resume", str(tmp_path / "run"), "--no-progress"]) == 0
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    (plugin,) = meta["plugins"]
+    assert plugin["module"] == "dfcil_cosine_lwf"
+    assert plugin["file"] == str(EXAMPLE / "src" / "dfcil_cosine_lwf" / "__init__.py")
+    assert plugin["package"] == "dfcil-cosine-lwf" and plugin["version"] == "0.1.0"
+    assert plugin["git_sha"] is None or len(plugin["git_sha"]) == 40  # the repository the example lies in
+
+    sweep = ["sweep", "--config", SMOKE, "--method.name", "cosine_lwf", *TINY, "--grid", "seed=1,2", "--jobs", "2"]
+    assert main([*sweep, "--out", str(tmp_path / "sweep")]) == 0, capsys.readouterr().out
+    records = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["runs"]
+    assert [r["state"] for r in records] == ["done", "done"]
+    report = _eval_in_a_new_process(tmp_path / "sweep" / "seed=2", cwd=tmp_path)
+    summary = json.loads((tmp_path / "sweep" / "seed=2" / "summary.json").read_text())
+    assert report["acc"] == summary["last_acc"] and len(report["classes"]) == 6
