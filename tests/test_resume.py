@@ -657,3 +657,37 @@ def test_peek_position_reads_what_loads_reads_without_the_tensors():
     payload = {"format": FORMAT, "position": {"task": 2, "stage": "train"}, "net": {"w": torch.randn(3, 4)}}
     data = dumps(payload)
     assert peek_position(data) == loads(data)["position"] == {"task": 2, "stage": "train"}
+
+
+def test_a_checkpoint_written_before_a_config_key_existed_resumes(tmp_path):
+    """Keys a later dfcil adds (``plugins``, ``method.ldc``, ``method.drift``) are absent from the config inside an
+    older checkpoint: with their defaults they are the same run, not an edited config."""
+    from conftest import StopAfterEpochs
+    from dfcil.checkpoint import dumps, loads
+    from dfcil.errors import ConfigError, RunInterrupted
+    from dfcil.load import load_config
+    from dfcil.loop import RunOptions
+    from dfcil.runner import resume, train
+    from dfcil.state import Interrupt
+
+    cfg, _ = load_config([CONFIGS / "smoke.yaml"], [("train.epochs", "2"), ("train.milestones", "[]")])
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted):
+        train(cfg, tmp_path / "run", options=RunOptions(progress=False, interrupt=interrupt,
+                                                        callbacks=[StopAfterEpochs(interrupt, 1)]))  # fmt: skip
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    payload = loads(last.read_bytes())
+    old = dict(payload["config"])
+    del old["plugins"]
+    old["method"] = {k: v for k, v in old["method"].items() if k not in ("ldc", "drift")}
+    last.write_bytes(dumps(payload | {"config": old}))
+    (tmp_path / "run" / "checkpoints" / "prev.pt").unlink(missing_ok=True)
+    assert len(resume(tmp_path / "run", options=RunOptions(progress=False))["acc_per_task"]) == 2
+    # a value that differs is still refused
+    edited = dict(old, seed=old["seed"] + 1)
+    with pytest.raises(ConfigError, match="seed: 2 in the checkpoint, 1 now|another config"):
+        from dfcil.callbacks import Checkpointing
+
+        (tmp_path / "b" / "checkpoints").mkdir(parents=True)
+        (tmp_path / "b" / "checkpoints" / "last.pt").write_bytes(dumps(payload | {"config": edited}))
+        Checkpointing(tmp_path / "b", cfg).load()

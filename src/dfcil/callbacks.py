@@ -16,9 +16,10 @@ from typing import Any
 import torch
 
 from dfcil.checkpoint import Checkpointer
-from dfcil.config import RunConfig, check_unchanged
+from dfcil.config import RunConfig, check_unchanged, config_to_dict
 from dfcil.context import Phase
 from dfcil.graphs import StepGraph
+from dfcil.load import build_config
 from dfcil.loop import Callback, Loop
 from dfcil.progress import ProgressLog
 from dfcil.runtime import peak_memory_mb
@@ -283,7 +284,9 @@ class Checkpointing(Callback):
     def load(self) -> dict[str, Any]:
         """The newest usable checkpoint's payload, refused if it was written under another config."""
         payload = self.files.load_latest()
-        check_unchanged(payload["config"], self.cfg)
+        # the saved config as this version of dfcil reads it: keys added since it was written take their defaults
+        # (which keep the behaviour of the version that wrote it) and are not changes
+        check_unchanged(config_to_dict(build_config(payload["config"])), self.cfg)
         self.static_ref, self.resumed_bytes = payload["static"], payload["metrics_bytes"]
         return payload
 
