@@ -80,6 +80,7 @@ def test_startup_times_a_command_beside_another_revision_and_removes_its_checkou
     assert subprocess.run(worktrees, capture_output=True, text=True, check=True).stdout == before
 
 
+@pytest.mark.slow  # trains a 2-task R-DFCIL run (about 25 s on 2 cores): a benchmark's guard, not the core
 def test_drift_benchmark_prints_the_error_of_each_compensation():
     done = subprocess.run(
         [sys.executable, str(BENCH / "drift.py"), "--config", str(BENCH.parent / "configs" / "smoke.yaml"),
