@@ -12,6 +12,7 @@ from torch import Tensor
 from dfcil.config import MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, TrainConfig, configclass
 from dfcil.context import Task
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
+from dfcil.methods.memory import features_of
 from dfcil.models.network import IncrementalNet, NetOutput
 
 
@@ -115,11 +116,7 @@ class FeCAM(Method):
 
     @torch.no_grad()
     def on_task_end(self, ctx: TaskContext) -> None:
-        was_training = ctx.net.training
-        ctx.net.eval()
-        feats, labels = zip(*((ctx.net(x).features.float(), y) for x, y in ctx.data.plain()), strict=True)
-        ctx.net.train(was_training)
-        feats, labels = torch.cat(feats), torch.cat(labels)
+        feats, labels = features_of(ctx.net, ctx.data.plain())  # eval mode, the un-augmented images
         stats = [class_statistics(feats[labels == k], self.cfg) for k in range(ctx.n_old, ctx.n_seen)]
         centres, precisions = (torch.stack(s) for s in zip(*stats, strict=True))  # (n_new, d), (n_new, d, d)
         if self.tasks:  # the earlier classes' statistics stay as they are: the backbone has not changed

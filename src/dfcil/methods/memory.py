@@ -72,7 +72,7 @@ class ClassMemory:
     @torch.no_grad()
     def add_classes(self, ctx: TaskContext) -> None:
         """The statistics of the task's classes, from the network as it is now, in eval mode."""
-        feats, labels = _features(ctx.net, self._images(ctx))
+        feats, labels = features_of(ctx.net, self._images(ctx))
         means, covs = class_gaussians(feats, labels, range(ctx.n_old, ctx.n_seen))
         device = means.device
         self.means = torch.cat([self.means.to(device), means]) if len(self) else means
@@ -93,8 +93,8 @@ class ClassMemory:
             batches = list(ctx.data)  # one augmented pass (full batches, shuffled)
             if d.synthetic and synthetic is not None:
                 batches += [(synthetic(len(x)), None) for x, _ in batches]
-            old_f, _ = _features(old, batches)
-            new_f, _ = _features(ctx.net, batches)
+            old_f, _ = features_of(old, batches)
+            new_f, _ = features_of(ctx.net, batches)
             pairs.append((old_f, new_f))
         if d.kind == "ldc":
             projector = fit_projector(pairs, d.epochs, d.lr, d.batch_size, ctx.rng)
@@ -131,7 +131,7 @@ class ClassMemory:
 
 
 @torch.no_grad()
-def _features(net: IncrementalNet, batches: Any) -> tuple[Tensor, Tensor | None]:
+def features_of(net: IncrementalNet, batches: Any) -> tuple[Tensor, Tensor | None]:
     """The pooled features (N, d) of ``batches`` of (images, labels or None) under ``net`` in eval mode (its mode
     restored after), with the labels concatenated where every batch has them."""
     was_training = net.training
