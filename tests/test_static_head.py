@@ -171,10 +171,25 @@ def test_compile_step_needs_the_static_head() -> None:
         prepare(cfg)
 
 
-def test_compile_step_compiles_once_per_phase_kind_and_keeps_the_results() -> None:
-    """Three tasks with ``engine.compile: step`` (dynamo with its eager backend: tracing and guards as inductor's,
+def test_compile_step_compiles_once_per_phase_kind_and_keeps_the_results(monkeypatch) -> None:
+    """Three tasks with ``engine.compile: step`` (dynamo with an eager backend: tracing and guards as inductor's,
     no code generation): task 0 compiles the base step, task 1 the inversion, RRL and CHR steps, task 2 nothing.
-    The compiled run's results equal the uncompiled one's."""
+    The compiled run's results equal the uncompiled one's. Every graph is one AOTAutograd's disk cache accepts
+    (its own check, on the graphs inductor would get): no autocast context, no custom autograd Function, else every
+    later run would compile it again (engine.compile_cache)."""
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_cacheable
+
+    refused, graphs, compile_ = [], [], torch.compile
+
+    def cacheable(gm: torch.fx.GraphModule, example_inputs):  # noqa: ANN001, ANN202
+        graphs.append(gm)
+        try:
+            check_cacheable(gm)
+        except BypassAOTAutogradCache as err:
+            refused.append(str(err))
+        return gm.forward
+
+    monkeypatch.setattr(torch, "compile", lambda fn, backend, **kw: compile_(fn, backend=cacheable, **kw))
     torch._dynamo.reset()  # compiled code is cached per process: start from none
     short = [("data.num_tasks", "3"), ("train.epochs", "2"), ("train.milestones", "[]")]
     short += [("method.inversion.steps", "2")]
@@ -184,6 +199,7 @@ def test_compile_step_compiles_once_per_phase_kind_and_keeps_the_results() -> No
     assert compiles[0] > 0 and compiles[1] > 0 and compiles[2] == 0, compiles
     assert all(t["compile_s"] > 0 for t in compiled["timings"][:2])
     assert compiled["correct_matrix"] == plain["correct_matrix"]
+    assert len(graphs) >= 4 and refused == [], refused
 
 
 @pytest.mark.slow

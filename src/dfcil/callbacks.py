@@ -178,7 +178,8 @@ class Timer(Callback):
     def on_run_start(self, loop: Loop) -> None:
         self.loop = loop
         self.setup: tuple[float, float] | None = None  # while a setup runs: (its start here, seconds kept before)
-        self.compiled: tuple[int, float, int, float] | None = None  # the compiler's totals at the task's start, kept
+        # the compiler's totals at the task's start, and what earlier processes recorded for this task
+        self.compiled: tuple[tuple[int, float, int], tuple[int, float, int]] | None = None
         self.phase: PhaseClock | None = None
         self.eval_started = 0.0
 
@@ -194,9 +195,10 @@ class Timer(Callback):
         """engine.compile: step: graphs compiled in this task and the seconds of the steps that compiled them."""
         compiler = self.loop.runtime.compiler
         if compiler is not None and self.compiled is not None:
-            count, seconds, kept_count, kept_s = self.compiled
+            (count, seconds, loaded), (kept_count, kept_s, kept_loaded) = self.compiled
             self.timing["compiles"] = kept_count + compiler.compiles - count
             self.timing["compile_s"] = round(kept_s + compiler.seconds - seconds, 3)
+            self.timing["compile_cache_hits"] = kept_loaded + compiler.loaded - loaded
 
     def _note_setup(self) -> None:
         started, kept = self.setup
@@ -220,10 +222,12 @@ class Timer(Callback):
         compiler = self.loop.runtime.compiler
         if compiler is not None:  # what this process compiles from here, plus what earlier ones did in this task
             self.compiled = (
-                compiler.compiles,
-                compiler.seconds,
-                self.timing.get("compiles", 0),
-                self.timing.get("compile_s", 0.0),
+                (compiler.compiles, compiler.seconds, compiler.loaded),
+                (
+                    self.timing.get("compiles", 0),
+                    self.timing.get("compile_s", 0.0),
+                    self.timing.get("compile_cache_hits", 0),
+                ),
             )
 
     def on_setup_step(self) -> None:

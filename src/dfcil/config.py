@@ -144,6 +144,11 @@ class EngineConfig:
     compile: Literal["none", "default", "reduce-overhead", "max-autotune", "step"] = "none"
     # torch.compile's backend: inductor generates fused kernels; aot_eager and eager only trace (debugging, tests)
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # Where torch.compile keeps what it compiled, for later runs to load instead of compiling again (inductor's FX
+    # graph and AOTAutograd caches, Triton's kernels): auto: $TORCHINDUCTOR_CACHE_DIR where set, else
+    # $XDG_CACHE_HOME/dfcil/torch-compile (~/.cache/...), shared by every run of the user on the machine; a
+    # directory (one that travels with a sweep's runs between machines); off: compile everything, keep nothing
+    compile_cache: str = "auto"
     cudnn_benchmark: bool = True  # CUDA only
     fused_optimizer: bool = True  # fused SGD/Adam kernels; CUDA only
     # Training and inversion steps as CUDA graphs (dfcil.graphs). on: captured per phase and lr, replayed (CUDA
@@ -159,6 +164,8 @@ class EngineConfig:
     distributed_inversion: Literal["split", "same"] = "split"
 
     def __post_init__(self) -> None:
+        if not self.compile_cache.strip():
+            raise ValueError("engine.compile_cache is empty; use auto, off or a directory")
         if self.cuda_graphs != "off" and self.compile in ("reduce-overhead", "max-autotune"):
             raise ValueError(
                 f"cuda_graphs: {self.cuda_graphs} cannot be combined with compile: {self.compile}, which captures "
@@ -221,11 +228,11 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
 # Keys that a resume may change: they never change the results (data.root says where the same data lies,
 # data.rebuild prepares its cache again from it;
 # engine.cuda_graphs changes how a step's kernels are launched, not which: a run whose capture failed continues with
-# it off). Everything else shapes the protocol or the model.
+# it off; engine.compile_cache, where compiled code is kept). Everything else shapes the protocol or the model.
 RUNTIME_KEYS = frozenset(
     {
         "device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache", "engine.cuda_graphs",
-        "data.root", "data.download", "data.cache", "data.workers", "data.rebuild", "log",
+        "data.root", "data.download", "data.cache", "data.workers", "data.rebuild", "log", "engine.compile_cache",
     }
 )  # fmt: skip
 

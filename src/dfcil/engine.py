@@ -14,6 +14,7 @@ Methods supply the loss terms (:mod:`dfcil.methods`); checkpoints, timings and l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -37,7 +38,7 @@ from dfcil.models.network import backbone_for, build_network
 from dfcil.optim import OPTIMIZER_KINDS, fill_momentum, load_optimizer_state, phase_optimizer
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
-from dfcil.runtime import Runtime, process_state_kept, resolve_device, seed_everything
+from dfcil.runtime import Runtime, compile_cache, process_state_kept, resolve_device, seed_everything
 from dfcil.state import EpochProgress, Position, RunState
 from dfcil.task0 import Task0Cache
 from dfcil.version import __version__
@@ -79,8 +80,11 @@ def run(
         raise ValueError("resume continues a run directory's checkpoints: give run_dir")
     options = options or RunOptions()
     started = time.perf_counter()
-    with process_state_kept():
+    with process_state_kept(), contextlib.ExitStack() as stack:
         protocol = protocol or prepare(cfg, make_progress(options.progress))
+        if cfg.engine.compile != "none":  # what earlier runs compiled is loaded, not compiled again
+            kept = stack.enter_context(compile_cache(cfg.engine.compile_cache))
+            log.info("compile cache: %s", kept or "off (every graph compiled, nothing kept)")
         loop = build(cfg, protocol, options)
         saver = Checkpointing(run_dir, cfg) if run_dir is not None else None
         cache = Task0Cache(cfg, protocol, loop.method) if cfg.task0_cache else None

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -68,10 +71,13 @@ class Runtime:
         )  # fmt: skip
 
     def autocast(self) -> AbstractContextManager:
-        """bf16 autocast around forward passes when ``precision`` is bf16; weights stay fp32."""
+        """bf16 autocast around forward passes when ``precision`` is bf16; weights stay fp32. In fp32 no autocast
+        context at all: even a disabled one is an op in a compiled step's graph, and AOTAutograd's on-disk cache
+        refuses graphs that hold it (every later run would compile them again)."""
+        if self.precision != "bf16":
+            return contextlib.nullcontext()
         cache = self.graphs == "off"  # casts cached across a captured step would not be replayed
-        enabled = self.precision == "bf16"
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled, cache_enabled=cache)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 class StepCompiler:
@@ -88,19 +94,70 @@ class StepCompiler:
         self.backend = backend
         self.compiles = 0  # frames (graphs) compiled so far
         self.seconds = 0.0  # wall time of the calls that compiled, the compiled step's one run included
+        self.loaded = 0  # of their forward/backward graphs, those loaded from the disk cache (engine.compile_cache)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         compiled = torch.compile(fn, backend=self.backend, dynamic=False)
 
         def call(*args: Any) -> Any:
-            before, t0 = _frames_compiled(), time.perf_counter()
+            before, hits, t0 = _frames_compiled(), _cache_hits(), time.perf_counter()
             out = compiled(*args)
             if (n := _frames_compiled() - before) > 0:
                 self.compiles += n
                 self.seconds += time.perf_counter() - t0
+                self.loaded += _cache_hits() - hits
             return out
 
         return call
+
+
+def compile_cache_dir(setting: str) -> Path | None:
+    """The directory ``engine.compile_cache`` names: None for ``off``; for ``auto`` $TORCHINDUCTOR_CACHE_DIR where
+    set, else ``$XDG_CACHE_HOME/dfcil/torch-compile`` (``~/.cache/dfcil/torch-compile``): outside the temporary
+    directory, which torch's own default is and which a reboot or a fresh job's ``/tmp`` empties."""
+    if setting == "off":
+        return None
+    if setting == "auto":
+        if env := os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+            return Path(env)
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        return Path(base) / "dfcil" / "torch-compile"
+    return Path(setting).expanduser().absolute()
+
+
+@contextlib.contextmanager
+def compile_cache(setting: str) -> Iterator[Path | None]:
+    """While the block runs, torch.compile reads and writes its on-disk caches (inductor's FX graphs, AOTAutograd's
+    forward/backward pairs, generated kernels) in :func:`compile_cache_dir`, so that a run whose graphs an earlier
+    run compiled loads them instead of compiling again; ``off``: every cache disabled, generated code in a temporary
+    directory removed afterwards. The process's environment and inductor's config are as before afterwards.
+    Dynamo's tracing of the Python code is not cached by torch: it is what a warm run still spends."""
+    import torch._inductor.config as inductor  # imported only by runs that compile
+
+    path, previous = compile_cache_dir(setting), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    disabled = inductor.force_disable_caches
+    with contextlib.ExitStack() as stack:
+        if path is None:
+            path_for_code = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dfcil-compile-")))
+            inductor.force_disable_caches = True
+        else:
+            path_for_code = path
+        try:
+            path_for_code.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(
+                f"engine.compile_cache: cannot create {path_for_code} ({err.strerror}); set it to a writable "
+                f"directory, or off"
+            ) from None
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path_for_code)
+        try:
+            yield path
+        finally:
+            inductor.force_disable_caches = disabled
+            if previous is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
 def _frames_compiled() -> int:
@@ -108,6 +165,13 @@ def _frames_compiled() -> int:
     from torch._dynamo.utils import counters
 
     return counters["frames"]["ok"]
+
+
+def _cache_hits() -> int:
+    """Graphs AOTAutograd has loaded from its disk cache in this process instead of compiling them."""
+    from torch._dynamo.utils import counters
+
+    return counters["aot_autograd"]["autograd_cache_hit"]
 
 
 def resolve_device(name: str) -> torch.device:

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dfcil.precision import full_precision
+
 
 def hkd_l1(student_logits: Tensor, teacher_logits: Tensor, old: int | Tensor | None = None) -> Tensor:
     """Hard knowledge distillation (R-DFCIL eq. 2): mean absolute difference of raw logits.
@@ -33,7 +35,7 @@ def angle_matrix(e: Tensor) -> Tensor:
     Returns:
         (N, N, N) tensor.
     """
-    with torch.autocast(e.device.type, enabled=False):  # normalised differences need fp32 under bf16 autocast
+    with full_precision(e.device.type):  # normalised differences need fp32 under bf16 autocast
         e = e.float()
         diff = e.unsqueeze(0) - e.unsqueeze(1)  # (N, N, D): diff[i, j] = e[j] - e[i]
         unit = F.normalize(diff, p=2, dim=2)

@@ -14,6 +14,7 @@ from dfcil.context import Task
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.methods.memory import features_of
 from dfcil.models.network import IncrementalNet, NetOutput
+from dfcil.precision import full_precision
 
 
 @configclass
@@ -127,7 +128,7 @@ class FeCAM(Method):
     def eval_logits(self, out: NetOutput) -> Tensor:
         if self.tasks < 2:  # one task seen: the cosine classifier decides (its scale σ is positive)
             return out.logits
-        with torch.autocast(out.features.device.type, enabled=False):
+        with full_precision(out.features.device.type):
             x = F.normalize(tukey(out.features.float(), self.cfg.tukey_beta, self.cfg.nonnegative), dim=1)
             return -mahalanobis(x, self.means.to(x.device), self.precisions.to(x.device))
 

@@ -34,8 +34,13 @@ def batch_moments(x: Tensor) -> tuple[Tensor, Tensor]:
     Equal to ``x.float().mean((0, 2, 3))`` and ``x.float().var((0, 2, 3), unbiased=False)`` within rounding, in fewer
     kernels: one ``var_mean`` forward (two cheap passes on CPUs, where ``var`` is a scalar loop some 40× slower than
     ``mean``), and a backward that is one fused multiply-add over ``x`` instead of autograd's chain for each of
-    ``mean`` and ``var``: d mean / dx = 1 / n and d var / dx = 2 (x - mean) / n.
+    ``mean`` and ``var``: d mean / dx = 1 / n and d var / dx = 2 (x - mean) / n. Inside ``torch.compile`` the plain
+    ops (the compiler fuses them itself; a custom Function would keep the graph out of AOTAutograd's disk cache).
     """
+    if torch.compiler.is_compiling():
+        xf = x.float()
+        var, mean = torch.var_mean(xf, dim=(0, 2, 3), unbiased=False)
+        return mean, var
     return _BatchMoments.apply(x)
 
 

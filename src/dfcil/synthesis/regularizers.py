@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dfcil.models.batchnorm import BNStats
+from dfcil.precision import full_precision
 
 
 def content_loss(logits: Tensor, tau: float) -> Tensor:
@@ -58,7 +59,7 @@ def smoothness_prior(x: Tensor, kernel: Tensor) -> Tensor:
         x: (B, C, H, W) images.
         kernel: (k, k) smoothing kernel, see :func:`gaussian_kernel`.
     """
-    with torch.autocast(x.device.type, enabled=False):  # fp32 even under bf16 autocast
+    with full_precision(x.device.type):  # fp32 even under bf16 autocast
         x = x.float()
         c, k = x.shape[1], kernel.shape[-1]
         weight = kernel.to(x).expand(c, 1, k, k)

@@ -1,0 +1,106 @@
+"""engine.compile_cache: where torch.compile keeps compiled graphs between runs, and that a second process loads
+them instead of compiling again."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch._inductor.config as inductor
+
+from dfcil.errors import ConfigError
+from dfcil.load import load_config
+from dfcil.runtime import compile_cache, compile_cache_dir
+
+
+def test_auto_is_the_users_inductor_dir_else_a_persistent_one_outside_tmp(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compile_cache_dir("auto") == tmp_path / "xdg" / "dfcil" / "torch-compile"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert compile_cache_dir("auto") == tmp_path / "home" / ".cache" / "dfcil" / "torch-compile"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compile_cache_dir("auto") == tmp_path / "mine"
+    assert compile_cache_dir("off") is None
+    monkeypatch.chdir(tmp_path)
+    assert compile_cache_dir("rel/cc") == tmp_path / "rel" / "cc"  # absolute: children may start elsewhere
+
+
+def test_the_cache_dir_holds_for_the_block_and_the_process_is_given_back(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
+    with compile_cache(str(tmp_path / "cc")) as path:
+        assert path == tmp_path / "cc" and path.is_dir()
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path)
+        assert not inductor.force_disable_caches
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    with compile_cache("off") as path:
+        assert path is None and inductor.force_disable_caches
+        scratch = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        assert scratch.is_dir()
+    assert not scratch.exists() and not inductor.force_disable_caches  # off keeps nothing
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+def test_an_unusable_cache_dir_is_one_clear_error(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+    unusable = pytest.raises(ConfigError, match="compile_cache: cannot create .*file/cc.*writable directory, or off")
+    with unusable, compile_cache(str(tmp_path / "file" / "cc")):
+        pass
+    with pytest.raises(ConfigError, match="engine.compile_cache is empty"):
+        load_config([], [("engine.compile_cache", '""')])
+
+
+def test_the_cache_is_a_runtime_key() -> None:
+    """Where compiled code lies changes no result: a resume may move it (e.g. to a folder carried between machines)."""
+    from dfcil.config import RUNTIME_KEYS
+
+    assert "engine.compile_cache" in RUNTIME_KEYS
+
+
+@pytest.mark.slow
+def test_a_second_process_loads_the_compiled_step_instead_of_compiling_it(tmp_path) -> None:
+    """Two processes compile the same ResNet training step with inductor and one cache directory: the first
+    compiles and writes, the second loads its forward/backward graphs (AOTAutograd cache hits) with the same loss."""
+    script = tmp_path / "step.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import json, sys
+            import torch
+            import torch.nn.functional as F
+            from dfcil.models.network import build_network
+            from dfcil.runtime import StepCompiler, compile_cache
+
+            def loss(net, x, y):
+                out = net(x)
+                return F.cross_entropy(out.logits, y) + out.features.square().mean()
+
+            torch.manual_seed(0)
+            net = build_network("resnet8", capacity=4)
+            net.expand(4)
+            compiler = StepCompiler("inductor")
+            with compile_cache(sys.argv[1]):
+                value = compiler(loss)(net, torch.randn(8, 3, 32, 32), torch.arange(8) % 4)
+                value.backward()
+            print(json.dumps({"compiles": compiler.compiles, "loaded": compiler.loaded, "loss": value.item()}))
+            """
+        )
+    )
+    cache = tmp_path / "cc"
+
+    def once() -> dict:
+        done = subprocess.run([sys.executable, str(script), str(cache)], capture_output=True, text=True, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first, second = once(), once()
+    assert first["compiles"] >= 1 and first["loaded"] == 0
+    assert second["compiles"] == first["compiles"] and second["loaded"] >= 1
+    assert second["loss"] == first["loss"]
+    assert any(cache.rglob("*.py")), "the generated code is kept in the cache directory"
