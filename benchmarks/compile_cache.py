@@ -50,22 +50,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=2, help="runs sharing the cache (the first one fills it)")
     parser.add_argument("extra", nargs="*", help="after --: dfcil train arguments instead of the default protocol")
     args = parser.parse_args(argv)
+    print(f"| run | graphs compiled | loaded from the cache | compile s | wall s |  (device {args.device})", flush=True)
+    print("|---|---:|---:|---:|---:|", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="dfcil-compile-cache-") as tmp:
         cache = str(Path(tmp) / "cache")
-        for i in range(args.runs):
-            rows.append(
-                (
-                    f"run {i + 1}" + (" (empty cache)" if i == 0 else ""),
-                    run_once(Path(tmp) / f"r{i}", cache, args.device, args.extra),
-                )
+        plan = [(f"run {i + 1}" + (" (empty cache)" if i == 0 else ""), cache) for i in range(args.runs)]
+        for i, (name, where) in enumerate([*plan, ("cache off", "off")]):
+            r = run_once(Path(tmp) / f"r{i}", where, args.device, args.extra)
+            rows.append(r)
+            print(
+                f"| {name} | {r['compiles']} | {r['loaded']} | {r['compile_s']:.1f} | {r['wall_s']:.1f} |", flush=True
             )
-        rows.append(("cache off", run_once(Path(tmp) / "off", "off", args.device, args.extra)))
-    print(f"| run | graphs compiled | loaded from the cache | compile s | wall s |  (device {args.device})")
-    print("|---|---:|---:|---:|---:|")
-    for name, r in rows:
-        print(f"| {name} | {r['compiles']} | {r['loaded']} | {r['compile_s']:.1f} | {r['wall_s']:.1f} |")
-    first, last = rows[0][1]["compile_s"], rows[-2][1]["compile_s"]
+    first, last = rows[0]["compile_s"], rows[-2]["compile_s"]
     print(f"\nrun {args.runs}'s compiling takes {last / first:.2f}x run 1's ({last:.1f} s against {first:.1f} s)")
 
 

@@ -53,8 +53,17 @@ def test_an_unusable_cache_dir_is_one_clear_error(tmp_path) -> None:
     unusable = pytest.raises(ConfigError, match="compile_cache: cannot create .*file/cc.*writable directory, or off")
     with unusable, compile_cache(str(tmp_path / "file" / "cc")):
         pass
-    with pytest.raises(ConfigError, match="engine.compile_cache is empty"):
-        load_config([], [("engine.compile_cache", '""')])
+    for bad in ('""', "on", "true"):
+        with pytest.raises(ConfigError, match="engine.compile_cache: .* is not a setting; use auto .*, off or a dir"):
+            load_config([], [("engine.compile_cache", bad)])
+
+
+def test_off_on_the_command_line_and_in_yaml_is_off(tmp_path) -> None:
+    """YAML reads a bare ``off`` as false; the key takes it as the word."""
+    (tmp_path / "c.yaml").write_text("engine:\n  compile_cache: off\n")
+    assert load_config([tmp_path / "c.yaml"])[0].engine.compile_cache == "off"
+    assert load_config([], [("engine.compile_cache", "off")])[0].engine.compile_cache == "off"
+    assert load_config([], [("engine.compile_cache", "~/cc")])[0].engine.compile_cache == "~/cc"
 
 
 def test_the_cache_is_a_runtime_key() -> None:

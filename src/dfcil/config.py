@@ -148,7 +148,7 @@ class EngineConfig:
     # graph and AOTAutograd caches, Triton's kernels): auto: $TORCHINDUCTOR_CACHE_DIR where set, else
     # $XDG_CACHE_HOME/dfcil/torch-compile (~/.cache/...), shared by every run of the user on the machine; a
     # directory (one that travels with a sweep's runs between machines); off: compile everything, keep nothing
-    compile_cache: str = "auto"
+    compile_cache: Annotated[str, BeforeValidator(_yaml_switch)] = "auto"  # YAML reads a bare off as false
     cudnn_benchmark: bool = True  # CUDA only
     fused_optimizer: bool = True  # fused SGD/Adam kernels; CUDA only
     # Training and inversion steps as CUDA graphs (dfcil.graphs). on: captured per phase and lr, replayed (CUDA
@@ -164,8 +164,11 @@ class EngineConfig:
     distributed_inversion: Literal["split", "same"] = "split"
 
     def __post_init__(self) -> None:
-        if not self.compile_cache.strip():
-            raise ValueError("engine.compile_cache is empty; use auto, off or a directory")
+        if not self.compile_cache.strip() or self.compile_cache == "on":
+            raise ValueError(
+                f"engine.compile_cache: {self.compile_cache!r} is not a setting; use auto (the default cache), off "
+                f"or a directory"
+            )
         if self.cuda_graphs != "off" and self.compile in ("reduce-overhead", "max-autotune"):
             raise ValueError(
                 f"cuda_graphs: {self.cuda_graphs} cannot be combined with compile: {self.compile}, which captures "
