@@ -24,14 +24,22 @@
 #                                        #   LwF + LDC, FeCAM, fine-tuning) on class orders 0, 1, 2, packed on the
 #                                        #   GPU; MINI_BUDGET seconds (540); the same command resumes it; records in
 #                                        #   $OUT/mini10-runs.tgz and the report in $OUT/mini10-report.md
+#   bash benchmarks/gpu_check.sh cell    # one table cell: CELL_CONFIG (configs/cifar100/rdfcil_n5.yaml) on class
+#                                        #   orders 0, 1, 2 at once on the card (static head, compiled and graphed
+#                                        #   steps, one compile cache) in $CELL (default $RUNS/cell); CELL_BUDGET
+#                                        #   seconds (540), then stopped with checkpoints; the same command resumes.
+#                                        #   $OUT/cell.tgz carries it to the next machine (records, newest
+#                                        #   checkpoints, compile cache): put it at the repository root (or CELL_FROM)
+#                                        #   there. $OUT/cell-report.md: dfcil report's table. DRY_RUN=1: the plan,
+#                                        #   the unpacking and the packing only, on any machine (no GPU, no data)
 # DATA: a data root holding cifar100/{train,test}.npz (default /tmp/data); where it has none and .devdata/ holds
 # the arrays packed by benchmarks/pack_cifar.py, they are unpacked there. Wheels in .whl/ (if any) are installed
 # offline into /tmp/site for a machine whose image lacks dfcil's dependencies; else dfcil must be installed.
 # Results and records go to $OUT (default /tmp/out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-case "${1:-}" in prep | speed | full | resume | tests | mini | mini10 | round2) ;; *)
-  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|mini10|round2 (docs/gpu.md)" >&2
+case "${1:-}" in prep | speed | full | resume | tests | mini | mini10 | round2 | cell) ;; *)
+  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|mini10|round2|cell (docs/gpu.md)" >&2
   exit 2
   ;;
 esac
@@ -137,6 +145,34 @@ mini10)
   tail -20 "$OUT/mini10-report.md"
   (cd "$RUNS" && find mini10 -maxdepth 2 \( -name summary.json -o -name config.yaml -o -name meta.json \
     -o -name metrics.jsonl -o -name sweep.json -o -name run.log \) | tar czf "$OUT/mini10-runs.tgz" -T -)
+  ;;
+cell)
+  CELL=${CELL:-$RUNS/cell}
+  from=${CELL_FROM:-cell.tgz}
+  if [ ! -e "$CELL/sweep.json" ] && [ -f "$from" ]; then  # carried from an earlier machine
+    mkdir -p "$CELL" && tar xzf "$from" -C "$CELL" || { echo "cell: cannot unpack $from into $CELL"; exit 4; }
+    echo "cell: continuing the runs carried in $from"
+  fi
+  sweep=(python3 -m dfcil sweep --config "${CELL_CONFIG:-configs/cifar100/rdfcil_n5.yaml}"
+    --grid data.class_order_seed=0,1,2 --jobs 3 --data.root "$DATA" --device cuda --engine.channels_last true
+    --engine.cuda_graphs on --model.static_head true --engine.compile step
+    --engine.compile_cache "$CELL/.compile-cache" --out "$CELL")
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    echo "cell: would run (for ${CELL_BUDGET:-540} s at most): ${sweep[*]}"
+    "${sweep[@]}" --dry-run || exit 1
+  else
+    data
+    timeout "${CELL_BUDGET:-540}" "${sweep[@]}" 2>&1 | tee "$OUT/cell.txt"
+    python3 -m dfcil report "$CELL" > "$OUT/cell-report.md" 2>&1
+    tail -20 "$OUT/cell-report.md"
+  fi
+  # what resuming needs, not the weights of finished runs or the older checkpoint
+  if [ -d "$CELL" ]; then
+    (cd "$CELL" && find . -path ./.compile-cache -prune -o -type f ! -name prev.pt ! -name model.pt ! -name '*.png' \
+      -print > "$OUT/.cell-files" && { [ "${CELL_CARRY_CACHE:-1}" = 1 ] && [ -d .compile-cache ] \
+      && echo ./.compile-cache >> "$OUT/.cell-files"; true; } && tar czf "$OUT/cell.tgz" -T "$OUT/.cell-files")
+    echo "cell: $OUT/cell.tgz ($(du -h "$OUT/cell.tgz" | cut -f1)) resumes the cell elsewhere (docs/gpu.md)"
+  fi
   ;;
 round2)
   end=$((SECONDS + ${ROUND2_BUDGET:-570}))

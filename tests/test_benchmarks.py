@@ -1,13 +1,17 @@
 """The benchmark scripts that benchmarks/gpu_check.sh runs on a GPU: they must work before they get there."""
 
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
 
 
 def _load(name: str):
@@ -91,3 +95,42 @@ def test_drift_benchmark_prints_the_error_of_each_compensation():
     rows = {line.split("|")[1].strip(): line for line in done.stdout.splitlines() if line.startswith("| ")}
     assert set(rows) >= {"none", "lstsq", "ldc, 1 pass", "ldc, 2 passes"}
     assert rows["none"].split("|")[2].strip() == "1.000"  # not moving the means: the reference error
+
+
+def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_machines(tmp_path):
+    """``gpu_check.sh cell`` with DRY_RUN=1 on a CPU: the 3-order sweep's plan (packed, compiled steps, the cell's
+    own compile cache), then the cell packed into $OUT/cell.tgz (newest checkpoints, records, compile cache; not
+    the older checkpoint or finished weights) and unpacked on a "new machine" from the repository root's cell.tgz."""
+    script = BENCH / "gpu_check.sh"
+    machine1, machine2 = tmp_path / "m1", tmp_path / "m2"
+    cell = machine1 / "runs" / "cell"
+    run = cell / "class_order_seed=0"
+    for name in ("checkpoints/last.pt", "checkpoints/prev.pt", "run.log", "model.pt"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(name)
+    (cell / ".compile-cache" / "fx").mkdir(parents=True)
+    (cell / ".compile-cache" / "fx" / "graph.py").write_text("kernel")
+    (cell / "sweep.json").write_text("{}")
+
+    def cell_check(machine, cwd):
+        env = {**os.environ, "DRY_RUN": "1", "OUT": str(machine / "out"), "RUNS": str(machine / "runs")}
+        env["CELL_FROM"] = str(cwd / "cell.tgz")
+        done = subprocess.run(["bash", str(script), "cell"], capture_output=True, text=True, env=env, cwd=REPO)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    out = cell_check(machine1, tmp_path)
+    assert "--grid data.class_order_seed=0,1,2 --jobs 3" in out and "--engine.compile step" in out
+    assert f"--engine.compile_cache {cell}/.compile-cache" in out
+    assert out.count("[new]") == 3 and "sweep of 3 runs" in out  # no run config yet in order 0's directory
+    packed = machine1 / "out" / "cell.tgz"
+    with tarfile.open(packed) as tar:
+        names = {n.removeprefix("./") for n in tar.getnames() if not tar.getmember(n).isdir()}
+    assert names == {"class_order_seed=0/checkpoints/last.pt", "class_order_seed=0/run.log", "sweep.json",
+                     ".compile-cache/fx/graph.py"}  # fmt: skip
+    shutil.copy(packed, tmp_path / "cell.tgz")
+    out = cell_check(machine2, tmp_path)
+    assert "continuing the runs carried in" in out
+    moved = machine2 / "runs" / "cell"
+    assert (moved / "class_order_seed=0" / "checkpoints" / "last.pt").read_text() == "checkpoints/last.pt"
+    assert (moved / ".compile-cache" / "fx" / "graph.py").exists()
