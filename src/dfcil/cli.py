@@ -152,6 +152,11 @@ def _add_sweep_parser(sub) -> None:
     sweep.add_argument("--log", action="append", metavar="NAME", help="logs for every run, as dfcil train's --log")
     sweep.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
     sweep.add_argument("--dry-run", action="store_true", help="print the runs and their states, run nothing")
+    sweep.add_argument(
+        "--mps", choices=("auto", "on", "off"), default="auto",
+        help="CUDA MPS for runs sharing a GPU: auto (where the driver's MPS control program works; its daemon "
+        "started and stopped by the sweep if none runs), on (an error where it cannot), off",
+    )  # fmt: skip
     sweep.add_argument("--launcher", choices=("local", "slurm"), default="local", help="processes here, or SLURM")
     sweep.add_argument("--no-wait", dest="wait", action="store_false", help="slurm: submit and return")
     for key, (kind, _, text) in SLURM_OPTIONS.items():
@@ -177,7 +182,7 @@ def _sweep(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     spec = SweepSpec(
         configs=[part.split("+") for part in args.config], grid=parse_grid(args.grid), fixed=overrides,
         out=Path(args.out), jobs=args.jobs, dry_run=args.dry_run, launcher=args.launcher, slurm=slurm,
-        wait=args.wait, command=["dfcil", *argv], plugins=args.plugin,
+        wait=args.wait, command=["dfcil", *argv], plugins=args.plugin, mps=args.mps,
     )  # fmt: skip
     return sweep(spec)
 

@@ -24,6 +24,7 @@ from filelock import FileLock, Timeout
 from dfcil.errors import ConfigError
 from dfcil.sweep.gpus import default_jobs, free_gpu_memory, placement, run_gib, uses_gpu
 from dfcil.sweep.local import run_local
+from dfcil.sweep.mps import MpsSetting, mps
 from dfcil.sweep.plan import SweepRun, check_existing, check_sweep_dir, plan, run_status
 from dfcil.sweep.slurm import run_slurm
 from dfcil.sweep.state import Sweep
@@ -44,6 +45,7 @@ class SweepSpec:
     wait: bool = True  # slurm: wait for the jobs (else submit and return)
     command: Sequence[str] = ()  # the command line, recorded in sweep.json
     plugins: Sequence[str] = ()  # --plugin: modules or .py files every run imports (added to its config's plugins)
+    mps: MpsSetting = "auto"  # CUDA MPS for runs sharing GPUs (dfcil.sweep.mps)
 
 
 def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gpu_memory) -> int:
@@ -99,7 +101,8 @@ def _run(spec: SweepSpec, out: Path, runs: list[SweepRun], gpus: Callable[[], li
             print(f"dfcil sweep: jobs: {why}", flush=True)
         jobs = min(spec.jobs or jobs, len(todo))
         need = max(run_gib(r.image_size) for r in todo)
-        ok = run_local(s, todo, jobs, placement(visible, need, jobs) if visible else [])
+        with mps(spec.mps, bool(visible) and jobs > 1) as env:  # kernels of concurrent runs at once on a card
+            ok = run_local(s, todo, jobs, placement(visible, need, jobs) if visible else [], env)
     s.save()
     print(s.table(), flush=True)
     return _exit_code(s, ok)

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,8 +40,9 @@ class Running:
 class LocalRuns:
     """The child processes of a sweep: :meth:`start` one run in a free slot, :meth:`reap` those that ended."""
 
-    def __init__(self, sweep: Sweep, jobs: int, gpus: Sequence[int]) -> None:
+    def __init__(self, sweep: Sweep, jobs: int, gpus: Sequence[int], env: Mapping[str, str] | None = None) -> None:
         self.sweep, self.jobs, self.gpus = sweep, jobs, gpus  # gpus[k]: the visible GPU of slot k (GPU runs)
+        self.env = dict(env or {})  # added to every child's environment (the MPS pipe directory)
         self.logs = sweep.out / "logs"
         self.running: dict[subprocess.Popen, Running] = {}
         self.free = list(range(jobs))
@@ -50,7 +51,7 @@ class LocalRuns:
 
     def _environment(self, run: SweepRun, slot: int) -> tuple[dict[str, str], str]:
         """The child's environment, and where it runs in words."""
-        env, where = dict(os.environ, PYTHONUNBUFFERED="1"), "CPU"
+        env, where = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}, "CPU"
         if self.jobs > 1:  # the cores are shared out, on a GPU machine too (its runs need few)
             env["OMP_NUM_THREADS"] = str(self.threads)
             where = f"CPU, {self.threads} threads"
@@ -124,13 +125,16 @@ class LocalRuns:
                 signal.signal(s, old)
 
 
-def run_local(sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int]) -> bool:
-    """Run ``todo`` as child processes, ``jobs`` at once; slot k's GPU runs go to visible GPU ``gpus[k]``.
+def run_local(
+    sweep: Sweep, todo: list[SweepRun], jobs: int, gpus: Sequence[int], env: Mapping[str, str] | None = None
+) -> bool:
+    """Run ``todo`` as child processes, ``jobs`` at once; slot k's GPU runs go to visible GPU ``gpus[k]``; ``env``:
+    variables added to every child's environment.
 
     Returns False if the sweep was interrupted (Ctrl-C or SIGTERM: every running child checkpoints and stops).
     """
     (sweep.out / "logs").mkdir(exist_ok=True)
-    pool, queue = LocalRuns(sweep, jobs, gpus), list(todo)
+    pool, queue = LocalRuns(sweep, jobs, gpus, env), list(todo)
     with pool.signals():
         while (queue and not pool.stopping) or pool.running:
             while queue and pool.free and not pool.stopping:
