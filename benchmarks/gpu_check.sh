@@ -32,14 +32,17 @@
 #                                        #   checkpoints, compile cache): put it at the repository root (or CELL_FROM)
 #                                        #   there. $OUT/cell-report.md: dfcil report's table. DRY_RUN=1: the plan,
 #                                        #   the unpacking and the packing only, on any machine (no GPU, no data)
+#   bash benchmarks/gpu_check.sh mps     # throughput of 1, 3 and 6 runs at once, without and with CUDA MPS
+#                                        #   (benchmarks/concurrency.py; JOBS=1,3,6, MPS=off,auto, MPS_BUDGET
+#                                        #   seconds, 570); the table in $OUT/concurrency.txt
 # DATA: a data root holding cifar100/{train,test}.npz (default /tmp/data); where it has none and .devdata/ holds
 # the arrays packed by benchmarks/pack_cifar.py, they are unpacked there. Wheels in .whl/ (if any) are installed
 # offline into /tmp/site for a machine whose image lacks dfcil's dependencies; else dfcil must be installed.
 # Results and records go to $OUT (default /tmp/out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-case "${1:-}" in prep | speed | full | resume | tests | mini | mini10 | round2 | cell) ;; *)
-  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|mini10|round2|cell (docs/gpu.md)" >&2
+case "${1:-}" in prep | speed | full | resume | tests | mini | mini10 | round2 | cell | mps) ;; *)
+  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|mini10|round2|cell|mps (docs/gpu.md)" >&2
   exit 2
   ;;
 esac
@@ -173,6 +176,11 @@ cell)
       && echo ./.compile-cache >> "$OUT/.cell-files"; true; } && tar czf "$OUT/cell.tgz" -T "$OUT/.cell-files")
     echo "cell: $OUT/cell.tgz ($(du -h "$OUT/cell.tgz" | cut -f1)) resumes the cell elsewhere (docs/gpu.md)"
   fi
+  ;;
+mps)
+  nvidia-smi --query-gpu=name,compute_mode --format=csv,noheader | tee "$OUT/gpu.txt"
+  timeout "${MPS_BUDGET:-570}" python3 benchmarks/concurrency.py --jobs "${JOBS:-1,3,6}" --mps "${MPS:-off,auto}" \
+    2>&1 | tee "$OUT/concurrency.txt"
   ;;
 round2)
   end=$((SECONDS + ${ROUND2_BUDGET:-570}))

@@ -134,3 +134,12 @@ def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_ma
     moved = machine2 / "runs" / "cell"
     assert (moved / "class_order_seed=0" / "checkpoints" / "last.pt").read_text() == "checkpoints/last.pt"
     assert (moved / ".compile-cache" / "fx" / "graph.py").exists()
+
+
+@pytest.mark.slow
+def test_concurrency_benchmark_prints_a_row_per_sweep(capsys):
+    """The throughput table's plan on a CPU (two smoke sweeps, MPS off): the rows a card fills with 1, 3, 6 runs."""
+    mod = _load("concurrency")
+    mod.main(["--device", "cpu", "--jobs", "1,2", "--mps", "off", "--", "--config", "configs/smoke.yaml"])
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 1 |") or ln.startswith("| 2 |")]
+    assert len(rows) == 2 and rows[0].split("|")[5].strip() == "1.00x"
