@@ -8,7 +8,7 @@
 #                                        #   or 2) choose the run; FULL_TIMEOUT seconds at most (none by default),
 #                                        #   a timeout stops it with a checkpoint
 #   bash benchmarks/gpu_check.sh resume  # continues that run (RESUME_TIMEOUT) and prints its summary
-#   bash benchmarks/gpu_check.sh tests   # the CUDA tests; SPEED=all|compile|compile-step adds step A/Bs first
+#   bash benchmarks/gpu_check.sh tests   # the CUDA tests; SPEED=all|compile|compile-step|autotune adds step A/Bs first
 #   bash benchmarks/gpu_check.sh round2  # the static head and engine.compile: step, ROUND2_BUDGET seconds (570):
 #                                        #   (1) the 5-task CIFAR-100 R-DFCIL schedule at full size on generated
 #                                        #   images (timing only; FULL_BUDGET s, then extrapolated by
@@ -228,6 +228,9 @@ tests)
   fi
   if [ "${SPEED:-}" = compile ]; then  # compile time (minutes) is untimed
     speed 300 compile --ab compile --channels-last  # engine.compile: the backbones, fp32 as the full run
+  fi
+  if [ "${SPEED:-}" = autotune ]; then  # engine.compile_mode: max-autotune-no-cudagraphs against default
+    speed 420 autotune --ab autotune --channels-last --phases inversion,rrl,chr
   fi
   if [ "${SPEED:-}" = compile-step ]; then
     speed 300 compile-step --ab compile-step --channels-last  # whole steps compiled: what fusion could give

@@ -6,6 +6,7 @@
     python benchmarks/speed.py --device cuda --ab graphs # fast path, eager vs one CUDA graph per step
     python benchmarks/speed.py --device cuda --ab compile # graphs, with and without engine.compile (backbones)
     python benchmarks/speed.py --device cuda --ab compile-step # graphs, with and without compiling whole steps
+    python benchmarks/speed.py --device cuda --ab autotune # compiled, graphed steps, with and without max-autotune
 
 Each round times ``--steps`` steps of every phase for A and then B (the order alternates between rounds) after
 untimed warm-up steps (in the first round enough to capture the graphs); the table gives the median milliseconds
@@ -143,14 +144,15 @@ def optimizer_step(
 
 
 def steps_for(
-    setup, hooks: bool, graphs: str = "off", compile: bool = False, made: list[StepGraph] | None = None
+    setup, hooks: bool, graphs: str = "off", compile: str | None = None, made: list[StepGraph] | None = None
 ) -> dict[str, Callable[[], None]]:
-    """Each phase's step; ``compile``: the whole step's forward and loss terms through ``torch.compile`` (the backward
-    through AOTAutograd), inside the CUDA graph when ``graphs`` is on. Every :class:`StepGraph` is appended to
-    ``made``, so the caller can say which steps really ran as graphs."""
+    """Each phase's step; ``compile`` (an ``engine.compile_mode``; None: eager): the whole step's forward and loss
+    terms through ``torch.compile`` (the backward through AOTAutograd), inside the CUDA graph when ``graphs`` is on.
+    Every :class:`StepGraph` is appended to ``made``, so the caller can say which steps really ran as graphs."""
     made = made if made is not None else []
     method, net, ctx, optimizer, batch = setup
-    maybe_compiled = torch.compile if compile else (lambda f: f)
+    mode = None if compile in (None, "default") else compile
+    maybe_compiled = (lambda f: torch.compile(f, mode=mode)) if compile else (lambda f: f)
     inv = method.replay.synth
     # as the engine's: fused on CUDA, and capturable (its step count on the device) when graphed
     kernels = {"fused": True} if ctx.device.type == "cuda" else {}
@@ -279,7 +281,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
     p.add_argument(
-        "--ab", choices=["merge", "precision", "graphs", "compile", "compile-step", "memory"], default="merge",
+        "--ab", default="merge",
+        choices=["merge", "precision", "graphs", "compile", "compile-step", "autotune", "memory"],
         help="what A and B differ in",
     )  # fmt: skip
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="for --ab merge")
@@ -310,6 +313,10 @@ def main(argv=None) -> int:
         "graphs": {"eager": {}, "graphs": {"graphs": "on"}},
         "compile": {"graphs": {"graphs": "on"}, "graphs+compile": {"graphs": "on", "compile": "backbone"}},
         "compile-step": {"graphs": {"graphs": "on"}, "graphs+compiled-step": {"graphs": "on", "compile": "step"}},
+        "autotune": {  # engine.compile_mode: inductor's kernel choice timed at compile time
+            "compiled-step": {"graphs": "on", "compile": "step"},
+            "compiled-step+autotune": {"graphs": "on", "compile": "step-autotune"},
+        },
         "precision": {"fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16"}},
         "memory": {"nchw": {"channels_last": False}, "channels_last": {"channels_last": True}},
     }[args.ab]
@@ -321,7 +328,8 @@ def main(argv=None) -> int:
             device, args.batch, args.n_old, args.n_new, v["merge"], v["precision"], v["channels_last"],
             v["compile"] == "backbone",
         )  # fmt: skip
-        steps[name] = steps_for(setup, v["hooks"], v["graphs"], v["compile"] == "step", made.setdefault(name, []))
+        compile_mode = {"step": "default", "step-autotune": "max-autotune-no-cudagraphs"}.get(v["compile"])
+        steps[name] = steps_for(setup, v["hooks"], v["graphs"], compile_mode, made.setdefault(name, []))
     times: dict[tuple[str, str], list[float]] = {(v, ph): [] for v in variants for ph in phases}
     names = list(variants)
     for r in range(args.rounds):

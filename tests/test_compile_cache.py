@@ -113,3 +113,26 @@ def test_a_second_process_loads_the_compiled_step_instead_of_compiling_it(tmp_pa
     assert second["compiles"] == first["compiles"] and second["loaded"] >= 1
     assert second["loss"] == first["loss"]
     assert any(cache.rglob("*.py")), "the generated code is kept in the cache directory"
+
+
+def test_compile_mode_reaches_inductor_for_compiled_steps_only(monkeypatch) -> None:
+    """engine.compile_mode: inductor's mode for the steps; refused for other compile settings, dropped for the
+    tracing-only backends (modes are inductor's)."""
+    import torch
+
+    from dfcil.config import EngineConfig
+    from dfcil.runtime import Runtime
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    step = ("engine.compile", "step")
+    cfg = load_config([], [step, ("model.static_head", "true"), ("engine.compile_mode", "max-autotune-no-cudagraphs")])
+    Runtime.from_config(cfg[0].engine, torch.device("cpu"), None).compiled(lambda: None)
+    assert seen[-1] == {"backend": "inductor", "mode": "max-autotune-no-cudagraphs", "dynamic": False}
+    Runtime.from_config(EngineConfig(compile="step"), torch.device("cpu"), None).compiled(lambda: None)
+    assert seen[-1]["mode"] is None
+    eager = EngineConfig(compile="step", compile_backend="eager", compile_mode="max-autotune-no-cudagraphs")
+    Runtime.from_config(eager, torch.device("cpu"), None).compiled(lambda: None)
+    assert seen[-1] == {"backend": "eager", "mode": None, "dynamic": False}
+    with pytest.raises(ConfigError, match="compile_mode: max-autotune-no-cudagraphs applies to engine.compile: step"):
+        load_config([], [("engine.compile", "default"), ("engine.compile_mode", "max-autotune-no-cudagraphs")])

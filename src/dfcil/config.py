@@ -144,6 +144,10 @@ class EngineConfig:
     compile: Literal["none", "default", "reduce-overhead", "max-autotune", "step"] = "none"
     # torch.compile's backend: inductor generates fused kernels; aot_eager and eager only trace (debugging, tests)
     compile_backend: Literal["inductor", "aot_eager", "eager"] = "inductor"
+    # inductor's mode for engine.compile: step. max-autotune-no-cudagraphs: at compile time, time candidate kernels
+    # for each convolution and matrix product (and its fusions) and keep the fastest (minutes more compiling, kept
+    # in the compile cache); CUDA graphs stay engine.cuda_graphs'. Results equal within rounding.
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     # Where torch.compile keeps what it compiled, for later runs to load instead of compiling again (inductor's FX
     # graph and AOTAutograd caches, Triton's kernels): auto: $TORCHINDUCTOR_CACHE_DIR where set, else
     # $XDG_CACHE_HOME/dfcil/torch-compile (~/.cache/...), shared by every run of the user on the machine; a
@@ -168,6 +172,11 @@ class EngineConfig:
             raise ValueError(
                 f"engine.compile_cache: {self.compile_cache!r} is not a setting; use auto (the default cache), off "
                 f"or a directory"
+            )
+        if self.compile_mode != "default" and self.compile != "step":
+            raise ValueError(
+                f"engine.compile_mode: {self.compile_mode} applies to engine.compile: step (the steps' kernels); "
+                f"engine.compile: {self.compile} takes its mode as its own value (e.g. compile: max-autotune)"
             )
         if self.cuda_graphs != "off" and self.compile in ("reduce-overhead", "max-autotune"):
             raise ValueError(

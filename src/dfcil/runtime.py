@@ -66,7 +66,8 @@ class Runtime:
             device=device, precision=engine.precision, merge_teacher=merge != "none", merge_student=merge == "all",
             channels_last=engine.channels_last, fused=engine.fused_optimizer and device.type == "cuda",
             graphs=engine.cuda_graphs, progress=progress,
-            compiler=StepCompiler(engine.compile_backend) if engine.compile == "step" else None, dist=dist,
+            compiler=StepCompiler(engine.compile_backend, engine.compile_mode) if engine.compile == "step" else None,
+            dist=dist,
             split_inversion=engine.distributed_inversion == "split",
         )  # fmt: skip
 
@@ -90,14 +91,15 @@ class StepCompiler:
     under the system's temporary directory), so later runs on the same machine, a sweep's, compile faster.
     """
 
-    def __init__(self, backend: str = "inductor") -> None:
+    def __init__(self, backend: str = "inductor", mode: str = "default") -> None:
         self.backend = backend
+        self.mode = None if mode == "default" or backend != "inductor" else mode  # modes are inductor's
         self.compiles = 0  # frames (graphs) compiled so far
         self.seconds = 0.0  # wall time of the calls that compiled, the compiled step's one run included
         self.loaded = 0  # of their forward/backward graphs, those loaded from the disk cache (engine.compile_cache)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        compiled = torch.compile(fn, backend=self.backend, dynamic=False)
+        compiled = torch.compile(fn, backend=self.backend, mode=self.mode, dynamic=False)
 
         def call(*args: Any) -> Any:
             before, hits, t0 = _frames_compiled(), _cache_hits(), time.perf_counter()
