@@ -66,6 +66,19 @@ def test_off_on_the_command_line_and_in_yaml_is_off(tmp_path) -> None:
     assert load_config([], [("engine.compile_cache", "~/cc")])[0].engine.compile_cache == "~/cc"
 
 
+def test_an_unusable_cache_dir_is_refused_before_a_run_directory_exists(tmp_path) -> None:
+    from conftest import smoke_configs
+    from dfcil.protocol import prepare
+
+    (tmp_path / "file").write_text("")
+    over = [("engine.compile", "default"), ("engine.compile_backend", "eager")]
+    cfg = load_config(smoke_configs("finetune"), [*over, ("engine.compile_cache", str(tmp_path / "file"))])[0]
+    with pytest.raises(ConfigError, match="engine.compile_cache .*file exists and is not a directory; set it to a"):
+        prepare(cfg)
+    plain = load_config(smoke_configs("finetune"), [("engine.compile_cache", str(tmp_path / "file"))])[0]
+    prepare(plain)  # not compiling: the cache is not used
+
+
 def test_the_cache_is_a_runtime_key() -> None:
     """Where compiled code lies changes no result: a resume may move it (e.g. to a folder carried between machines)."""
     from dfcil.config import RUNTIME_KEYS

@@ -28,7 +28,7 @@ from dfcil.models.heads import HEADS
 from dfcil.models.network import IncrementalNet, NetOutput, backbone_for
 from dfcil.models.resnet_cifar import BACKBONES
 from dfcil.progress import ProgressFactory
-from dfcil.runtime import check_compiler, resolve_device
+from dfcil.runtime import check_compiler, compile_cache_dir, resolve_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +96,14 @@ def prepare(cfg: RunConfig, progress: ProgressFactory | None = None, training: b
     device = resolve_device(cfg.device)
     if cfg.engine.compile != "none" and cfg.engine.compile_backend == "inductor":
         check_compiler(device)
-    if cfg.task0_cache:
+    kept = compile_cache_dir(cfg.engine.compile_cache) if cfg.engine.compile != "none" else None
+    for path, what, fix in (
+        (cfg.task0_cache, "task0_cache", "set it to a directory or leave it unset"),
+        (kept, "engine.compile_cache", "set it to a writable directory, or off"),
+    ):
         try:
-            check_creatable_dir(cfg.task0_cache, "task0_cache", "set it to a directory or leave it unset")
+            if path:
+                check_creatable_dir(path, what, fix)
         except ValueError as err:
             raise ConfigError(str(err)) from None
     d = cfg.data

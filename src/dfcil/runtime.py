@@ -87,8 +87,8 @@ class StepCompiler:
 
     Compiled code is cached per function (its code object) for the process, so a step function defined once at
     module level compiles once for each set of guards it meets (phase kind, train or eval mode, shapes), however
-    many tasks call it. Inductor also keeps its generated kernels on disk (``TORCHINDUCTOR_CACHE_DIR``, by default
-    under the system's temporary directory), so later runs on the same machine, a sweep's, compile faster.
+    many tasks call it. What it compiles is also kept on disk (:func:`compile_cache`, ``engine.compile_cache``), so
+    that later runs, a sweep's or another machine's that carries the directory, load it instead.
     """
 
     def __init__(self, backend: str = "inductor", mode: str = "default") -> None:
