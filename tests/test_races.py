@@ -34,7 +34,8 @@ RACER = textwrap.dedent("""
         while not (base / f"go-{i}").exists():
             time.sleep(0.0005)
         code = main(["train", *args, "--out", str(base / f"run{i}")])
-        (base / f"done-{i}-{me}").write_text(str(code))
+        (base / f"done-{i}-{me}.tmp").write_text(str(code))
+        (base / f"done-{i}-{me}.tmp").rename(base / f"done-{i}-{me}")  # whole when the test sees it
 """)
 
 

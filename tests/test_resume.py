@@ -301,7 +301,7 @@ def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_pa
         "device": "cpu", "checkpoint_interval_s": "30", "epoch_checkpoint_interval_s": "5",
         "task0_cache": str(tmp_path / "t0"), "engine.cuda_graphs": "off", "data.root": str(tmp_path),
         "data.download": "false", "data.cache": str(tmp_path / "cache"), "data.workers": "1", "log": "csv",
-        "data.rebuild": "true",
+        "data.rebuild": "true", "engine.compile_cache": str(tmp_path / "cc"),
     }  # fmt: skip
     assert set(values) == RUNTIME_KEYS
     seen = {}
