@@ -35,14 +35,18 @@
 #   bash benchmarks/gpu_check.sh mps     # throughput of 1, 3 and 6 runs at once, without and with CUDA MPS
 #                                        #   (benchmarks/concurrency.py; JOBS=1,3,6, MPS=off,auto, MPS_BUDGET
 #                                        #   seconds, 570); the table in $OUT/concurrency.txt
+#   bash benchmarks/gpu_check.sh batched # the batched-orders prototype (benchmarks/batched_orders.py): one step of
+#                                        #   3 ResNet-32s as one grouped network against one model and 3 in turn,
+#                                        #   eager and compiled with CUDA graphs, after its equality check; the
+#                                        #   tables in $OUT/batched.txt (about 2 minutes)
 # DATA: a data root holding cifar100/{train,test}.npz (default /tmp/data); where it has none and .devdata/ holds
 # the arrays packed by benchmarks/pack_cifar.py, they are unpacked there. Wheels in .whl/ (if any) are installed
 # offline into /tmp/site for a machine whose image lacks dfcil's dependencies; else dfcil must be installed.
 # Results and records go to $OUT (default /tmp/out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-case "${1:-}" in prep | speed | full | resume | tests | mini | mini10 | round2 | cell | mps) ;; *)
-  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|mini10|round2|cell|mps (docs/gpu.md)" >&2
+case "${1:-}" in prep | speed | full | resume | tests | mini | mini10 | round2 | cell | mps | batched) ;; *)
+  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|mini10|round2|cell|mps|batched (docs/gpu.md)" >&2
   exit 2
   ;;
 esac
@@ -181,6 +185,15 @@ mps)
   nvidia-smi --query-gpu=name,compute_mode --format=csv,noheader | tee "$OUT/gpu.txt"
   timeout "${MPS_BUDGET:-570}" python3 benchmarks/concurrency.py --jobs "${JOBS:-1,3,6}" --mps "${MPS:-off,auto}" \
     2>&1 | tee "$OUT/concurrency.txt"
+  ;;
+batched)
+  nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
+  {
+    python3 benchmarks/batched_orders.py --device cuda --check || exit 1
+    for mode in off reduce-overhead; do
+      timeout 150 python3 benchmarks/batched_orders.py --device cuda --batch 256 --rounds 10 --steps 20 --compile $mode
+    done
+  } 2>&1 | tee "$OUT/batched.txt"
   ;;
 round2)
   end=$((SECONDS + ${ROUND2_BUDGET:-570}))

@@ -143,3 +143,30 @@ def test_concurrency_benchmark_prints_a_row_per_sweep(capsys):
     mod.main(["--device", "cpu", "--jobs", "1,2", "--mps", "off", "--", "--config", "configs/smoke.yaml"])
     rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 1 |") or ln.startswith("| 2 |")]
     assert len(rows) == 2 and rows[0].split("|")[5].strip() == "1.00x"
+
+
+def test_batched_orders_grouped_step_equals_separate_steps_and_is_timed(capsys):
+    bench = _load("batched_orders")
+    assert bench.main(["--check", "--backbone", "resnet8", "--models", "2", "--batch", "4", "--classes", "5"]) == 0
+    assert "(equal)" in capsys.readouterr().out
+    argv = ["--backbone", "resnet8", "--models", "2", "--batch", "4", "--classes", "5", "--rounds", "1", "--steps", "1"]
+    assert bench.main([*argv, "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    for side in ("one", "sequential", "grouped"):
+        assert f"| {side} | " in out
+
+
+def test_batched_orders_check_fails_when_the_groups_mix(monkeypatch, capsys):
+    bench = _load("batched_orders")
+
+    def mixed(self, x):  # option A padded across the groups instead of within each: model 1 sees model 0's channels
+        y = bench.F.relu(self.bn_a(self.conv_a(x)))
+        y = self.bn_b(self.conv_b(y))
+        if self.increase_dim:
+            sub = x[..., ::2, ::2]
+            x = bench.torch.cat((sub, bench.torch.zeros_like(sub)), dim=1)
+        return x + y
+
+    monkeypatch.setattr(bench.GroupedBlock, "forward", mixed)
+    assert bench.main(["--check", "--backbone", "resnet8", "--models", "2", "--batch", "4", "--classes", "5"]) == 1
+    assert "(DIFFERENT)" in capsys.readouterr().out
