@@ -395,3 +395,27 @@ def test_other_papers_numbers_are_marked_as_their_own_protocol(tmp_path):
     assert "[paper 45.40$^\\dagger$, $-$1.40]" in latex and "% †: another paper's number" in latex
     only_rdfcil = report([r for r in runs if r.config["method"]["name"] == "rdfcil"])
     assert "†" not in only_rdfcil
+
+
+def test_a_run_saved_before_a_key_existed_joins_its_experiment_as_the_keys_default(tmp_path):
+    """Runs of one experiment over several dfcil versions: the older config.yaml lacks keys added since (here
+    ``plugins`` and ``engine.compile_cache``); absent, a key means its default, so the runs are one group, while a
+    key set away from its default still splits."""
+    root = tmp_path / "runs"
+    old = write_run(root, "o0", C100_N10 | {"class_order_seed": 0}, RDFCIL, summary=summary(40.0, 58.0))
+    for order in (1, 2):
+        path = write_run(root, f"o{order}", C100_N10 | {"class_order_seed": order}, RDFCIL, summary=summary(42, 59))
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        config |= {"plugins": [], "engine": {"compile_cache": "auto", "precision": "fp32"}}
+        (path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert "plugins" not in yaml.safe_load((old / "config.yaml").read_text())
+    groups = group_runs(find_runs([root]))
+    assert [(g.label, len(g.finished)) for g in groups] == [("rdfcil · cifar100 · n10", 3)]
+    path = write_run(root, "bf16", C100_N10, RDFCIL, summary=summary(41.0, 58.0))
+    config = yaml.safe_load((path / "config.yaml").read_text()) | {"engine": {"precision": "bf16"}}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    labels = sorted(g.label for g in group_runs(find_runs([root])))
+    assert labels == [
+        'rdfcil · cifar100 · n10 · engine.precision="bf16"',
+        'rdfcil · cifar100 · n10 · engine.precision="fp32"',
+    ]

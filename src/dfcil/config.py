@@ -441,6 +441,14 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
     return _plain(out)
 
 
+def section_defaults() -> dict[str, Any]:
+    """The default of every key outside the method section (the sections' and the top-level keys'), as plain data:
+    what a saved config that lacks a key means, since a key is added with the default that keeps the behaviour
+    before it (a run saved before ``plugins`` existed used none)."""
+    top = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in TOP_LEVEL_SCALARS}
+    return _plain({name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()} | top)
+
+
 def dump_config(cfg: RunConfig) -> str:
     """The config as a run directory saves it (``config.yaml``): one-off actions (``data.rebuild``) recorded off,
     so that ``dfcil resume`` and a repeat of the run do not perform them again unless asked."""
