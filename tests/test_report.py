@@ -14,6 +14,7 @@ import yaml
 
 from conftest import CONFIGS, REPO
 from dfcil.cli import main
+from dfcil.errors import ReportError
 from dfcil.metrics import AccuracyMatrix
 from dfcil.report import Stat, records, report
 from dfcil.runs import find_runs, group_runs, setting_of
@@ -419,3 +420,51 @@ def test_a_run_saved_before_a_key_existed_joins_its_experiment_as_the_keys_defau
         'rdfcil · cifar100 · n10 · engine.precision="bf16"',
         'rdfcil · cifar100 · n10 · engine.precision="fp32"',
     ]
+
+
+def paired_root(root: Path) -> Path:
+    """R-DFCIL, LwF and fine-tuning on orders 0-2 of one protocol (LwF also on order 3, which R-DFCIL lacks), and
+    R-DFCIL alone on another protocol."""
+    accuracies = {"rdfcil": (40.0, 42.0, 44.0), "lwf": (41.0, 45.0, 44.0, 50.0), "finetune": (41.0, 40.0, 45.0)}
+    for method, accs in accuracies.items():
+        for order, last in enumerate(accs):
+            data = C100_N10 | {"class_order_seed": order}
+            write_run(root, f"{method}/o{order}", data, {"name": method}, summary=summary(last, 60.0 + order, 10.0))
+    write_run(root, "n20/o0", C100_N10 | {"num_tasks": 20}, {"name": "lwf"}, summary=summary(30.0, 40.0))
+    return root
+
+
+def test_against_pairs_runs_by_class_order_and_gives_mean_and_std_of_the_differences(tmp_path):
+    runs = find_runs([paired_root(tmp_path / "runs")])
+    recs = {r["group"]: r for r in records(group_runs(runs), against="rdfcil")}
+    lwf, ft = recs["lwf · cifar100 · n10"], recs["finetune · cifar100 · n10"]
+    # LwF − R-DFCIL per order: 1, 3, 0 (order 3 has no partner); population std over the three pairs
+    assert lwf["last_acc_vs_mean"] == pytest.approx(4 / 3) and lwf["last_acc_vs_n"] == 3
+    assert lwf["last_acc_vs_std"] == pytest.approx((14 / 9) ** 0.5) and lwf["last_acc_vs_unpaired"] == 1
+    assert lwf["avg_inc_acc_vs_mean"] == pytest.approx(0.0) and lwf["avg_inc_acc_vs_std"] == pytest.approx(0.0)
+    assert ft["last_acc_vs_mean"] == pytest.approx(0.0)  # 1, -2, 1
+    assert recs["rdfcil · cifar100 · n10"]["vs"] == "" and recs["lwf · cifar100 · n20"]["vs"] == ""
+    text = report(runs, against="rdfcil")
+    table = text.split("| group | against | pairs |")[1]
+    assert "| lwf · cifar100 · n10 | rdfcil | 3 (+1 unpaired) | +1.33 ± 1.25 |" in table  # |1.33| > 1.25: beyond
+    assert table.split("| lwf · cifar100 · n10 |")[1].split("\n")[0].endswith("| ✓ |")
+    assert table.split("| finetune · cifar100 · n10 |")[1].split("\n")[0].endswith("| ✗ |")
+    assert "n20" not in table and "Paired: each run minus the reference run" in text
+    assert "last_acc_vs_mean" in report(runs, fmt="csv", against="rdfcil").splitlines()[0]
+
+
+def test_against_refuses_what_it_cannot_pair(tmp_path, runs_root, capsys):
+    runs = find_runs([paired_root(tmp_path / "runs")])
+    with pytest.raises(ReportError, match=r"names no group: give a method \(finetune, lwf, rdfcil\)"):
+        report(runs, against="abd")
+    with pytest.raises(ReportError, match="not with --by"):
+        report(runs, by=("method", "protocol"), against="rdfcil")
+    two = find_runs([runs_root])  # R-DFCIL with lambda_hkd 0.15 and 5.0 on one protocol: which one?
+    with pytest.raises(ReportError, match=r"matches 2 groups of one setting.*method.lambda_hkd=5.0"):
+        report(two, against="rdfcil")
+    label = "rdfcil · cifar100 · n10 · method.lambda_hkd=0.15"
+    assert "| rdfcil · cifar100 · n10 · method.lambda_hkd=5.0 | rdfcil · method.lambda_hkd=0.15 | 1 |" in report(
+        two, against=label
+    )
+    assert main(["report", str(tmp_path / "runs"), "--against", "rdfcil"]) == 0
+    assert "| lwf · cifar100 · n10 | rdfcil |" in capsys.readouterr().out

@@ -84,12 +84,62 @@ class Comparison:
         return cls(paper, diff, None if paper.std is None else abs(diff) <= paper.std + 1e-9)
 
 
+def pairing_key(run: Run) -> str:
+    """What pairs two runs of a comparison: the class order (its seed, or the explicit order) and the training
+    seed, as text."""
+    data = run.config.get("data") or {}
+    order = data.get("class_order")
+    order_text = f"order {order}" if order is not None else f"order seed {data.get('class_order_seed', 0)}"
+    return f"{order_text}, seed {run.config.get('seed', 1)}"
+
+
+def references(groups: Sequence[Group], against: str) -> dict[tuple[str, str, str], Group]:
+    """The reference group of each dataset and protocol that has one: the group whose label is ``against``, or
+    else whose method (``rdfcil``, ``lwf[ldc]``) is. Two candidates in one setting (the same method under two
+    configs) are an error that lists their labels to choose from."""
+    by_setting: dict[tuple[str, str, str], list[Group]] = {}
+    exact = [g for g in groups if g.label == against]
+    for g in exact or [g for g in groups if g.setting.method_label == against]:
+        s = g.setting
+        by_setting.setdefault((s.dataset, s.protocol, s.reduced), []).append(g)
+    if not by_setting:
+        methods = sorted({g.setting.method_label for g in groups})
+        raise ReportError(
+            f"--against {against!r} names no group: give a method ({', '.join(methods)}) or a group's full label"
+        )
+    for candidates in by_setting.values():
+        if len(candidates) > 1:
+            labels = "; ".join(repr(g.label) for g in candidates)
+            raise ReportError(f"--against {against!r} matches {len(candidates)} groups of one setting ({labels}): "
+                              f"give one of these labels")  # fmt: skip
+    return {key: candidates[0] for key, candidates in by_setting.items()}
+
+
+def paired(group: Group, reference: Group, metric: str) -> tuple[Stat, int]:
+    """``metric`` of each of ``group``'s finished runs minus that of the reference's run with the same class
+    order and training seed (:func:`pairing_key`): their mean ± std, and how many runs had no partner."""
+    ref = {pairing_key(r): v for r in reference.finished if (v := r.metric(metric)) is not None}
+    diffs, alone = [], 0
+    for r in group.finished:
+        if (v := r.metric(metric)) is None:
+            continue
+        if (partner := ref.get(pairing_key(r))) is None:
+            alone += 1
+        else:
+            diffs.append(v - partner)
+    return Stat.of(diffs), alone
+
+
 # ------------------------------------------------------------------------------------------------ tables
 
 
-def records(groups: Sequence[Group]) -> list[dict[str, Any]]:
-    """One record per group: labels, run counts, each metric's mean/std/n and the paper comparison (numbers)."""
+def records(groups: Sequence[Group], against: str | None = None) -> list[dict[str, Any]]:
+    """One record per group: labels, run counts, each metric's mean/std/n and the paper comparison (numbers); with
+    ``against``, also each metric's paired difference to the reference group of its setting (:func:`paired`:
+    ``{metric}_vs_mean``, ``_vs_std``, ``_vs_n``, and ``vs`` the reference's label; empty for the reference itself
+    and for settings without one)."""
     out = []
+    refs = references(groups, against) if against is not None else {}
     for g in groups:
         s, row = g.setting, g.setting.paper_row()
         rec: dict[str, Any] = {
@@ -111,6 +161,16 @@ def records(groups: Sequence[Group]) -> list[dict[str, Any]]:
             }
         rec["paper_row"] = f"{row.label} ({row.source})" + (" †" if row.own_protocol else "") if row else ""
         rec["paper_protocol"] = row.own_protocol if row else ""
+        if against is not None:
+            ref = refs.get((s.dataset, s.protocol, s.reduced))
+            rec["vs"] = ref.label if ref is not None and ref is not g else ""
+            rec["vs_short"] = (
+                " · ".join(p for p in (ref.setting.method_label, ref.config_label) if p) if rec["vs"] else ""
+            )
+            for metric in METRICS:
+                stat, alone = paired(g, ref, metric) if rec["vs"] else (Stat(None, None, 0), 0)
+                rec |= {f"{metric}_vs_mean": stat.mean, f"{metric}_vs_std": stat.std, f"{metric}_vs_n": stat.n}
+                rec |= {f"{metric}_vs_unpaired": alone} if metric == "last_acc" else {}
         out.append(rec)
     return out
 
@@ -170,6 +230,36 @@ def long_table(recs: Sequence[dict[str, Any]], style: _Style, paper: bool = True
                 row.append(style.diff(r[f"{m}_diff"], r[f"{m}_within_paper_std"]))
         rows.append(row + ([style.text(r["paper_row"])] if paper else []))
     return [style.text(h) for h in head], rows
+
+
+PAIRED_METRICS = ("last_acc", "avg_inc_acc", "forgetting")
+
+
+def paired_table(recs: Sequence[dict[str, Any]], style: _Style) -> tuple[list[str], list[list[str]]]:
+    """``--against``: one row per group compared with a reference, each metric's paired difference (mean ± std,
+    pairs), A_N's marked where the mean is farther from 0 than the std (a gain or loss beyond the spread)."""
+    head = ["group", "against", "pairs"] + [f"Δ {METRICS[m]}" for m in PAIRED_METRICS] + ["A_N beyond spread"]
+    rows = []
+    for r in recs:
+        if not r.get("vs"):
+            continue
+        n, alone = r["last_acc_vs_n"], r["last_acc_vs_unpaired"]
+        row = [style.text(r["group"]), style.text(r["vs_short"]), str(n) + (f" (+{alone} unpaired)" if alone else "")]
+        for m in PAIRED_METRICS:
+            mean, std = r[f"{m}_vs_mean"], r[f"{m}_vs_std"]
+            row.append(
+                "–" if mean is None else style.diff(mean, None) + (f"{style.pm}{std:.2f}" if std is not None else "")
+            )
+        mean, std = r["last_acc_vs_mean"], r["last_acc_vs_std"]
+        row.append("" if mean is None or std is None else style.yes if abs(mean) > std else style.no)
+        rows.append(row)
+    return [style.text(h) for h in head], rows
+
+
+PAIRED_NOTE = (
+    "Paired: each run minus the reference run of the same class order and training seed, then mean ± std over the "
+    "pairs (population std); beyond spread: |mean| > std, which needs at least two pairs."
+)
 
 
 def pivot_table(
@@ -262,12 +352,22 @@ def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: 
     return lines + [f"- {style.text(r.name)}" for r in unfinished]
 
 
-def report(runs: Sequence[Run], fmt: str = "md", by: tuple[str, str] | None = None, metric: str = "last_acc") -> str:
-    """The report's text: a long table (default) or a ``by = (rows, cols)`` pivot of ``metric``, then notes."""
+def report(
+    runs: Sequence[Run],
+    fmt: str = "md",
+    by: tuple[str, str] | None = None,
+    metric: str = "last_acc",
+    against: str | None = None,
+) -> str:
+    """The report's text: a long table (default) or a ``by = (rows, cols)`` pivot of ``metric``, then notes; with
+    ``against`` (a method or a group's label) a table of paired differences to that reference follows the long
+    table (in CSV: the ``*_vs_*`` columns)."""
     if fmt not in ("md", "csv", "latex"):
         raise ReportError(f"format must be md, csv or latex, got {fmt!r}")
+    if against is not None and by is not None:
+        raise ReportError("--against goes with the long table (or --format csv), not with --by: leave one out")
     groups = group_runs(runs)
-    recs = records(groups)
+    recs = records(groups, against)
     style = _Style(fmt)
     if fmt == "csv" and by is None:
         return render_csv(recs)
@@ -278,9 +378,16 @@ def report(runs: Sequence[Run], fmt: str = "md", by: tuple[str, str] | None = No
         csv.writer(buf, lineterminator="\n").writerows([head, *rows])
         return buf.getvalue()
     notes = footer(runs, groups, style, metric if by is not None else None)
+    text = render(head, rows, fmt)
+    if against is not None:
+        p_head, p_rows = paired_table(recs, style)
+        if not p_rows:
+            raise ReportError(f"--against {against!r}: no other group shares a dataset and protocol with it")
+        text += ("\n" if fmt == "md" else "") + render(p_head, p_rows, fmt)
+        notes = ["", PAIRED_NOTE, *notes]
     if fmt == "latex":
-        return render(head, rows, fmt) + "".join(f"% {n}\n" for n in notes if n)
-    return render(head, rows, fmt) + "\n".join(notes) + "\n"
+        return text + "".join(f"% {n}\n" for n in notes if n)
+    return text + "\n".join(notes) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------ command line
@@ -306,6 +413,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("md", "csv", "latex"), default="md", help="output format (default md)")
     p.add_argument("--by", metavar="ROWS,COLS", help=f"a table of one metric; ROWS and COLS among {DIMENSIONS}")
     p.add_argument("--metric", choices=list(METRICS), default="last_acc", help="the metric of --by (last_acc)")
+    p.add_argument(
+        "--against",
+        metavar="METHOD",
+        help="also each group's paired difference to this method's group (or a group's full label) on the same "
+        "dataset and protocol: run minus run of the same class order and seed, mean ± std over the pairs",
+    )
     p.add_argument("--plots", metavar="DIR", help="also write PNG and PDF figures into DIR (needs dfcil[plot])")
     return p
 
@@ -317,7 +430,7 @@ def main(args: argparse.Namespace) -> int:
         if not runs:
             raise ReportError(f"no run directories (folders with a config.yaml) under {', '.join(args.paths)}")
         by = parse_by(args.by) if args.by else None
-        sys.stdout.write(report(runs, args.format, by, args.metric))
+        sys.stdout.write(report(runs, args.format, by, args.metric, args.against))
         if args.format == "csv":
             notes = footer(runs, group_runs(runs), _Style("csv"), args.metric if by is not None else None)
             print("".join(f"dfcil report: {n}\n" for n in notes if n), end="", file=sys.stderr)
