@@ -38,7 +38,7 @@
 #   bash benchmarks/gpu_check.sh batched # the batched-orders prototype (benchmarks/batched_orders.py): one step of
 #                                        #   3 ResNet-32s as one grouped network against one model and 3 in turn,
 #                                        #   eager and compiled with CUDA graphs, after its equality check; the
-#                                        #   tables in $OUT/batched.txt (about 2 minutes)
+#                                        #   tables in $OUT/batched.txt (at most 8 minutes)
 # DATA: a data root holding cifar100/{train,test}.npz (default /tmp/data); where it has none and .devdata/ holds
 # the arrays packed by benchmarks/pack_cifar.py, they are unpacked there. Wheels in .whl/ (if any) are installed
 # offline into /tmp/site for a machine whose image lacks dfcil's dependencies; else dfcil must be installed.
@@ -190,9 +190,10 @@ batched)
   nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
   {
     python3 benchmarks/batched_orders.py --device cuda --check || exit 1
-    for mode in off reduce-overhead; do
-      timeout 150 python3 benchmarks/batched_orders.py --device cuda --batch 256 --rounds 10 --steps 20 --compile $mode
-    done
+    timeout 120 python3 benchmarks/batched_orders.py --device cuda --batch 256 --rounds 10 --steps 20
+    # compiled: four step functions (three models and the grouped one) compile first
+    timeout 360 python3 benchmarks/batched_orders.py --device cuda --batch 256 --rounds 10 --steps 20 \
+      --compile reduce-overhead
   } 2>&1 | tee "$OUT/batched.txt"
   ;;
 round2)
