@@ -7,7 +7,6 @@ Pure reading: neither torch nor the engine is imported.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -19,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from dfcil.config import RUNTIME_KEYS, deep_merge, load_yaml, quoted, section_defaults
+from dfcil.config import RUNTIME_KEYS, load_yaml, quoted, section_defaults
 from dfcil.errors import ReportError
 from dfcil.paper import DATASETS, PaperRow, find_row, protocol_name, variant_of
 
@@ -199,11 +198,10 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     default, so that such a run joins the later runs of its experiment; the method section is compared as saved
     (its defaults are the methods' own, and the report imports no method)."""
     groups: dict[tuple[Setting, tuple[tuple[str, str], ...]], Group] = {}
-    defaults = section_defaults()
+    defaults = _flat(section_defaults())
     for run in runs:
         setting = setting_of(run.config)
-        full = deep_merge(copy.deepcopy(defaults), run.config)
-        flat = {k: v for k, v in _flat(full).items() if k not in SAME_EXPERIMENT}
+        flat = {k: v for k, v in (defaults | _flat(run.config)).items() if k not in SAME_EXPERIMENT}
         key = (setting, tuple(sorted(flat.items())))
         groups.setdefault(key, Group(setting, flat, [])).runs.append(run)
     by_setting: dict[Setting, list[Group]] = {}
