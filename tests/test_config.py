@@ -215,3 +215,35 @@ def test_image_size_auto_is_unset_and_rebuild_is_a_runtime_key_saved_off():
     cfg = load_config([CONFIGS / "smoke.yaml"], [("data.rebuild", "true")])[0]
     assert cfg.data.rebuild and "data.rebuild" in RUNTIME_KEYS
     assert "rebuild: false" in dump_config(cfg)  # what a run directory saves: a resume does not rebuild again
+
+
+def test_a_nested_section_given_in_part_keeps_the_rest_of_its_fields_default():
+    """A method's nested section (``drift``, ``inversion``) written in part is completed from that field's own
+    default, which may differ from the nested class's: R-DFCIL+'s drift is the least-squares map with one pass
+    (``DriftConfig`` alone: LDC's Adam fit, 20 passes) and ABD's generator persists (``InversionConfig`` alone: not).
+    Completed from the class instead, ``drift: {synthetic: true}`` silently trained LDC's fit."""
+    plus = build_config({"method": {"name": "rdfcil_plus", "drift": {"synthetic": True}}}).method.drift
+    assert (plus.kind, plus.passes, plus.synthetic) == ("lstsq", 1, True)
+    abd = load_config([], [("method.name", "abd"), ("method.inversion.steps", "80")])[0].method.inversion
+    assert (abd.persistent, abd.steps) == (True, 80)
+    given = build_config({"method": {"name": "abd", "inversion": {"steps": 80, "persistent": False}}})
+    assert given.method.inversion.persistent is False  # what is given still wins
+    with pytest.raises(ConfigError, match=r"unknown config key 'method.drift.passez'"):
+        build_config({"method": {"name": "rdfcil_plus", "drift": {"passez": 2}}})
+
+
+def test_each_rdfcil_plus_ablation_overlay_changes_only_what_its_header_says():
+    """The mini protocol's R-DFCIL+ ablations differ from the full method in the one drift setting they name."""
+    base = CONFIGS / "cifar100-mini10.yaml"
+
+    def drift(name):
+        return config_to_dict(load_config([base, CONFIGS / "cifar100-mini10" / f"{name}.yaml"], [])[0])["method"]
+
+    full = drift("rdfcil_plus")
+    assert full["drift"]["kind"] == "lstsq" and full["drift"]["passes"] == 1
+    for name, changed in {
+        "rdfcil_plus_syn": {"synthetic": True},
+        "rdfcil_plus_ldc": {"kind": "ldc"},
+        "rdfcil_plus_no_drift": {"kind": "none"},
+    }.items():
+        assert drift(name) == full | {"drift": full["drift"] | changed}, name

@@ -277,14 +277,38 @@ def _format_errors(err: ValidationError, cls: type, where: str) -> str:
     return "; ".join(lines)
 
 
+def _field_default(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
+def with_nested_defaults(cls: type, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` with every nested section it gives as a mapping completed from that field's own default, not
+    from the nested class's: R-DFCIL+'s ``drift`` defaults to the least-squares map in one pass while
+    ``DriftConfig`` itself defaults to LDC's 20-pass Adam fit, and ABD's ``inversion`` to a persistent generator,
+    so ``drift: {synthetic: true}`` means R-DFCIL+'s drift with synthetic images, not LDC's fit with them."""
+    out = dict(raw)
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        value, kind = out.get(field.name), hints.get(field.name)
+        if not isinstance(value, Mapping) or not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            continue
+        default = _field_default(field)
+        base = {f.name: getattr(default, f.name) for f in dataclasses.fields(kind)} if isinstance(default, kind) else {}
+        out[field.name] = with_nested_defaults(kind, {**base, **value})
+    return out
+
+
 def validate_section(cls: type[T], raw: Any, where: str) -> T:
-    """Decode ``raw`` (a mapping from YAML) into the dataclass ``cls``, strictly."""
+    """Decode ``raw`` (a mapping from YAML) into the dataclass ``cls``, strictly; a nested section given in part
+    keeps the rest of that field's default (:func:`with_nested_defaults`)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config section {where!r} must be a mapping of keys to values, got {quoted(raw)}")
     try:
-        return TypeAdapter(cls).validate_python(dict(raw))
+        return TypeAdapter(cls).validate_python(with_nested_defaults(cls, raw))
     except ValidationError as err:
         raise ConfigError(_format_errors(err, cls, where)) from None
 
