@@ -31,7 +31,7 @@ def write_run(root: Path, name: str, data: dict, method: dict, seed: int = 1, su
     """A run directory: config.yaml (the sections the report reads), summary.json unless None (unfinished)."""
     path = root / name
     path.mkdir(parents=True)
-    config = {"method": method, "data": {"root": f"/data/{name}", "base_classes": 0} | data, "seed": seed}
+    config = {"method": method, "data": {"root": "/data", "base_classes": 0} | data, "seed": seed}
     config |= {"train": {"epochs": 200}, "device": "cpu"}
     (path / "config.yaml").write_text(yaml.safe_dump(config))
     if summary is not None:
@@ -463,8 +463,74 @@ def test_against_refuses_what_it_cannot_pair(tmp_path, runs_root, capsys):
     with pytest.raises(ReportError, match=r"matches 2 groups of one setting.*method.lambda_hkd=5.0"):
         report(two, against="rdfcil")
     label = "rdfcil · cifar100 · n10 · method.lambda_hkd=0.15"
-    assert "| rdfcil · cifar100 · n10 · method.lambda_hkd=5.0 | rdfcil · method.lambda_hkd=0.15 | 1 |" in report(
-        two, against=label
-    )
+    one = report(two, against=label).split("| rdfcil · cifar100 · n10 · method.lambda_hkd=5.0 | rdfcil · method.")[1]
+    line = one.split("\n")[0]
+    assert line.startswith("lambda_hkd=0.15 | 1 |") and line.endswith("|  |")  # one pair: no spread, no mark
     assert main(["report", str(tmp_path / "runs"), "--against", "rdfcil"]) == 0
     assert "| lwf · cifar100 · n10 | rdfcil |" in capsys.readouterr().out
+
+
+def test_against_pairs_by_training_seed_and_counts_each_metric_own_pairs(tmp_path):
+    """Runs of one class order and two training seeds pair seed with seed; a reference run without forgetting
+    leaves that metric one pair short, which its cell says; Δ forgetting is run − reference (more is worse)."""
+    root = tmp_path / "runs"
+    for seed, (ref, run) in {1: ((40.0, 20.0), (43.0, 26.0)), 2: ((50.0, None), (51.0, 30.0))}.items():
+        write_run(root, f"rdfcil/s{seed}", C100_N10, {"name": "rdfcil"}, seed, summary(ref[0], 60.0, ref[1]))
+        write_run(root, f"lwf/s{seed}", C100_N10, {"name": "lwf"}, seed, summary(run[0], 60.0, run[1]))
+    rec = next(r for r in records(group_runs(find_runs([root])), against="rdfcil") if r["method"] == "lwf")
+    assert (rec["last_acc_vs_mean"], rec["last_acc_vs_std"], rec["last_acc_vs_n"]) == (2.0, 1.0, 2)  # 3, 1
+    assert (rec["forgetting_vs_mean"], rec["forgetting_vs_std"], rec["forgetting_vs_n"]) == (6.0, None, 1)
+    line = report(find_runs([root]), against="rdfcil").split("| lwf · cifar100 · n10 | rdfcil |")[1].split("\n")[0]
+    assert line == " 2 | +2.00 ± 1.00 | +0.00 ± 0.00 | +6.00 (1 pairs) | ✓ |"
+    rows = {r["method"]: r for r in csv.DictReader(io.StringIO(report(find_runs([root]), fmt="csv", against="rdfcil")))}
+    lwf = rows["lwf"]
+    assert rows["rdfcil"]["vs"] == "" and rows["rdfcil"]["last_acc_vs_mean"] == ""
+    assert float(lwf["last_acc_vs_mean"]) == 2.0 and float(lwf["forgetting_vs_mean"]) == 6.0 and lwf["vs"]
+
+
+def test_against_refuses_two_runs_of_one_order_and_seed(tmp_path):
+    """A run repeated (or runs that differ only in keys that never split a group, e.g. engine.compile) gives two
+    candidates for one pair: refused with both names, not paired with whichever was read last."""
+    root = tmp_path / "runs"
+    for order in (0, 1):
+        write_run(root, f"rdfcil/o{order}", C100_N10 | {"class_order_seed": order}, RDFCIL, summary=summary(40, 60))
+        write_run(
+            root, f"lwf/o{order}", C100_N10 | {"class_order_seed": order}, {"name": "lwf"}, summary=summary(45, 60)
+        )
+    again = write_run(root, "rdfcil/o0-again", C100_N10, RDFCIL, summary=summary(50.0, 60.0))
+    config = yaml.safe_load((again / "config.yaml").read_text()) | {"engine": {"compile": "default"}}
+    (again / "config.yaml").write_text(yaml.safe_dump(config))
+    assert len(group_runs(find_runs([root]))) == 2  # the compiled run joins its experiment
+    with pytest.raises(
+        ReportError, match=r"two finished runs of order seed 0, seed 1 \(runs/rdfcil/o0 and runs/rdfcil/o0-again\)"
+    ):
+        report(find_runs([root]), against="rdfcil")
+    with pytest.raises(ReportError, match="no other group shares a dataset and protocol"):
+        report(find_runs([root / "rdfcil"]), fmt="csv", against="rdfcil")  # CSV refuses as the table does
+
+
+def test_own_data_from_two_folders_is_never_averaged_and_pairs_within_its_folder(tmp_path):
+    """On own data the folder is the dataset: runs on two folders form two groups (labelled by data.root), and
+    --against pairs each with the reference on its own folder."""
+    root = tmp_path / "runs"
+    own = {"name": "folder", "num_tasks": 2}
+    for folder, (ref, run) in {"flowers": (40.0, 45.0), "birds": (20.0, 19.0)}.items():
+        for order in (0, 1):
+            data = own | {"root": f"/data/{folder}", "class_order_seed": order}
+            write_run(root, f"{folder}/rdfcil/o{order}", data, {"name": "rdfcil"}, summary=summary(ref + order, 50.0))
+            write_run(root, f"{folder}/lwf/o{order}", data, {"name": "lwf"}, summary=summary(run + 2 * order, 50.0))
+    groups = group_runs(find_runs([root]))
+    assert sorted((g.label, len(g.finished)) for g in groups) == [
+        ('lwf · folder · n2 · data.root="/data/birds"', 2),
+        ('lwf · folder · n2 · data.root="/data/flowers"', 2),
+        ('rdfcil · folder · n2 · data.root="/data/birds"', 2),
+        ('rdfcil · folder · n2 · data.root="/data/flowers"', 2),
+    ]
+    recs = {r["group"]: r for r in records(groups, against="rdfcil")}
+    flowers, birds = (
+        recs['lwf · folder · n2 · data.root="/data/flowers"'],
+        recs['lwf · folder · n2 · data.root="/data/birds"'],
+    )
+    assert (flowers["last_acc_vs_mean"], flowers["last_acc_vs_std"]) == (5.5, 0.5)  # 5, 6
+    assert (birds["last_acc_vs_mean"], birds["last_acc_vs_std"]) == (-0.5, 0.5)  # -1, 0
+    assert flowers["vs"].endswith('"/data/flowers"') and birds["vs"].endswith('"/data/birds"')

@@ -93,15 +93,14 @@ def pairing_key(run: Run) -> str:
     return f"{order_text}, seed {run.config.get('seed', 1)}"
 
 
-def references(groups: Sequence[Group], against: str) -> dict[tuple[str, str, str], Group]:
-    """The reference group of each dataset and protocol that has one: the group whose label is ``against``, or
-    else whose method (``rdfcil``, ``lwf[ldc]``) is. Two candidates in one setting (the same method under two
-    configs) are an error that lists their labels to choose from."""
-    by_setting: dict[tuple[str, str, str], list[Group]] = {}
+def references(groups: Sequence[Group], against: str) -> dict[tuple[str, ...], Group]:
+    """The reference group of each dataset and protocol that has one (:attr:`Group.comparable`): the group whose
+    label is ``against``, or else whose method (``rdfcil``, ``lwf[ldc]``) is. Two candidates in one setting (the
+    same method under two configs) are an error that lists their labels to choose from."""
+    by_setting: dict[tuple[str, ...], list[Group]] = {}
     exact = [g for g in groups if g.label == against]
     for g in exact or [g for g in groups if g.setting.method_label == against]:
-        s = g.setting
-        by_setting.setdefault((s.dataset, s.protocol, s.reduced), []).append(g)
+        by_setting.setdefault(g.comparable, []).append(g)
     if not by_setting:
         methods = sorted({g.setting.method_label for g in groups})
         raise ReportError(
@@ -115,18 +114,33 @@ def references(groups: Sequence[Group], against: str) -> dict[tuple[str, str, st
     return {key: candidates[0] for key, candidates in by_setting.items()}
 
 
+def _runs_by_pair(group: Group) -> dict[str, Run]:
+    """``group``'s finished runs by :func:`pairing_key`; two runs of one class order and seed (a run repeated, or
+    runs that differ only in keys that never split a group, such as ``engine.compile``) would make the pairs
+    ambiguous, and are an error naming both."""
+    out: dict[str, Run] = {}
+    for r in group.finished:
+        key = pairing_key(r)
+        if key in out:
+            raise ReportError(
+                f"--against: {group.label!r} has two finished runs of {key} ({out[key].name} and {r.name}), so "
+                f"which one to pair is ambiguous: report one of them (give the folders without the other)"
+            )
+        out[key] = r
+    return out
+
+
 def paired(group: Group, reference: Group, metric: str) -> tuple[Stat, int]:
     """``metric`` of each of ``group``'s finished runs minus that of the reference's run with the same class
-    order and training seed (:func:`pairing_key`): their mean ± std, and how many runs had no partner."""
-    ref = {pairing_key(r): v for r in reference.finished if (v := r.metric(metric)) is not None}
+    order and training seed (:func:`pairing_key`): their mean ± std over the pairs where both runs have the
+    metric, and how many of ``group``'s runs have no partner run at all."""
+    ref = _runs_by_pair(reference)
     diffs, alone = [], 0
-    for r in group.finished:
-        if (v := r.metric(metric)) is None:
-            continue
-        if (partner := ref.get(pairing_key(r))) is None:
+    for key, r in _runs_by_pair(group).items():
+        if (partner := ref.get(key)) is None:
             alone += 1
-        else:
-            diffs.append(v - partner)
+        elif (v := r.metric(metric)) is not None and (w := partner.metric(metric)) is not None:
+            diffs.append(v - w)
     return Stat.of(diffs), alone
 
 
@@ -162,7 +176,7 @@ def records(groups: Sequence[Group], against: str | None = None) -> list[dict[st
         rec["paper_row"] = f"{row.label} ({row.source})" + (" †" if row.own_protocol else "") if row else ""
         rec["paper_protocol"] = row.own_protocol if row else ""
         if against is not None:
-            ref = refs.get((s.dataset, s.protocol, s.reduced))
+            ref = refs.get(g.comparable)
             rec["vs"] = ref.label if ref is not None and ref is not g else ""
             rec["vs_short"] = (
                 " · ".join(p for p in (ref.setting.method_label, ref.config_label) if p) if rec["vs"] else ""
@@ -172,6 +186,8 @@ def records(groups: Sequence[Group], against: str | None = None) -> list[dict[st
                 rec |= {f"{metric}_vs_mean": stat.mean, f"{metric}_vs_std": stat.std, f"{metric}_vs_n": stat.n}
                 rec |= {f"{metric}_vs_unpaired": alone} if metric == "last_acc" else {}
         out.append(rec)
+    if against is not None and not any(rec["vs"] for rec in out):
+        raise ReportError(f"--against {against!r}: no other group shares a dataset and protocol with it")
     return out
 
 
@@ -246,10 +262,9 @@ def paired_table(recs: Sequence[dict[str, Any]], style: _Style) -> tuple[list[st
         n, alone = r["last_acc_vs_n"], r["last_acc_vs_unpaired"]
         row = [style.text(r["group"]), style.text(r["vs_short"]), str(n) + (f" (+{alone} unpaired)" if alone else "")]
         for m in PAIRED_METRICS:
-            mean, std = r[f"{m}_vs_mean"], r[f"{m}_vs_std"]
-            row.append(
-                "–" if mean is None else style.diff(mean, None) + (f"{style.pm}{std:.2f}" if std is not None else "")
-            )
+            mean, std, m_n = r[f"{m}_vs_mean"], r[f"{m}_vs_std"], r[f"{m}_vs_n"]
+            cell = "–" if mean is None else style.diff(mean, None) + (f"{style.pm}{std:.2f}" if std is not None else "")
+            row.append(cell + (f" ({m_n} pairs)" if mean is not None and m_n != n else ""))  # a metric some lack
         mean, std = r["last_acc_vs_mean"], r["last_acc_vs_std"]
         row.append("" if mean is None or std is None else style.yes if abs(mean) > std else style.no)
         rows.append(row)
@@ -258,7 +273,8 @@ def paired_table(recs: Sequence[dict[str, Any]], style: _Style) -> tuple[list[st
 
 PAIRED_NOTE = (
     "Paired: each run minus the reference run of the same class order and training seed, then mean ± std over the "
-    "pairs (population std); beyond spread: |mean| > std, which needs at least two pairs."
+    "pairs (population std); a positive Δ forgetting is more forgetting than the reference's. Beyond spread: "
+    "|mean| > std, which needs at least two pairs (left blank with one)."
 )
 
 
@@ -381,8 +397,6 @@ def report(
     text = render(head, rows, fmt)
     if against is not None:
         p_head, p_rows = paired_table(recs, style)
-        if not p_rows:
-            raise ReportError(f"--against {against!r}: no other group shares a dataset and protocol with it")
         text += ("\n" if fmt == "md" else "") + render(p_head, p_rows, fmt)
         notes = ["", PAIRED_NOTE, *notes]
     if fmt == "latex":
@@ -433,6 +447,7 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(report(runs, args.format, by, args.metric, args.against))
         if args.format == "csv":
             notes = footer(runs, group_runs(runs), _Style("csv"), args.metric if by is not None else None)
+            notes = [PAIRED_NOTE, *notes] if args.against is not None else notes
             print("".join(f"dfcil report: {n}\n" for n in notes if n), end="", file=sys.stderr)
         if args.plots:
             from dfcil.errors import PlotError

@@ -124,6 +124,13 @@ class Group:
     def values(self, metric: str) -> list[float]:
         return [v for r in self.finished if (v := r.metric(metric)) is not None]
 
+    @property
+    def comparable(self) -> tuple[str, str, str, str]:
+        """What two groups share to be compared run by run: dataset, protocol, how it was reduced, and for own
+        data (a dataset the paper never ran) the folder it was read from (``data.root``)."""
+        s = self.setting
+        return s.dataset, s.protocol, s.reduced, self.config.get("data.root", "")
+
     def dimension(self, name: str) -> str:
         s = self.setting
         return {"method": s.method_label, "dataset": s.dataset, "protocol": s.protocol_label}.get(
@@ -196,12 +203,15 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     """Runs grouped by everything but class order, training seed and runtime keys, in the paper's order. A key
     outside the method section that a run's config lacks (saved by a dfcil before the key existed) counts as its
     default, so that such a run joins the later runs of its experiment; the method section is compared as saved
-    (its defaults are the methods' own, and the report imports no method)."""
+    (its defaults are the methods' own, and the report imports no method). On own data (a dataset the paper never
+    ran, e.g. ``folder``) the data's folder is the dataset, so ``data.root`` splits groups there: runs on two
+    folders of images are never averaged together."""
     groups: dict[tuple[Setting, tuple[tuple[str, str], ...]], Group] = {}
     defaults = _flat(section_defaults())
     for run in runs:
         setting = setting_of(run.config)
-        flat = {k: v for k, v in (defaults | _flat(run.config)).items() if k not in SAME_EXPERIMENT}
+        kept = {"data.root"} if not setting.in_paper else set()
+        flat = {k: v for k, v in (defaults | _flat(run.config)).items() if k not in SAME_EXPERIMENT or k in kept}
         key = (setting, tuple(sorted(flat.items())))
         groups.setdefault(key, Group(setting, flat, [])).runs.append(run)
     by_setting: dict[Setting, list[Group]] = {}
