@@ -575,6 +575,8 @@ def test_random_streams_from_another_kind_of_device_are_refused_before_any_is_se
         (("checkpoint_interval_s", "5"), True),
         (("method.name", "finetune"), False),  # smoke: rdfcil's task 0 is epochs - chr_epochs long, finetune's not
         (("method.lambda_hkd", "0.3"), True),  # a later-task weight
+        (("data.image_size", "16"), False),  # the same classes at another size
+        (("data.mean", "[0.4, 0.4, 0.4]"), False),  # another normalisation
     ],
 )
 def test_shared_first_task_key_follows_what_shapes_task_0(override, shares):
@@ -586,6 +588,37 @@ def test_shared_first_task_key_follows_what_shapes_task_0(override, shares):
         return task0_key(cfg, prepare(cfg))
 
     assert (key(override) == key()) is shares
+
+
+def test_shared_first_task_key_follows_the_images_and_the_code(monkeypatch):
+    """Two datasets with the same classes by number (own data from two folders, or a folder whose images changed)
+    train other first-task models, and so does other code: each gives another key."""
+    import dataclasses
+
+    import dfcil.task0
+    from dfcil.data.datasets import ImageArrays
+    from dfcil.protocol import prepare
+    from dfcil.task0 import task0_key
+
+    cfg = load_config([SMOKE], [])[0]
+    protocol = prepare(cfg)
+    key = task0_key(cfg, protocol)
+    ds = protocol.dataset
+    x = ds.train.x.copy()
+    x[:: max(1, len(x) // 8)] ^= 1  # a few pixels of a few images
+    changed = dataclasses.replace(protocol, dataset=dataclasses.replace(ds, train=ImageArrays(x, ds.train.y)))
+    assert task0_key(cfg, changed) != key
+    renamed = dataclasses.replace(
+        protocol, dataset=dataclasses.replace(ds, classes=tuple(f"c{i}" for i in range(ds.num_classes)))
+    )
+    assert task0_key(cfg, renamed) != task0_key(
+        cfg,
+        dataclasses.replace(
+            renamed, dataset=dataclasses.replace(renamed.dataset, classes=tuple(f"d{i}" for i in range(ds.num_classes)))
+        ),
+    )
+    monkeypatch.setattr(dfcil.task0, "source_revision", lambda: "0.1.0+another")
+    assert task0_key(cfg, protocol) != key
 
 
 def test_a_missing_or_foreign_static_file_is_reported_and_the_previous_checkpoint_tried(tmp_path):

@@ -26,7 +26,6 @@ import os
 import platform
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -59,19 +58,9 @@ from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, prepare
 from dfcil.runtime import resolve_device
 from dfcil.state import Interrupt
-from dfcil.version import __version__
+from dfcil.version import __version__, git
 
 log = logging.getLogger("dfcil")
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10, check=True
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip()
 
 
 def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -80,8 +69,8 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
     device = resolve_device(cfg.device)
     return {
         "dfcil": __version__,
-        "git_sha": _git("rev-parse", "HEAD"),
-        "git_diff_stat": _git("diff", "--stat", "HEAD"),
+        "git_sha": git("rev-parse", "HEAD"),
+        "git_diff_stat": git("diff", "--stat", "HEAD"),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "numpy": numpy.__version__,

@@ -2,7 +2,8 @@
 engine, and a method whose first task is the same loss) share one trained task-0 model through ``task0_cache``.
 
 A run that finds its model there starts at task 1; one that does not stores its own at the end of task 0. The key
-is a digest of everything that shapes the model and the random streams at the end of task 0.
+is a digest of everything that shapes the model and the random streams at the end of task 0: the data (its
+first-task classes, images and how they are fed), the model, schedule, seed and engine, and the code's revision.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from dfcil.checkpoint import FORMAT, dumps, loads
 from dfcil.config import RunConfig, config_to_dict
+from dfcil.data.device import class_indices
 from dfcil.distributed import Dist
 from dfcil.errors import CheckpointError
 from dfcil.io import write_atomic
@@ -23,7 +25,7 @@ from dfcil.loop import Callback, Loop
 from dfcil.methods import METHODS, Method, Task, build_method
 from dfcil.protocol import Protocol
 from dfcil.runtime import resolve_device
-from dfcil.version import __version__
+from dfcil.version import source_revision
 
 log = logging.getLogger("dfcil")
 
@@ -39,9 +41,10 @@ def task0_key(cfg: RunConfig, protocol: Protocol, method: Method | None = None) 
     split, data, raw = protocol.split, cfg.data, config_to_dict(cfg)
     first = Task(task_id=0, n_old=0, n_new=split.offsets[1], num_tasks=split.num_tasks)
     fields = {
-        "dfcil": __version__,
+        "code": source_revision(),  # a model trained by other code is another model
         "dataset": protocol.dataset.name,
         "task0_classes": split.tasks[0],
+        "task0_data": _task0_data(protocol, data.train_per_class),
         "train_per_class": data.train_per_class,
         "test_per_class": data.test_per_class,
         "model": raw["model"],
@@ -57,6 +60,29 @@ def task0_key(cfg: RunConfig, protocol: Protocol, method: Method | None = None) 
         "phases": [dataclasses.asdict(p) | {"name": None} for p in method.phases(first)],
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+
+
+# first-task training images whose pixels enter the key: enough to tell two datasets (or two versions of one) apart
+# without reading a large first task
+SAMPLED_IMAGES = 64
+
+
+def _task0_data(protocol: Protocol, per_class: int | None) -> dict[str, Any]:
+    """What the first task's model sees of its data: the classes' names, the image size and normalisation, the
+    number of training images and a digest of an even sample of them (own data of the same class count, two
+    versions of one folder, or another image size are other models)."""
+    ds, split = protocol.dataset, protocol.split
+    idx = class_indices(ds.train, split.label_map(ds.num_classes), range(split.offsets[1]), per_class)
+    sample = idx[:: max(1, len(idx) // SAMPLED_IMAGES)][:SAMPLED_IMAGES]
+    digest = hashlib.sha256()
+    for i in sample:
+        digest.update(ds.train.x[i].tobytes())
+        digest.update(int(ds.train.y[i]).to_bytes(8, "little", signed=True))
+    return {
+        "classes": [ds.classes[c] for c in split.tasks[0]] if ds.classes else [],
+        "image_size": ds.image_size, "mean": list(ds.mean), "std": list(ds.std),
+        "train_images": len(idx), "sample": digest.hexdigest(),
+    }  # fmt: skip
 
 
 class Task0Cache(Callback):

@@ -1,3 +1,32 @@
-"""dfcil's version, in a module of its own so that any module may record it without importing the package's API."""
+"""dfcil's version, in a module of its own so that any module may record it without importing the package's API,
+and the revision of the source a result comes from."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
 
 __version__ = "0.1.0"
+
+
+def git(*args: str) -> str | None:
+    """``git ARGS`` run in this package's folder: its output, or None where the package is no git checkout (an
+    installed wheel) or git is missing."""
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def source_revision() -> str:
+    """The code that computes a result: the version, and where the package is a git checkout its commit and a
+    digest of its uncommitted changes to the package's own files (so that an edited checkout is another revision)."""
+    sha = git("rev-parse", "HEAD")
+    if sha is None:
+        return __version__
+    diff = git("diff", "HEAD", "--", ".") or ""
+    return f"{__version__}+{sha}" + (f"+{hashlib.sha256(diff.encode()).hexdigest()[:16]}" if diff else "")
