@@ -102,7 +102,10 @@ def test_method_cross_field_check():
 def test_switching_method_drops_the_old_methods_keys(tmp_path):
     cfg, dropped = load_config([CONFIGS / "smoke.yaml"], [("method.name", "finetune")])
     assert cfg.method.name == "finetune"
-    assert dropped == ["method.chr_epochs", "method.inversion"]
+    assert dropped == [
+        "method.chr_epochs dropped (not a key of finetune)",
+        "method.inversion dropped (not a key of finetune)",
+    ]
     # keys given on the command line are never dropped silently
     with pytest.raises(ConfigError, match="--method.chr_epochs: a setting of rdfcil, the method of the config files"):
         load_config([CONFIGS / "smoke.yaml"], [("method.name", "finetune"), ("method.chr_epochs", "2")])
@@ -247,3 +250,52 @@ def test_each_rdfcil_plus_ablation_overlay_changes_only_what_its_header_says():
         "rdfcil_plus_no_drift": {"kind": "none"},
     }.items():
         assert drift(name) == full | {"drift": full["drift"] | changed}, name
+
+
+def test_an_empty_section_in_a_later_file_changes_nothing(tmp_path):
+    """A section whose keys are all commented out is null in YAML: it must not reset the base file's section."""
+    overlay = tmp_path / "o.yaml"
+    overlay.write_text("method:\n  name: abd\ndata:\n  # num_classes: 10\n")
+    cfg, _ = load_config([CONFIGS / "cifar100-mini.yaml", overlay])
+    assert (cfg.data.num_classes, cfg.data.num_tasks, cfg.data.train_per_class) == (20, 4, 250)
+    overlay.write_text("method:\n")  # an empty method section keeps the base's method and its keys
+    base = load_config([CONFIGS / "cifar100-mini" / "lwf.yaml"])[0].method
+    assert load_config([CONFIGS / "cifar100-mini" / "lwf.yaml", overlay])[0].method == base
+
+
+def test_a_section_on_the_command_line_merges_as_a_files_would():
+    cfg, _ = load_config([CONFIGS / "cifar100-mini.yaml"], [("method.inversion", "{lr: 0.002}")])
+    assert cfg.method.inversion.lr == 0.002 and cfg.method.inversion.steps == 80  # the file's steps stay
+
+
+def test_an_explicit_class_order_refuses_a_class_order_seed():
+    """A preset with data.class_order (ImageNet-100's) trains that order whatever the seed: a sweep over seeds
+    would give three identical runs, so a seed beside an explicit order is an error that says how to draw one."""
+    with pytest.raises(ConfigError, match=r"data.class_order is given, so data.class_order_seed \(1\) would be "
+                       r"ignored.*set data.class_order: null"):  # fmt: skip
+        load_config([CONFIGS / "imagenet100" / "rdfcil_n5.yaml"], [("data.class_order_seed", "1")])
+    cfg, _ = load_config(
+        [CONFIGS / "imagenet100" / "rdfcil_n5.yaml"], [("data.class_order", "null"), ("data.class_order_seed", "1")]
+    )
+    assert cfg.data.class_order is None and cfg.data.class_order_seed == 1
+
+
+def test_non_finite_numbers_are_refused():
+    for key in ("train.lr", "method.lambda_hkd", "train.momentum"):
+        for value in (".inf", ".nan", "-.inf"):
+            with pytest.raises(ConfigError, match=f"{key}: Input should be (a finite number|greater)"):
+                load_config([], [(key, value)])  # nan fails the bound first, with its own words
+
+
+def test_switching_method_notes_the_keys_kept_away_from_the_new_methods_defaults():
+    """lwf_ldc's KD weight 10 stays 10 when the method is switched to DeepInversion (default 1): said, not silent;
+    a value the switching source gives itself is its own choice and not noted."""
+    _, notes = load_config([CONFIGS / "cifar100" / "lwf_ldc_n5.yaml"], [("method.name", "deepinversion")])
+    assert "method.lambda_kd kept at 10.0 (deepinversion's default: 1.0)" in notes
+    assert "method.ldc dropped (not a key of deepinversion)" in notes
+    _, notes = load_config(
+        [CONFIGS / "cifar100" / "lwf_ldc_n5.yaml"], [("method.name", "deepinversion"), ("method.lambda_kd", "10")]
+    )
+    assert not any(n.startswith("method.lambda_kd") for n in notes)
+    _, notes = load_config([CONFIGS / "cifar100" / "abd_faithful_n5.yaml"], [("method.name", "rdfcil")])
+    assert "method.inversion.persistent kept at True (rdfcil's default: False)" in notes

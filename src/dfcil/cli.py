@@ -385,7 +385,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
 
     cfg, dropped = load_config(args.config, overrides, plugins=args.plugin)
     if dropped:
-        log.warning("method switched to %r: ignoring the config file's %s", cfg.method.name, ", ".join(dropped))
+        log.warning("method switched to %r: %s", cfg.method.name, "; ".join(dropped))
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0

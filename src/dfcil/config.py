@@ -34,14 +34,14 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-# A YAML `true` is not the number 1, nor `3.0` an epoch count. Floats stay lax otherwise: YAML reads `1e-2` (no dot)
-# as a string, which they take as the number it spells.
+# A YAML `true` is not the number 1, nor `3.0` an epoch count, nor `.inf` a learning rate. Floats stay lax otherwise:
+# YAML reads `1e-2` (no dot) as a string, which they take as the number it spells.
 Int = Annotated[int, Strict()]
-Float = Annotated[float, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)]
 PositiveInt = Annotated[int, Strict(), Field(ge=1)]
 NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
-PositiveFloat = Annotated[float, BeforeValidator(_not_bool), Field(gt=0)]
-NonNegativeFloat = Annotated[float, BeforeValidator(_not_bool), Field(ge=0)]
+PositiveFloat = Annotated[float, BeforeValidator(_not_bool), Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, BeforeValidator(_not_bool), Field(ge=0, allow_inf_nan=False)]
 Seed = Annotated[int, Strict(), Field(ge=0, lt=2**63)]  # what torch.manual_seed takes
 
 
@@ -92,6 +92,14 @@ class DataConfig:
     # prepare the decoded-image cache again from the source, replacing the old one (a stale or foreign cache is
     # refused otherwise); runtime only, and saved as false: a resume does not rebuild again unless asked
     rebuild: bool = False
+
+    def __post_init__(self) -> None:
+        if self.class_order is not None and self.class_order_seed != 0:
+            raise ValueError(
+                f"data.class_order is given, so data.class_order_seed ({self.class_order_seed}) would be ignored and "
+                f"every seed would train the same order; set data.class_order: null to draw the order from the seed "
+                f"(or leave the seed at 0 to train the given order)"
+            )
 
 
 @configclass
@@ -410,8 +418,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge ``update`` into ``base`` recursively (mappings merge, everything else replaces); returns ``base``."""
+    """Merge ``update`` into ``base`` recursively (mappings merge, everything else replaces); returns ``base``. An
+    empty section (``data:`` with every key commented out, which YAML reads as null) over a section changes
+    nothing: it would otherwise reset the whole section to its defaults."""
     for key, value in update.items():
+        if value is None and isinstance(base.get(key), dict):
+            continue
         if isinstance(value, Mapping) and isinstance(base.get(key), dict):
             deep_merge(base[key], value)
         else:
@@ -441,7 +453,10 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {key!r}: {part!r} is not a section")
         node = child
-    node[parts[-1]] = value
+    if isinstance(value, Mapping) and isinstance(node.get(parts[-1]), dict):  # a section on the command line merges
+        deep_merge(node[parts[-1]], value)  # into the files' as another file's would
+    else:
+        node[parts[-1]] = value
 
 
 # --------------------------------------------------------------------------------------------------- saving

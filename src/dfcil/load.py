@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,39 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
     return RunConfig(method=method_cfg, **kwargs)
 
 
-def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
-    """Set ``method.name``; if that switches to another method, drop the method keys it does not have."""
+def _plain_default(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        value = None if field.default is dataclasses.MISSING else field.default
+    return json.loads(json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value))
+
+
+def _kept(section: Mapping[str, Any], defaults: Mapping[str, Any], prefix: str) -> list[tuple[str, Any, Any]]:
+    """(key, value, default) of each key of ``section`` whose value is not the new method's default."""
+    out = []
+    for key, value in section.items():
+        default = defaults.get(key)
+        if isinstance(value, Mapping) and isinstance(default, Mapping):
+            out += _kept(value, default, f"{prefix}{key}.")
+        elif json.loads(json.dumps(value, default=str)) != default:
+            out.append((f"{prefix}{key}", value, default))
+    return out
+
+
+def _dotted(tree: Mapping[str, Any], prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in tree.items():
+        out |= _dotted(value, f"{prefix}{key}.") if isinstance(value, Mapping) else {f"{prefix}{key}"}
+    return out
+
+
+def _switch_method(raw: dict[str, Any], name: Any, given: set[str] = frozenset()) -> list[str]:
+    """Set ``method.name``; if that switches to another method, drop the method keys it does not have. Returns what
+    the switch did to the keys gathered so far, as notes for the user: each key dropped, and each key kept at a
+    value other than the new method's default (a preset's ``lambda_kd: 10`` stays 10 for the method switched to,
+    which may not be what a user switching methods expects); keys that the switching source sets itself
+    (``given``, dotted) are its own choice and not noted."""
     if not isinstance(name, str):
         raise ConfigError(f"method.name must be a method's name (a string), got {quoted(name)}; see `dfcil methods`")
     section = raw.setdefault("method", {})
@@ -103,11 +135,17 @@ def _switch_method(raw: dict[str, Any], name: Any) -> list[str]:
     section["name"] = name
     if name == old or name not in METHODS:
         return []
-    fields = {f.name for f in dataclasses.fields(METHODS.get(name).Config)}
+    fields = {f.name: f for f in dataclasses.fields(METHODS.get(name).Config)}
     dropped = sorted(k for k in section if k not in fields)
     for key in dropped:
         del section[key]
-    return [f"method.{k}" for k in dropped]
+    defaults = {k: _plain_default(f) for k, f in fields.items()}
+    kept = [
+        k for k in _kept({k: v for k, v in section.items() if k != "name"}, defaults, "method.") if k[0] not in given
+    ]
+    return [f"method.{k} dropped (not a key of {name})" for k in dropped] + [
+        f"{k} kept at {quoted(v)} ({name}'s default: {quoted(d)})" for k, v, d in kept
+    ]
 
 
 def load_config(
@@ -120,14 +158,16 @@ def load_config(
 
     Sources apply in order. When one switches ``method.name`` (a later file, or ``--method.name``), the method
     keys gathered so far that the new method does not accept are dropped, so ``--config rdfcil.yaml --method.name
-    finetune`` and ``--config cifar100-mini.yaml --config cifar100-mini/lwf.yaml`` work; the dropped names are
-    returned so the caller can say so. Keys given by the switching source itself are never dropped.
+    finetune`` and ``--config cifar100-mini.yaml --config cifar100-mini/lwf.yaml`` work. What a switch did is
+    returned so the caller can say so: each key dropped, and each key kept at a value other than the new method's
+    default. Keys given by the switching source itself are never dropped.
 
     ``plugins`` (``--plugin``) add to the ``plugins`` the sources list; all of them are imported first, so that a
     method they define can be switched to.
 
     Returns:
-        The config and the list of dropped ``method.*`` keys.
+        The config and the notes on method switches (``"method.chr_epochs dropped (not a key of finetune)"``,
+        ``"method.lambda_kd kept at 10.0 (lwf's default: 1.0)"``).
     """
     raw: dict[str, Any] = deep_merge({}, base or {})
     dropped: list[str] = []
@@ -143,13 +183,13 @@ def load_config(
             )
         name = method.get("name")
         if name is not None:
-            dropped += _switch_method(raw, name)
+            dropped += _switch_method(raw, name, _dotted(method, "method."))
         deep_merge(raw, data)
     section = raw.get("method")
     files_method = section.get("name", DEFAULT_METHOD) if isinstance(section, dict) else DEFAULT_METHOD
     for key, text in overrides:  # a method switch first, so that the other overrides land in the new method
         if key == "method.name":
-            dropped += _switch_method(raw, parse_value(text))
+            dropped += _switch_method(raw, parse_value(text), {k for k, _ in overrides})
     for key, text in overrides:
         if key != "method.name":
             set_dotted(raw, key, parse_value(text))
