@@ -192,3 +192,45 @@ def test_slurm_launcher_starts_a_run_of_two_processes_under_torchrun(tmp_path):
     lines = (out / "smoke" / "metrics.jsonl").read_text().splitlines()
     assert len([x for x in lines if '"type": "task"' in x]) == 2  # two tasks, each recorded once
     assert json.loads((out / "smoke" / "meta.json").read_text())["processes"] == 2
+
+
+def _saved_run(out: Path, name: str, files: list[str], overrides: list[tuple[str, str]]) -> None:
+    """A run directory as `dfcil train` leaves it before its first checkpoint: its config.yaml."""
+    from dfcil.config import dump_config, with_absolute_paths
+
+    (out / name).mkdir(parents=True)
+    (out / name / "config.yaml").write_text(dump_config(with_absolute_paths(load_config(files, overrides)[0])))
+
+
+def test_a_sweep_that_would_train_existing_runs_again_under_new_names_is_refused(tmp_path, capsys):
+    """Run names come from what varies: adding a config renames 'seed=1' to 'smoke-seed=1'. Without the check
+    the finished runs trained again beside the old ones, and a report counted both."""
+    out = tmp_path / "sweep"
+    for seed in (1, 2):
+        _saved_run(out, f"seed={seed}", ["configs/smoke.yaml"], [("seed", str(seed))])
+    (out / "sweep.json").write_text(json.dumps({"format": 1, "runs": []}))
+    other = tmp_path / "other.yaml"
+    other.write_text("train:\n  batch_size: 16\n")
+    args = ["sweep", "--config", "configs/smoke.yaml", "--config", f"configs/smoke.yaml+{other}", "--grid", "seed=1,2"]
+    assert main([*args, "--out", str(out), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'seed=1'} already holds the run this sweep names 'smoke-seed=1'" in err and "--out" in err
+    # the same configs under the names they had are fine, and so is a sweep of other configs sharing the directory
+    assert main(["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), "--dry-run"]) == 0
+    assert main(["sweep", "--config", str(other), "--out", str(out), "--dry-run"]) == 0
+
+
+def test_sweep_json_keeps_the_records_of_runs_another_sweep_planned(tmp_path):
+    """Two sweeps of other configs into one directory (names that do not clash): the second one's sweep.json still
+    lists the first one's runs, with their results."""
+    from dfcil.sweep.state import Sweep
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    earlier = {"name": "finetune", "state": "done", "result": {"last_acc": 5.5}, "config": {"seed": 1}}
+    (out / "sweep.json").write_text(json.dumps({"format": 1, "runs": [earlier]}))
+    runs = plan([["configs/smoke.yaml"]])
+    sweep = Sweep(out, runs, ["dfcil", "sweep"], "local")
+    sweep.save()
+    records = _records(out)
+    assert records["finetune"] == earlier and set(records) == {"finetune", runs[0].name}

@@ -186,25 +186,44 @@ def _image_size(cfg: RunConfig) -> int:
 
 
 def check_existing(runs: Sequence[SweepRun], out: Path) -> None:
-    """Refuse a sweep directory whose run directories hold runs with other configs (one clear error, up front)."""
+    """Refuse a sweep directory whose run directories hold runs with other configs, or a run of this sweep under
+    another name (one clear error, up front)."""
     from dfcil.load import load_config
+
+    def saved_config(saved: Path) -> dict[str, Any]:
+        try:
+            return config_to_dict(with_absolute_paths(load_config([saved])[0]))
+        except ConfigError as err:
+            raise ConfigError(
+                f"{saved} cannot be read ({err}); move the directory away or choose another --out"
+            ) from None
 
     for r in runs:
         saved = out / r.name / "config.yaml"
         if not saved.exists():
             continue
-        try:
-            old = config_to_dict(with_absolute_paths(load_config([saved])[0]))
-        except ConfigError as err:
-            raise ConfigError(
-                f"{saved} cannot be read ({err}); move the directory away or choose another --out"
-            ) from None
-        changed = changed_keys(old, r.config)
+        changed = changed_keys(saved_config(saved), r.config)
         if changed:
             raise ConfigError(
                 f"{out / r.name} holds a run with another config ({', '.join(changed[:5])}); this is not the sweep "
                 f"that made {out}: choose another --out"
             )
+    # A sweep names its runs after what varies, so the same runs under a command that varies other things (a
+    # config or a grid value added) get other names: they would train again beside the finished ones, and a
+    # report would count each twice.
+    new = [r for r in runs if not (out / r.name).exists()]
+    names = {r.name for r in runs}
+    others = sorted(p for p in out.glob("*/config.yaml") if p.parent.name not in names) if new and out.is_dir() else []
+    for saved in others:
+        old = saved_config(saved)
+        for r in new:
+            if not changed_keys(old, r.config):
+                raise ConfigError(
+                    f"{saved.parent} already holds the run this sweep names {r.name!r}: a sweep names its runs after "
+                    f"what varies, and this command varies other things than the one that made {out}. Run that "
+                    f"command again (a sweep of other configs can share the directory when their names stay the "
+                    f"same), or give this sweep its own --out"
+                )
 
 
 def run_status(run_dir: Path) -> str:

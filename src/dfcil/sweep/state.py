@@ -25,6 +25,10 @@ class Sweep:
         old = self._load()
         for r in runs:
             r.job_id = old.get(r.name, {}).get("job_id")
+        names = {r.name for r in runs}
+        # runs of earlier sweeps into this directory that this one does not plan (other configs sharing it): their
+        # records stay in sweep.json as they were
+        self.others = [record for name, record in old.items() if name not in names]
 
     def _load(self) -> dict[str, dict[str, Any]]:
         path = self.out / "sweep.json"
@@ -42,7 +46,7 @@ class Sweep:
                 "format": FORMAT,
                 "command": self.command,
                 "launcher": self.launcher,
-                "runs": [r.record() for r in self.runs],
+                "runs": [r.record() for r in self.runs] + self.others,
             },
         )
 
