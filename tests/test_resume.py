@@ -724,3 +724,27 @@ def test_a_checkpoint_written_before_a_config_key_existed_resumes(tmp_path):
         (tmp_path / "b" / "checkpoints").mkdir(parents=True)
         (tmp_path / "b" / "checkpoints" / "last.pt").write_bytes(dumps(payload | {"config": edited}))
         Checkpointing(tmp_path / "b", cfg).load()
+
+
+def test_a_run_is_not_resumed_on_other_data_than_it_started_on(tmp_path):
+    """data.root may change on resume (the data moved); the data may not. meta.json records what the run trains on
+    (class names, image size, normalisation, image count, a digest of sampled images); a resume that finds other
+    data is refused before anything is written."""
+    import json as _json
+
+    from dfcil.errors import ConfigError
+    from dfcil.protocol import prepare
+    from dfcil.runner import check_same_data, resume
+
+    cfg, out = _unfinished(tmp_path, epochs=1)
+    meta = _json.loads((out / "meta.json").read_text())
+    assert set(meta["data"]) == {"classes", "image_size", "mean", "std", "train_images", "images"}
+    last = (out / "checkpoints" / "last.pt").read_bytes()
+    meta["data"]["images"] = "0" * 64  # as if the folder held other images now
+    (out / "meta.json").write_text(_json.dumps(meta))
+    with pytest.raises(ConfigError, match=r"was trained on other data than .* holds \(its images differ\): resume it"):
+        resume(out, options=RunOptions(progress=False))
+    assert (out / "checkpoints" / "last.pt").read_bytes() == last and not (out / "summary.json").exists()
+    del meta["data"]  # a run recorded before meta.json held its data: not checked
+    (out / "meta.json").write_text(_json.dumps(meta))
+    check_same_data(out, cfg, prepare(cfg))

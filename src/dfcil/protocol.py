@@ -7,6 +7,7 @@ protocol, device), so that bad input is refused before a run directory exists.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,25 @@ class Protocol:
         offsets, lut = self.split.offsets, self.split.label_map(self.dataset.num_classes)
         labels = range(0 if seen else offsets[task], offsets[task + 1])
         return to_device(self.dataset.train, lut, class_indices(self.dataset.train, lut, labels, per_class), device)
+
+    def data_identity(self, per_class: int | None, tasks: int | None = None, sample: int = 256) -> dict[str, Any]:
+        """What the first ``tasks`` tasks (all by default; at most ``per_class`` images of each class, the config's
+        ``data.train_per_class``) train on, independent of where the data lies: the
+        classes' names in order, the image size and normalisation, the training images' count and a digest of
+        ``sample`` of them spread evenly (pixels and labels). Another dataset, or another version of one, differs."""
+        ds, split = self.dataset, self.split
+        tasks = split.num_tasks if tasks is None else tasks
+        classes = split.class_order[: split.offsets[tasks]]
+        idx = class_indices(ds.train, split.label_map(ds.num_classes), range(split.offsets[tasks]), per_class)
+        digest = hashlib.sha256()
+        for i in idx[:: max(1, len(idx) // sample)][:sample]:
+            digest.update(ds.train.x[i].tobytes())
+            digest.update(int(ds.train.y[i]).to_bytes(8, "little", signed=True))
+        return {
+            "classes": [ds.classes[c] for c in classes] if ds.classes else [],
+            "image_size": ds.image_size, "mean": list(ds.mean), "std": list(ds.std),
+            "train_images": len(idx), "images": digest.hexdigest(),
+        }  # fmt: skip
 
 
 def check_engine(cfg: RunConfig, method: Any) -> None:

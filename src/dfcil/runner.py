@@ -194,6 +194,7 @@ def _start(
     protocol = protocol or prepare(cfg, make_progress(options.progress))
     options = dataclasses.replace(options, callbacks=[*build_loggers(cfg.log, out), *options.callbacks])
     if not new:
+        check_same_data(out, cfg, protocol)
         with locked(out):
             if (out / "summary.json").exists():  # finished by another process since resume() looked
                 raise ConfigError(f"the run in {out} is complete (summary.json exists); nothing to resume")
@@ -214,13 +215,38 @@ def _start(
             )
         try:
             write_atomic(out / "config.yaml", dump_config(cfg))
-            write_json(out / "meta.json", provenance(cfg, options.argv))
+            write_json(out / "meta.json", provenance(cfg, options.argv) | {"data": data_of(cfg, protocol)})
             dist.barrier()  # the other processes follow once the run directory exists (_follow)
             return _execute(cfg, out, protocol, False, options)
         except BaseException:
             if not Checkpointer(out).exists():  # failed before its first checkpoint: nothing to resume, leave nothing
                 _remove_new_run_dir(out, created)
             raise
+
+
+def data_of(cfg: RunConfig, protocol: Protocol) -> dict[str, Any]:
+    """What the run trains on, wherever it lies (:meth:`Protocol.data_identity`), recorded in ``meta.json``."""
+    return protocol.data_identity(cfg.data.train_per_class)
+
+
+def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> None:
+    """Refuse to continue a run on other data than it started on. ``data.root`` may change on resume (the data
+    moved to another disk or machine), but on own data the folder is the dataset: another folder, or images
+    changed in place, would continue the run on other images. Runs whose ``meta.json`` predates the record are
+    not checked."""
+    try:
+        saved = json.loads((out / "meta.json").read_text()).get("data")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not saved:
+        return
+    now = data_of(cfg, protocol)
+    differ = [key for key in now if now[key] != saved.get(key)]
+    if differ:
+        raise ConfigError(
+            f"{out} was trained on other data than {protocol.dataset.source} holds (its {', '.join(differ)} "
+            f"differ): resume it with --data.root pointing at the data it started on, or start a new run"
+        )
 
 
 def _make_run_dir(out: Path) -> bool:

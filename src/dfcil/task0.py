@@ -17,7 +17,6 @@ from typing import Any
 
 from dfcil.checkpoint import FORMAT, dumps, loads
 from dfcil.config import RunConfig, config_to_dict
-from dfcil.data.device import class_indices
 from dfcil.distributed import Dist
 from dfcil.errors import CheckpointError
 from dfcil.io import write_atomic
@@ -44,7 +43,7 @@ def task0_key(cfg: RunConfig, protocol: Protocol, method: Method | None = None) 
         "code": source_revision(),  # a model trained by other code is another model
         "dataset": protocol.dataset.name,
         "task0_classes": split.tasks[0],
-        "task0_data": _task0_data(protocol, data.train_per_class),
+        "task0_data": protocol.data_identity(data.train_per_class, tasks=1, sample=64),  # not where it lies
         "train_per_class": data.train_per_class,
         "test_per_class": data.test_per_class,
         "model": raw["model"],
@@ -60,29 +59,6 @@ def task0_key(cfg: RunConfig, protocol: Protocol, method: Method | None = None) 
         "phases": [dataclasses.asdict(p) | {"name": None} for p in method.phases(first)],
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
-
-
-# first-task training images whose pixels enter the key: enough to tell two datasets (or two versions of one) apart
-# without reading a large first task
-SAMPLED_IMAGES = 64
-
-
-def _task0_data(protocol: Protocol, per_class: int | None) -> dict[str, Any]:
-    """What the first task's model sees of its data: the classes' names, the image size and normalisation, the
-    number of training images and a digest of an even sample of them (own data of the same class count, two
-    versions of one folder, or another image size are other models)."""
-    ds, split = protocol.dataset, protocol.split
-    idx = class_indices(ds.train, split.label_map(ds.num_classes), range(split.offsets[1]), per_class)
-    sample = idx[:: max(1, len(idx) // SAMPLED_IMAGES)][:SAMPLED_IMAGES]
-    digest = hashlib.sha256()
-    for i in sample:
-        digest.update(ds.train.x[i].tobytes())
-        digest.update(int(ds.train.y[i]).to_bytes(8, "little", signed=True))
-    return {
-        "classes": [ds.classes[c] for c in split.tasks[0]] if ds.classes else [],
-        "image_size": ds.image_size, "mean": list(ds.mean), "std": list(ds.std),
-        "train_images": len(idx), "sample": digest.hexdigest(),
-    }  # fmt: skip
 
 
 class Task0Cache(Callback):
