@@ -245,6 +245,10 @@ def test_changed_protocol_is_refused_runtime_keys_are_not(reference, tmp_path, c
     runtime = ["--device", "cpu", "--checkpoint_interval_s", "5", "--engine.cuda_graphs", "check"]
     assert main([*args, *runtime]) == 0  # runtime keys may change
     assert_same_run(reference, out)
+    meta = json.loads((out / "meta.json").read_text())  # the continuation is on record, with its code
+    assert [r["code"] for r in meta["resumes"]] == [meta["code"]] and "--checkpoint_interval_s" in meta["resumes"][0][
+        "argv"
+    ]
 
 
 @pytest.mark.parametrize(

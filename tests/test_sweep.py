@@ -234,3 +234,11 @@ def test_sweep_json_keeps_the_records_of_runs_another_sweep_planned(tmp_path):
     sweep.save()
     records = _records(out)
     assert records["finetune"] == earlier and set(records) == {"finetune", runs[0].name}
+
+
+def test_an_unreadable_sweep_json_is_said_not_silently_replaced(tmp_path, capsys):
+    from dfcil.sweep.state import Sweep
+
+    (tmp_path / "sweep.json").write_text("{not json")
+    Sweep(tmp_path, plan([["configs/smoke.yaml"]]), ["dfcil", "sweep"], "local")
+    assert "sweep.json cannot be read (JSONDecodeError" in capsys.readouterr().err

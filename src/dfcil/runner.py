@@ -27,6 +27,7 @@ import platform
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, prepare
 from dfcil.runtime import resolve_device
 from dfcil.state import Interrupt
-from dfcil.version import __version__, git
+from dfcil.version import __version__, git, source_revision
 
 log = logging.getLogger("dfcil")
 
@@ -69,6 +70,7 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
     device = resolve_device(cfg.device)
     return {
         "dfcil": __version__,
+        "code": source_revision(),  # version, commit and a digest of uncommitted changes: the code that computes
         "git_sha": git("rev-parse", "HEAD"),
         "git_diff_stat": git("diff", "--stat", "HEAD"),
         "python": sys.version.split()[0],
@@ -199,6 +201,7 @@ def _start(
             if (out / "summary.json").exists():  # finished by another process since resume() looked
                 raise ConfigError(f"the run in {out} is complete (summary.json exists); nothing to resume")
             has_checkpoint = Checkpointer(out).exists()
+            _record_resume(out, options)
             dist.barrier()  # the other processes follow from the same checkpoint (_follow)
             if not has_checkpoint:  # stopped before its first checkpoint: start over in place
                 metrics = out / "metrics.jsonl"
@@ -247,6 +250,21 @@ def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> None:
             f"{out} was trained on other data than {protocol.dataset.source} holds (its {', '.join(differ)} "
             f"differ): resume it with --data.root pointing at the data it started on, or start a new run"
         )
+
+
+def _record_resume(out: Path, options: RunOptions) -> None:
+    """Add this continuation to ``meta.json``'s ``resumes`` (when, by which code, with which command), so that a run
+    continued by other code than it started with says so."""
+    path = out / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # a run without its record: nothing to add to
+    if not isinstance(meta, dict):
+        return
+    entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": source_revision()}
+    meta["resumes"] = [*meta.get("resumes", []), entry | {"argv": list(options.argv or sys.argv)}]
+    write_json(path, meta)
 
 
 def _make_run_dir(out: Path) -> bool:

@@ -4,6 +4,7 @@ the lines it prints about them."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +37,13 @@ class Sweep:
             return {}
         try:
             return {r["name"]: r for r in json.loads(path.read_text()).get("runs", [])}
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            # the run directories hold the results; what is lost is the records' history (and SLURM job ids)
+            print(
+                f"dfcil sweep: {path} cannot be read ({type(err).__name__}: {err}); writing it anew from this "
+                f"sweep's runs (their directories keep their results)",
+                file=sys.stderr,
+            )
             return {}
 
     def save(self) -> None:
