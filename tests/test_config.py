@@ -299,3 +299,21 @@ def test_switching_method_notes_the_keys_kept_away_from_the_new_methods_defaults
     assert not any(n.startswith("method.lambda_kd") for n in notes)
     _, notes = load_config([CONFIGS / "cifar100" / "abd_faithful_n5.yaml"], [("method.name", "rdfcil")])
     assert "method.inversion.persistent kept at True (rdfcil's default: False)" in notes
+
+
+def test_integers_are_read_as_decimal_only():
+    """YAML 1.1 (PyYAML's) reads 010 as 8, 0x10 as 16 and 1:30 as 90; a config reads decimal integers only, and
+    the other forms stay strings, which number fields refuse."""
+    from dfcil.config import load_yaml
+
+    assert load_yaml("a: 010\nb: -3\nc: +4\nd: 0\ne: 0.5") == {"a": 10, "b": -3, "c": 4, "d": 0, "e": 0.5}
+    assert load_yaml("a: 0x10\nb: 1:30\nc: 1_000") == {"a": "0x10", "b": "1:30", "c": "1_000"}
+    assert load_config([], [("seed", "010")])[0].seed == 10
+    with pytest.raises(ConfigError, match=r"train.epochs: Input should be a valid integer \(got '1:30'\)"):
+        load_config([], [("train.epochs", "1:30")])
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_directory():
+    for key in ("data.root", "data.cache", "task0_cache"):
+        with pytest.raises(ConfigError, match=f"{key}: an empty path; give a directory, or leave it unset"):
+            load_config([], [(key, "''")])

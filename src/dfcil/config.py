@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -94,6 +95,11 @@ class DataConfig:
     rebuild: bool = False
 
     def __post_init__(self) -> None:
+        for key, value in (("root", self.root), ("cache", self.cache)):
+            if value is not None and not value.strip():  # "" would mean the directory the command ran in
+                raise ValueError(
+                    f"data.{key}: an empty path; give a directory, or leave it unset (null) for the default"
+                )
         if self.class_order is not None and self.class_order_seed != 0:
             raise ValueError(
                 f"data.class_order is given, so data.class_order_seed ({self.class_order_seed}) would be ignored and "
@@ -339,6 +345,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1's integers, which PyYAML follows, read `010` as 8 (octal), `0x10` as 16 and `1:30` as 90 (base 60): a
+# seed or epoch count written with a leading zero would silently become another number. Configs read plain
+# decimal integers only (YAML 1.2's core schema without its octal and hex forms); anything else stays a string,
+# which a number field refuses.
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:int"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(loader.construct_scalar(node), 10))
 
 
 # Values (scalars, lists, mappings) a YAML document may stand for once its aliases are expanded: a run's config

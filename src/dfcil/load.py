@@ -87,6 +87,10 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
                 kwargs[key] = TypeAdapter(typ).validate_python(raw[key])
             except ValidationError as err:
                 raise ConfigError(f"{key}: {err.errors()[0]['msg']} (got {quoted(raw[key])})") from None
+    if isinstance(kwargs.get("task0_cache"), str) and not kwargs["task0_cache"].strip():
+        raise ConfigError(
+            "task0_cache: an empty path; give a directory, or leave it unset (null): no shared first task"
+        )
     kwargs["plugins"] = plugins
     return RunConfig(method=method_cfg, **kwargs)
 
