@@ -673,3 +673,71 @@ def test_a_damaged_imagenet_folder_is_named_and_nothing_is_cached(tmp_path, dama
     with pytest.raises(DatasetError, match=message):
         build_dataset(imagenet_config(root, tmp_path))
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+LOCK_HOLDER = """
+import sys, time
+from pathlib import Path
+from dfcil.data.images import load_or_prepare
+log = Path(sys.argv[2])
+
+def plan():  # inside the cache's lock: say so, hold it, then fail (nothing is prepared)
+    with log.open("a") as f:
+        f.write(f"{sys.argv[3]} in {time.time()}\\n")
+    time.sleep(float(sys.argv[4]))
+    with log.open("a") as f:
+        f.write(f"{sys.argv[3]} out {time.time()}\\n")
+    raise SystemExit(0)
+
+load_or_prepare(Path(sys.argv[1]), {}, plan)
+"""
+
+
+def test_a_process_stopped_while_waiting_for_the_cache_lock_leaves_it_to_its_holder(tmp_path):
+    """A holds the preparation lock; B waits for it and is stopped (Ctrl-C); C then waits too. C must enter only
+    after A left: B removing the lock file on its way out let C lock a new file and prepare beside A."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cache, log = tmp_path / "cache" / "c", tmp_path / "log"
+
+    def start(name, hold):
+        return subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(cache), str(log), name, str(hold)])
+
+    a = start("A", 4)
+    deadline = time.time() + 60
+    while not (log.exists() and "A in" in log.read_text()):
+        assert time.time() < deadline and a.poll() is None, "A never took the lock"
+        time.sleep(0.05)
+    b = start("B", 0)
+    time.sleep(1.0)  # B is waiting on the lock
+    b.send_signal(signal.SIGINT)
+    assert b.wait(30) != 0
+    c = start("C", 0)
+    assert a.wait(60) == 0 and c.wait(60) == 0
+    events = {line.split()[0] + " " + line.split()[1]: float(line.split()[2]) for line in log.read_text().splitlines()}
+    assert "B in" not in events and events["C in"] >= events["A out"], events
+
+
+PROBER = """
+import sys
+from pathlib import Path
+from dfcil.data.images import check_writable
+for _ in range(int(sys.argv[2])):
+    check_writable(Path(sys.argv[1]))
+"""
+
+
+def test_runs_starting_together_probe_the_cache_folder_without_failing_each_other(tmp_path):
+    """Two processes checking that one cache folder is writable at once: a probe file of a fixed name, created
+    and removed by both, made one of them report the folder as not writable."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-c", PROBER, str(tmp_path / "cache" / "c"), "1500"]
+    procs = [subprocess.Popen(args, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # no probe left behind

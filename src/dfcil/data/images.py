@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 import zipfile
@@ -546,6 +547,20 @@ class Preparation:
     notes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def check_writable(path: Path) -> None:
+    """Refuse a cache ``path`` whose folder cannot be created or written, before anything is decoded."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # a name of its own: runs of a sweep starting together probe the same folder at once
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.write-test-"):
+            pass
+    except OSError as err:
+        raise DatasetError(
+            f"cannot write the decoded-image cache in {path.parent} ({err.strerror or err}); set data.cache (or "
+            f"$DFCIL_CACHE) to a writable directory"
+        ) from None
+
+
 def load_or_prepare(
     path: Path,
     identity: dict[str, Any],
@@ -560,32 +575,21 @@ def load_or_prepare(
     manifest_file = path / "manifest.json"
     if rebuild or not manifest_file.exists():
         asked_to_replace = _inode(manifest_file) if rebuild else None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            probe = path.parent / f".{path.name}.write-test"
-            probe.touch()
-            probe.unlink()
-        except OSError as err:
-            raise DatasetError(
-                f"cannot write the decoded-image cache in {path.parent} ({err.strerror or err}); set data.cache (or "
-                f"$DFCIL_CACHE) to a writable directory"
-            ) from None
+        check_writable(path)
         # one process prepares a cache at a time (runs of a sweep may start together): the others wait, then read
-        # it; a rebuild that another process finished meanwhile is not done twice
+        # it; a rebuild that another process finished meanwhile is not done twice. The lock file stays (empty,
+        # hidden): removing it while another process waits on it would let a third process lock a new file of the
+        # same name and prepare the cache beside the holder.
         lock = path.parent / f".{path.name}.lock"
-        try:
-            with FileLock(lock):
-                current = _inode(manifest_file)
-                if current is None or (rebuild and current == asked_to_replace):
-                    if path.exists() and current is None and not rebuild:  # a rename cannot leave this
-                        raise DatasetError(
-                            f"{path} exists but holds no manifest.json; run again with --data.rebuild true (or "
-                            f"delete it) to prepare the cache again"
-                        )
-                    p = plan()
-                    assert identity.get("transform", p.transform.as_dict()) == p.transform.as_dict()
-                    prepare_cache(path, p.splits, p.transform, identity | p.notes, workers, progress)
-        except BaseException:
-            lock.unlink(missing_ok=True)  # a failed preparation leaves nothing behind, its lock file included
-            raise
+        with FileLock(lock):
+            current = _inode(manifest_file)
+            if current is None or (rebuild and current == asked_to_replace):
+                if path.exists() and current is None and not rebuild:  # a rename cannot leave this
+                    raise DatasetError(
+                        f"{path} exists but holds no manifest.json; run again with --data.rebuild true (or "
+                        f"delete it) to prepare the cache again"
+                    )
+                p = plan()
+                assert identity.get("transform", p.transform.as_dict()) == p.transform.as_dict()
+                prepare_cache(path, p.splits, p.transform, identity | p.notes, workers, progress)
     return load_cache(path, identity)
