@@ -336,6 +336,15 @@ def test_export_and_eval_refuse_bad_outputs_and_damaged_files_in_one_line(finish
         assert err.count("\n") == 1 and err.startswith("dfcil: error:") and message in err, err
 
     refused(["export", str(finished), "--out", str(tmp_path / "newdir" / "m.safetensors")], "does not exist")
+    before = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
+    for clobber in (
+        "model.pt",
+        "config.yaml",
+        "summary.x",
+        "checkpoints/w.safetensors",
+    ):  # summary.x: card summary.json
+        refused(["export", str(finished), "--out", str(finished / clobber)], "would replace or add to the run's own")
+    assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
     (tmp_path / "adir").mkdir()
     refused(["export", str(finished), "--out", str(tmp_path / "adir")], "is a directory")
     damaged = tmp_path / "damaged"

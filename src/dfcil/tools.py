@@ -304,6 +304,15 @@ def export_run(
             raise ConfigError(f"--out {out}: {path} is a directory; give a file name, e.g. {path / out.name}")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: the directory {out.parent} does not exist; create it first or choose another")
+    own = {f"model{exporter.suffix}", "model.json"}  # inside the run directory only the default export may be written
+    for path in (out, card):
+        where, home = path.resolve(), run.dir.resolve()
+        if (where.parent == home and path.name not in own) or home in where.parents[1:]:
+            raise ConfigError(
+                f"--out {out}: {path} would replace or add to the run's own files; write the export outside {run.dir} "
+                f"(or leave --out unset for {run.dir / f'model{exporter.suffix}'})"
+            )
+    about = model_card(run, out.name)  # before anything is written: an error here leaves no weights without a card
     exporter.write(run, out)
-    write_json(card, model_card(run, out.name))
+    write_json(card, about)
     return out, card
