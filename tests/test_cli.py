@@ -424,3 +424,19 @@ def test_every_argument_of_every_command_has_help(command, capsys):
     helped = " ".join(capsys.readouterr().out.split())
     shown = [a for a in parser._actions if a.help != argparse.SUPPRESS and "%(" not in a.help]
     assert [a.dest for a in shown if " ".join(a.help.split()) not in helped] == []
+
+
+def test_an_out_that_is_not_a_run_directory_is_refused_and_left_as_it_was(tmp_path, capsys):
+    """--out at a folder of the user's: one holding other files, or another tool's config.yaml (a Hydra config),
+    is refused in one line naming --out; nothing in it changes."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep")
+    assert main(["train", "--config", SMOKE, "--out", str(folder), "--no-progress"]) == 2
+    assert "exists and is not a dfcil run directory (no config.yaml); choose another --out" in capsys.readouterr().err
+    (folder / "config.yaml").write_text("defaults:\n  - model: resnet\n")
+    assert main(["train", "--config", SMOKE, "--out", str(folder), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {folder} holds a config.yaml that is not a dfcil run's (" in err and err.count("\n") == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "notes.txt"]
+    assert (folder / "config.yaml").read_text() == "defaults:\n  - model: resnet\n"

@@ -143,7 +143,12 @@ def train(
     cfg = with_absolute_paths(cfg)
     dist = distributed.start(resolve_device(cfg.device).type)  # torchrun: join the other processes
     if dist.main and (out / "config.yaml").exists():
-        saved = load_config([out / "config.yaml"])[0]
+        try:
+            saved = load_config([out / "config.yaml"])[0]
+        except ConfigError as err:
+            raise ConfigError(
+                f"--out {out} holds a config.yaml that is not a dfcil run's ({err}); choose another --out"
+            ) from None
         changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
         if changed:
             finished = (out / "summary.json").exists()
