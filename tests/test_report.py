@@ -312,6 +312,21 @@ def test_plots_without_matplotlib_say_how_to_install_it(runs_root, tmp_path, mon
     assert "pip install 'dfcil[plot]'" in capsys.readouterr().err and not (tmp_path / "plots").exists()
 
 
+def test_plots_refuse_a_file_as_folder_and_a_damaged_image_in_one_line(runs_root, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "plots"
+    target.write_text("not a folder")
+    assert main(["report", str(runs_root / "abd"), "--plots", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"--plots {target} is a file; give a folder" in err and err.count("\n") == 1
+    (runs_root / "abd" / "s1" / "synthetic_task1.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    assert main(["report", str(runs_root / "abd"), "--plots", str(tmp_path / "figs")]) == 2
+    err = capsys.readouterr().err
+    assert "synthetic_task1.png cannot be read as an image" in err and err.count("\n") == 1
+    written = [p for p in (tmp_path / "figs").rglob("*") if p.is_file()]
+    assert written and all(not p.name.startswith(".") for p in written)  # whole figures only, no temporary files
+
+
 def test_forgetting_per_task_is_metrics_forgetting_of_each_prefix():
     from dfcil.plots import forgetting_per_task
 

@@ -13,6 +13,7 @@ built with ``matplotlib.figure.Figure``, so no pyplot state or backend choice is
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from dfcil.errors import PlotError
+from dfcil.io import write_atomic
 from dfcil.metrics import AccuracyMatrix
 from dfcil.runs import Group, Run
 
@@ -37,10 +39,13 @@ def _figure(**kwargs: Any) -> Any:
 
 
 def _save(fig: Any, path: Path) -> list[Path]:
+    """``path`` as PNG and PDF, each written whole (an interrupted report leaves the old figure or the new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     files = [path.with_suffix(".png"), path.with_suffix(".pdf")]
     for f in files:
-        fig.savefig(f, dpi=120, bbox_inches="tight")
+        buf = io.BytesIO()
+        fig.savefig(buf, format=f.suffix[1:], dpi=120, bbox_inches="tight")
+        write_atomic(f, buf.getvalue())
     return files
 
 
@@ -166,7 +171,11 @@ def plot_synthetic(run: Run, out_dir: Path) -> list[Path]:
     fig = _figure(figsize=(3.2 * len(images), 3.6), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(images)))
     for ax, (task, path) in zip(axes, images, strict=True):
-        ax.imshow(matplotlib.image.imread(path))
+        try:
+            pixels = matplotlib.image.imread(path)
+        except (OSError, ValueError, SyntaxError) as err:  # Pillow's errors for a damaged or truncated file
+            raise PlotError(f"{path} cannot be read as an image ({err}); remove it or train the run again") from None
+        ax.imshow(pixels)
         ax.set_title(f"task {task}", fontsize=9)
         ax.axis("off")
     fig.suptitle(f"{run.name}: synthetic images")
@@ -174,10 +183,17 @@ def plot_synthetic(run: Run, out_dir: Path) -> list[Path]:
 
 
 def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
-    """Every figure for ``groups``: the curves, each finished run's panels, each run's synthetic images."""
+    """Every figure for ``groups``: the curves, each finished run's panels, each run's synthetic images. A folder
+    that cannot be written, or a run's image that cannot be read, is a :class:`PlotError` naming it."""
     _figure()  # fail early, before any file, without matplotlib
-    files = plot_curves(groups, out_dir)
-    for run in (r for g in groups for r in g.runs):
-        matrices = run.summary is not None and all(k in run.summary for k in ("accuracy_matrix", "count_matrix"))
-        files += (plot_run(run, out_dir) if matrices else []) + plot_synthetic(run, out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PlotError(f"--plots {out_dir} is a file; give a folder for the figures")
+    try:
+        files = plot_curves(groups, out_dir)
+        for run in (r for g in groups for r in g.runs):
+            matrices = run.summary is not None and all(k in run.summary for k in ("accuracy_matrix", "count_matrix"))
+            files += (plot_run(run, out_dir) if matrices else []) + plot_synthetic(run, out_dir)
+    except OSError as err:  # a folder not writable, a disk full, an image that is no PNG
+        where = err.filename or out_dir
+        raise PlotError(f"cannot write the figures: {where}: {err.strerror or err}") from None
     return files
