@@ -440,3 +440,26 @@ def test_an_out_that_is_not_a_run_directory_is_refused_and_left_as_it_was(tmp_pa
     assert f"--out {folder} holds a config.yaml that is not a dfcil run's (" in err and err.count("\n") == 1
     assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "notes.txt"]
     assert (folder / "config.yaml").read_text() == "defaults:\n  - model: resnet\n"
+
+
+def test_a_full_disk_is_one_clear_error_that_says_how_to_go_on(monkeypatch, capsys):
+    import errno
+
+    import dfcil.cli
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/cache/cifar100/train.x")
+
+    monkeypatch.setitem(dfcil.cli.COMMANDS, "methods", full)
+    assert main(["methods"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dfcil: error: no space left on the disk writing /data/cache/cifar100/train.x") and (
+        "run the same command again" in err and err.count("\n") == 1
+    )
+
+    def other(args):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setitem(dfcil.cli.COMMANDS, "methods", other)
+    with pytest.raises(PermissionError):  # other OS errors are not dressed up as this one
+        main(["methods"])

@@ -18,6 +18,7 @@ dfcil datasets
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -492,6 +493,18 @@ def _main(argv: Sequence[str] | None) -> int:
     except NonFiniteLossError as err:
         print(f"dfcil: training stopped: {err}", file=sys.stderr)
         return 1
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # every file dfcil writes is written whole (checkpoints, caches, summaries), so what stopped is resumable
+        where = f" writing {err.filename}" if err.filename else ""
+        print(
+            f"dfcil: error: no space left on the disk{where} ({err.strerror}); free some, or point --out, "
+            f"data.cache or task0_cache at another disk, then run the same command again: a run continues from "
+            f"its last checkpoint, a decoded-image cache from the images it holds",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover
