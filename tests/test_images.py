@@ -747,3 +747,35 @@ def test_runs_starting_together_probe_the_cache_folder_without_failing_each_othe
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # no probe left behind
+
+
+def test_the_cache_writer_finishes_short_writes_and_never_hides_a_failed_sync(tmp_path, monkeypatch):
+    """pwrite may write part of a chunk (a nearly full disk): the rest is written, and a write of nothing is an
+    error. A writeback error met by the syncing thread (reported once by the kernel) fails the cache."""
+    import errno
+    import os
+    import time
+
+    from dfcil.data import images as mod
+
+    path = tmp_path / "x.npy"
+    np.save(path, np.zeros((4, 2, 2, 3), dtype=np.uint8))
+    real = os.pwrite
+    monkeypatch.setattr(mod.os, "pwrite", lambda fd, data, at: real(fd, bytes(data)[:5], at))  # 5 bytes a call
+    images = np.arange(2 * 12, dtype=np.uint8).reshape(2, 2, 2, 3)
+    with mod._Writer(path) as writer:
+        writer.write(1, images)
+    assert np.array_equal(np.load(path)[1:3], images) and not np.load(path)[[0, 3]].any()
+    monkeypatch.setattr(mod.os, "pwrite", lambda fd, data, at: 0)
+    with pytest.raises(OSError, match="no bytes written"), mod._Writer(path) as writer:
+        writer.write(0, images)
+    monkeypatch.setattr(mod.os, "pwrite", real)
+
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(OSError, match="Input/output error"), mod._Writer(path) as writer:
+        monkeypatch.setattr(mod.os, "fsync", failing)
+        time.sleep(1.5)  # the syncing thread meets the error
+        monkeypatch.undo()
+    assert writer.error is not None and writer.error.errno == errno.EIO

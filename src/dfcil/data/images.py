@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
 import hashlib
 import io
 import json
@@ -369,16 +370,33 @@ class _Writer:
         del header
         self.path = path
         self.stop = threading.Event()
+        self.error: OSError | None = None  # what the syncing thread met (the kernel reports a failed writeback once)
 
     def write(self, start: int, images: np.ndarray) -> None:
-        os.pwrite(self.fd, np.ascontiguousarray(images, dtype=np.uint8), self.offset + start * self.row)
+        self._raise()
+        data = memoryview(np.ascontiguousarray(images, dtype=np.uint8)).cast("B")
+        at = self.offset + start * self.row
+        while data:  # pwrite may write less than asked (a nearly full disk): write the rest, or fail
+            done = os.pwrite(self.fd, data, at)
+            if done == 0:
+                raise OSError(errno.ENOSPC, "no bytes written", str(self.path))
+            data, at = data[done:], at + done
 
     def sync(self) -> None:
+        self._raise()
         os.fsync(self.fd)
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
 
     def _run(self) -> None:
         while not self.stop.wait(1.0):
-            os.fsync(self.fd)
+            try:
+                os.fsync(self.fd)
+            except OSError as err:  # kept for the decoding thread: a cache whose pages were lost is not finished
+                self.error = err
+                return
 
     def __enter__(self) -> _Writer:
         self.fd = os.open(self.path, os.O_WRONLY)
@@ -389,8 +407,11 @@ class _Writer:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
-        os.fsync(self.fd)
-        os.close(self.fd)
+        try:
+            self._raise()
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
 
 
 def _partial_dir(path: Path) -> Path:
