@@ -292,3 +292,40 @@ def test_each_dataset_says_in_one_plain_sentence_what_it_is(name):
     """`dfcil datasets` prints each docstring's first line: a whole sentence, plain text, short."""
     summary = (ds.DATASETS.get(name).__doc__ or "").strip().splitlines()[0]
     assert summary.endswith(".") and "``" not in summary and len(summary) <= 100, summary
+
+
+TOGETHER = """
+import shutil, sys, time
+from pathlib import Path
+import dfcil.data.datasets as ds
+from dfcil.config import DataConfig
+archive, root, calls, md5 = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+ds.CIFAR100_MD5 = md5
+
+def slow_copy(url, output_file, pooch):  # a download that takes a while
+    with calls.open("a") as f:
+        f.write("download\\n")
+    time.sleep(1.5)
+    shutil.copyfile(archive, output_file)
+
+d = ds.cifar100(root, DataConfig(download=True), downloader=slow_copy)
+assert d.train.x.shape == (300, 32, 32, 3)
+"""
+
+
+def test_runs_starting_together_download_and_extract_once(tmp_path):
+    """Two processes (runs of a sweep) fetch CIFAR-100 at once: one downloads and extracts, the other waits and
+    reads the extracted folder (extracting twice replaced the tree the first one was reading)."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    _official_folder(src)
+    archive = _tar_of(src, "cifar.tar.gz")
+    md5 = hashlib.md5(archive.read_bytes()).hexdigest()
+    calls = tmp_path / "calls"
+    args = [sys.executable, "-c", TOGETHER, str(archive), str(tmp_path / "root"), str(calls), md5]
+    procs = [subprocess.Popen(args, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert calls.read_text().split() == ["download"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
 
 from dfcil.config import DataConfig
 from dfcil.data.archive import Downloader, fetch, safe_extract
@@ -203,10 +204,17 @@ def cifar100(root: Path, cfg: DataConfig, downloader: Downloader | None = None, 
                     f"{official}/. Point --data.root (or $DFCIL_DATA) to a folder holding one of them, or pass "
                     f"--data.download true to fetch the official archive (161 MB, md5-checked)."
                 )
-            archive = fetch(CIFAR100_URL, f"md5:{CIFAR100_MD5}", root, CIFAR100_ARCHIVE, downloader=downloader)
-            safe_extract(archive, root)
-            if not official.is_dir():
-                raise DatasetError(f"{archive} did not contain cifar-100-python/. Delete it and download again.")
+            # runs of a sweep may start together: one downloads and extracts, the others wait and read its folder
+            # (extracting twice replaced the tree another run was reading)
+            root.mkdir(parents=True, exist_ok=True)
+            with FileLock(root / ".cifar100-download.lock"):
+                if not official.is_dir():
+                    archive = fetch(CIFAR100_URL, f"md5:{CIFAR100_MD5}", root, CIFAR100_ARCHIVE, downloader=downloader)
+                    safe_extract(archive, root)
+                    if not official.is_dir():
+                        raise DatasetError(
+                            f"{archive} did not contain cifar-100-python/. Delete it and download again."
+                        )
         train, test = (read_cifar100_python(official, s) for s in ("train", "test"))
         source = str(official)
     check_image_size(cfg, 32, "cifar100")
