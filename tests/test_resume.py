@@ -243,7 +243,12 @@ def test_changed_protocol_is_refused_runtime_keys_are_not(reference, tmp_path, c
     err = capsys.readouterr().err
     assert "different config (data.num_tasks, seed)" in err and f"dfcil resume {out}" in err
     runtime = ["--device", "cpu", "--checkpoint_interval_s", "5", "--engine.cuda_graphs", "check"]
+    orphans = [out / "checkpoints" / ".last.pt.0123456789abcdef.tmp", out / ".metrics.jsonl.fedcba9876543210.tmp"]
+    for orphan in orphans:  # what a process killed mid-write leaves
+        orphan.write_bytes(b"partial")
+    (out / ".notes.tmp").write_text("the user's")
     assert main([*args, *runtime]) == 0  # runtime keys may change
+    assert not any(o.exists() for o in orphans) and (out / ".notes.tmp").exists()
     assert_same_run(reference, out)
     meta = json.loads((out / "meta.json").read_text())  # the continuation is on record, with its code
     assert [r["code"] for r in meta["resumes"]] == [meta["code"]] and "--checkpoint_interval_s" in meta["resumes"][0][

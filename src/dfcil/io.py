@@ -9,6 +9,18 @@ from pathlib import Path
 from typing import Any
 
 
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files that :func:`write_atomic` left in ``folder`` when its process was killed
+    mid-write (``.<name>.<16 hex>.tmp``); only for a folder no other process writes now (a locked run's)."""
+    removed = []
+    for tmp in folder.glob(".*.tmp") if folder.is_dir() else []:
+        stem = tmp.name[:-4]
+        if len(stem) > 17 and stem[-17] == "." and all(c in "0123456789abcdef" for c in stem[-16:]):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
 def _create_temp(path: Path) -> tuple[int, Path]:
     """A new, uniquely named file beside ``path``, opened for writing with the modes an ordinary file gets (0666
     less the umask; ``tempfile.mkstemp`` makes 0600, which would hide a run's results from a shared group)."""

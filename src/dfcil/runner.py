@@ -45,7 +45,7 @@ from dfcil.distributed import Dist
 from dfcil.engine import run
 from dfcil.errors import ConfigError, RunInterrupted
 from dfcil.grid import SyntheticGrid
-from dfcil.io import check_creatable_dir, write_atomic, write_json
+from dfcil.io import check_creatable_dir, remove_temporaries, write_atomic, write_json
 from dfcil.load import load_config
 from dfcil.loggers import LOGGERS, build_loggers
 from dfcil.loop import Callback, Loop, RunOptions
@@ -206,6 +206,8 @@ def _start(
             if (out / "summary.json").exists():  # finished by another process since resume() looked
                 raise ConfigError(f"the run in {out} is complete (summary.json exists); nothing to resume")
             has_checkpoint = Checkpointer(out).exists()
+            for folder in (out, out / "checkpoints"):  # what a killed process was writing (the run is locked)
+                remove_temporaries(folder)
             _record_resume(out, options)
             dist.barrier()  # the other processes follow from the same checkpoint (_follow)
             if not has_checkpoint:  # stopped before its first checkpoint: start over in place
