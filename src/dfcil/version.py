@@ -3,8 +3,6 @@ and the revision of the source a result comes from."""
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -13,6 +11,8 @@ __version__ = "0.1.0"
 def git(*args: str) -> str | None:
     """``git ARGS`` run in this package's folder: its output, or None where the package is no git checkout (an
     installed wheel) or git is missing."""
+    import subprocess  # here: the version alone is imported by every command, git only by runs
+
     try:
         out = subprocess.run(
             ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10, check=True
@@ -25,6 +25,8 @@ def git(*args: str) -> str | None:
 def source_revision() -> str:
     """The code that computes a result: the version, and where the package is a git checkout its commit and a
     digest of its uncommitted changes to the package's own files (so that an edited checkout is another revision)."""
+    import hashlib
+
     sha = git("rev-parse", "HEAD")
     if sha is None:
         return __version__
