@@ -682,9 +682,10 @@ def test_a_damaged_imagenet_folder_is_named_and_nothing_is_cached(tmp_path, dama
 
 
 LOCK_HOLDER = """
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from dfcil.data.images import load_or_prepare
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises, even where the parent ignores SIGINT
 log = Path(sys.argv[2])
 
 def plan():  # inside the cache's lock: say so, hold it, then fail (nothing is prepared)
@@ -695,6 +696,8 @@ def plan():  # inside the cache's lock: say so, hold it, then fail (nothing is p
         f.write(f"{sys.argv[3]} out {time.time()}\\n")
     raise SystemExit(0)
 
+with log.open("a") as f:
+    f.write(f"{sys.argv[3]} waits {time.time()}\\n")
 load_or_prepare(Path(sys.argv[1]), {}, plan)
 """
 
@@ -718,13 +721,16 @@ def test_a_process_stopped_while_waiting_for_the_cache_lock_leaves_it_to_its_hol
         assert time.time() < deadline and a.poll() is None, "A never took the lock"
         time.sleep(0.05)
     b = start("B", 0)
-    time.sleep(1.0)  # B is waiting on the lock
+    while "B waits" not in log.read_text():
+        assert time.time() < deadline and b.poll() is None, "B never started waiting"
+        time.sleep(0.05)
+    time.sleep(0.5)  # B is waiting on the lock
     b.send_signal(signal.SIGINT)
     assert b.wait(30) != 0
     c = start("C", 0)
     assert a.wait(60) == 0 and c.wait(60) == 0
     events = {line.split()[0] + " " + line.split()[1]: float(line.split()[2]) for line in log.read_text().splitlines()}
-    assert "B in" not in events and events["C in"] >= events["A out"], events
+    assert "A in" in events and "B in" not in events and events["C in"] >= events["A out"], events
 
 
 PROBER = """
