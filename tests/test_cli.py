@@ -437,7 +437,7 @@ def test_an_out_that_is_not_a_run_directory_is_refused_and_left_as_it_was(tmp_pa
     (folder / "config.yaml").write_text("defaults:\n  - model: resnet\n")
     assert main(["train", "--config", SMOKE, "--out", str(folder), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert f"--out {folder} holds a config.yaml that is not a dfcil run's (" in err and err.count("\n") == 1
+    assert f"--out {folder} holds a config.yaml that dfcil cannot use (" in err and err.count("\n") == 1
     assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "notes.txt"]
     assert (folder / "config.yaml").read_text() == "defaults:\n  - model: resnet\n"
 

@@ -317,3 +317,29 @@ def test_an_empty_path_is_refused_not_read_as_the_current_directory():
     for key in ("data.root", "data.cache", "task0_cache"):
         with pytest.raises(ConfigError, match=f"{key}: an empty path; give a directory, or leave it unset"):
             load_config([], [(key, "''")])
+
+
+def test_a_switch_notes_no_key_kept_at_the_new_methods_default_however_yaml_wrote_it(tmp_path):
+    """`lr: 1e-3` (YAML: the text '1e-3') equals ABD's default 0.001; a section given whole on the command line is
+    the switching source's own choice."""
+    base = tmp_path / "a.yaml"
+    base.write_text("method:\n  name: rdfcil\n  inversion:\n    lr: 1e-3\n    steps: 80\n")
+    _, notes = load_config([base], [("method.name", "abd")])
+    assert notes == ["method.inversion.steps kept at 80 (abd's default: 5000)"]
+    _, notes = load_config([base], [("method.name", "abd"), ("method.inversion", "{steps: 80}")])
+    assert notes == []
+
+
+def test_an_optional_nested_section_given_in_part_keeps_its_fields_default():
+    import dataclasses
+
+    from dfcil.config import configclass, validate_section
+    from dfcil.methods.memory import DriftConfig
+
+    @configclass
+    class WithOptional:
+        drift: DriftConfig | None = dataclasses.field(default_factory=lambda: DriftConfig(kind="lstsq", passes=1))
+
+    drift = validate_section(WithOptional, {"drift": {"synthetic": True}}, "method").drift
+    assert (drift.kind, drift.passes, drift.synthetic) == ("lstsq", 1, True)
+    assert validate_section(WithOptional, {"drift": None}, "method").drift is None

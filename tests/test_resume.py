@@ -4,6 +4,7 @@ import collections
 import hashlib
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -735,7 +736,7 @@ def test_a_checkpoint_written_before_a_config_key_existed_resumes(tmp_path):
         Checkpointing(tmp_path / "b", cfg).load()
 
 
-def test_a_run_is_not_resumed_on_other_data_than_it_started_on(tmp_path):
+def test_a_run_is_not_resumed_on_other_data_than_it_started_on(tmp_path, caplog):
     """data.root may change on resume (the data moved); the data may not. meta.json records what the run trains on
     (class names, image size, normalisation, image count, a digest of sampled images); a resume that finds other
     data is refused before anything is written."""
@@ -749,11 +750,20 @@ def test_a_run_is_not_resumed_on_other_data_than_it_started_on(tmp_path):
     meta = _json.loads((out / "meta.json").read_text())
     assert set(meta["data"]) == {"classes", "image_size", "mean", "std", "train_images", "images"}
     last = (out / "checkpoints" / "last.pt").read_bytes()
-    meta["data"]["images"] = "0" * 64  # as if the folder held other images now
+    saved = dict(meta["data"])
+    meta["data"]["train_images"] += 1  # as if the folder held another dataset now
     (out / "meta.json").write_text(_json.dumps(meta))
-    with pytest.raises(ConfigError, match=r"was trained on other data than .* holds \(its images differ\): resume it"):
+    with pytest.raises(
+        ConfigError, match=r"trained on other data than .* holds \(its train_images differ\): resume it"
+    ):
         resume(out, options=RunOptions(progress=False))
     assert (out / "checkpoints" / "last.pt").read_bytes() == last and not (out / "summary.json").exists()
+    protocol = prepare(cfg)
+    meta["data"] = saved | {"images": "0" * 64}  # the same classes and count, other pixels (another decoder?)
+    (out / "meta.json").write_text(_json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="dfcil"):
+        check_same_data(out, cfg, protocol)  # said, not refused
+    assert "the data's images differ from what the run started on" in caplog.text
     del meta["data"]  # a run recorded before meta.json held its data: not checked
     (out / "meta.json").write_text(_json.dumps(meta))
-    check_same_data(out, cfg, prepare(cfg))
+    check_same_data(out, cfg, protocol)

@@ -217,6 +217,14 @@ def test_a_sweep_that_would_train_existing_runs_again_under_new_names_is_refused
     assert f"{out / 'seed=1'} already holds the run this sweep names 'smoke-seed=1'" in err and "--out" in err
     # the same configs under the names they had are fine, and so is a sweep of other configs sharing the directory
     assert main(["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), "--dry-run"]) == 0
+    own = tmp_path / "own"
+    folder = [("data.name", "folder"), ("data.root", str(tmp_path / "flowers")), ("seed", "1")]
+    _saved_run(own, "flowers", ["configs/smoke.yaml"], folder)
+    (own / "sweep.json").write_text(json.dumps({"format": 1, "runs": []}))
+    birds = ["--data.name", "folder", "--data.root", str(tmp_path / "birds"), "--grid", "seed=1,2"]
+    assert main(["sweep", "--config", "configs/smoke.yaml", *birds, "--out", str(own), "--dry-run"]) == 0
+    same = ["--data.name", "folder", "--data.root", str(tmp_path / "flowers"), "--grid", "seed=1,2"]
+    assert main(["sweep", "--config", "configs/smoke.yaml", *same, "--out", str(own), "--dry-run"]) == 2
     assert main(["sweep", "--config", str(other), "--out", str(out), "--dry-run"]) == 0
 
 
@@ -242,3 +250,14 @@ def test_an_unreadable_sweep_json_is_said_not_silently_replaced(tmp_path, capsys
     (tmp_path / "sweep.json").write_text("{not json")
     Sweep(tmp_path, plan([["configs/smoke.yaml"]]), ["dfcil", "sweep"], "local")
     assert "sweep.json cannot be read (JSONDecodeError" in capsys.readouterr().err
+
+
+def test_the_renamed_run_check_skips_what_it_cannot_read_and_tells_own_data_folders_apart(tmp_path):
+    """Another sweep's run this dfcil cannot read is not a duplicate; on own data the same config over another
+    folder is another run, not a renamed one."""
+    out = tmp_path / "sweep"
+    _saved_run(out, "seed=1", ["configs/smoke.yaml"], [("seed", "1")])
+    (out / "foreign").mkdir()
+    (out / "foreign" / "config.yaml").write_text("method: {name: no_such_method}\n")
+    (out / "sweep.json").write_text(json.dumps({"format": 1, "runs": []}))
+    assert main(["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), "--dry-run"]) == 0

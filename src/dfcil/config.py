@@ -291,7 +291,8 @@ def _format_errors(err: ValidationError, cls: type, where: str) -> str:
     return "; ".join(lines)
 
 
-def _field_default(field: dataclasses.Field) -> Any:
+def field_default(field: dataclasses.Field) -> Any:
+    """The value a dataclass field takes when not given (its factory's product, its default, or None)."""
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
     return None if field.default is dataclasses.MISSING else field.default
@@ -305,10 +306,12 @@ def with_nested_defaults(cls: type, raw: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(raw)
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
-        value, kind = out.get(field.name), hints.get(field.name)
-        if not isinstance(value, Mapping) or not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+        value, hint = out.get(field.name), hints.get(field.name)
+        # the section's class, also where it is optional (``X | None``)
+        kinds = [k for k in (hint, *typing.get_args(hint)) if isinstance(k, type) and dataclasses.is_dataclass(k)]
+        if not isinstance(value, Mapping) or not kinds:
             continue
-        default = _field_default(field)
+        kind, default = kinds[0], field_default(field)
         base = {f.name: getattr(default, f.name) for f in dataclasses.fields(kind)} if isinstance(default, kind) else {}
         out[field.name] = with_nested_defaults(kind, {**base, **value})
     return out

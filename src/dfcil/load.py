@@ -24,6 +24,7 @@ from dfcil.config import (
     MethodConfig,
     RunConfig,
     deep_merge,
+    field_default,
     parse_value,
     quoted,
     read_yaml,
@@ -95,12 +96,16 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
     return RunConfig(method=method_cfg, **kwargs)
 
 
-def _plain_default(field: dataclasses.Field) -> Any:
-    if field.default_factory is not dataclasses.MISSING:
-        value = field.default_factory()
-    else:
-        value = None if field.default is dataclasses.MISSING else field.default
-    return json.loads(json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value))
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data (a dataclass as its fields, tuples as lists, other objects as text), and a number that
+    YAML left as text (``1e-3``) as the number: so that equal settings compare equal."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    plain = json.loads(json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value, default=str))
+    return {k: _plain(v) for k, v in plain.items()} if isinstance(plain, dict) else plain
 
 
 def _kept(section: Mapping[str, Any], defaults: Mapping[str, Any], prefix: str) -> list[tuple[str, Any, Any]]:
@@ -110,7 +115,7 @@ def _kept(section: Mapping[str, Any], defaults: Mapping[str, Any], prefix: str) 
         default = defaults.get(key)
         if isinstance(value, Mapping) and isinstance(default, Mapping):
             out += _kept(value, default, f"{prefix}{key}.")
-        elif json.loads(json.dumps(value, default=str)) != default:
+        elif _plain(value) != default:
             out.append((f"{prefix}{key}", value, default))
     return out
 
@@ -143,9 +148,11 @@ def _switch_method(raw: dict[str, Any], name: Any, given: set[str] = frozenset()
     dropped = sorted(k for k in section if k not in fields)
     for key in dropped:
         del section[key]
-    defaults = {k: _plain_default(f) for k, f in fields.items()}
+    defaults = {k: _plain(field_default(f)) for k, f in fields.items()}
     kept = [
-        k for k in _kept({k: v for k, v in section.items() if k != "name"}, defaults, "method.") if k[0] not in given
+        k
+        for k in _kept({k: v for k, v in section.items() if k != "name"}, defaults, "method.")
+        if not any(k[0] == g or k[0].startswith(f"{g}.") for g in given)
     ]
     return [f"method.{k} dropped (not a key of {name})" for k in dropped] + [
         f"{k} kept at {quoted(v)} ({name}'s default: {quoted(d)})" for k, v, d in kept

@@ -193,7 +193,7 @@ def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
         for run in (r for g in groups for r in g.runs):
             matrices = run.summary is not None and all(k in run.summary for k in ("accuracy_matrix", "count_matrix"))
             files += (plot_run(run, out_dir) if matrices else []) + plot_synthetic(run, out_dir)
-    except OSError as err:  # a folder not writable, a disk full, an image that is no PNG
+    except OSError as err:  # a folder not writable, a disk full
         where = err.filename or out_dir
         raise PlotError(f"cannot write the figures: {where}: {err.strerror or err}") from None
     return files

@@ -70,7 +70,7 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
     device = resolve_device(cfg.device)
     return {
         "dfcil": __version__,
-        "code": source_revision(),  # version, commit and a digest of uncommitted changes: the code that computes
+        "code": source_revision(),  # the package's source that computes the run (dfcil.version)
         "git_sha": git("rev-parse", "HEAD"),
         "git_diff_stat": git("diff", "--stat", "HEAD"),
         "python": sys.version.split()[0],
@@ -147,7 +147,7 @@ def train(
             saved = load_config([out / "config.yaml"])[0]
         except ConfigError as err:
             raise ConfigError(
-                f"--out {out} holds a config.yaml that is not a dfcil run's ({err}); choose another --out"
+                f"--out {out} holds a config.yaml that dfcil cannot use ({err}); choose another --out"
             ) from None
         changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
         if changed:
@@ -239,11 +239,17 @@ def data_of(cfg: RunConfig, protocol: Protocol) -> dict[str, Any]:
     return protocol.data_identity(cfg.data.train_per_class)
 
 
+# What identifies a run's data whatever decodes it: a run continues only on the same classes, image size and image
+# count. Decoded pixels (and the normalisation computed from them) may differ by a decoder's rounding on another
+# machine, so a change there is said, not refused.
+IDENTITY_KEYS = ("classes", "image_size", "train_images")
+
+
 def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> None:
     """Refuse to continue a run on other data than it started on. ``data.root`` may change on resume (the data
-    moved to another disk or machine), but on own data the folder is the dataset: another folder, or images
-    changed in place, would continue the run on other images. Runs whose ``meta.json`` predates the record are
-    not checked."""
+    moved to another disk or machine), but on own data the folder is the dataset: another folder would continue
+    the run on other images. Images that differ only in their pixels (changed in place, or decoded by another
+    Pillow) are warned about. Runs whose ``meta.json`` predates the record are not checked."""
     try:
         saved = json.loads((out / "meta.json").read_text()).get("data")
     except (OSError, ValueError, AttributeError):
@@ -252,10 +258,17 @@ def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> None:
         return
     now = data_of(cfg, protocol)
     differ = [key for key in now if now[key] != saved.get(key)]
-    if differ:
+    if any(key in IDENTITY_KEYS for key in differ):
         raise ConfigError(
             f"{out} was trained on other data than {protocol.dataset.source} holds (its {', '.join(differ)} "
             f"differ): resume it with --data.root pointing at the data it started on, or start a new run"
+        )
+    if differ:
+        log.warning(
+            "%s: the data's %s differ from what the run started on (the same classes and image count: images "
+            "changed in place, or decoded by another version of Pillow?); continuing",
+            out,
+            ", ".join(differ),
         )
 
 
@@ -270,7 +283,8 @@ def _record_resume(out: Path, options: RunOptions) -> None:
     if not isinstance(meta, dict):
         return
     entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": source_revision()}
-    meta["resumes"] = [*meta.get("resumes", []), entry | {"argv": list(options.argv or sys.argv)}]
+    earlier = meta.get("resumes") if isinstance(meta.get("resumes"), list) else []
+    meta["resumes"] = [*earlier, entry | {"argv": list(options.argv or sys.argv)}]
     write_json(path, meta)
 
 

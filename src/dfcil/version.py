@@ -23,12 +23,13 @@ def git(*args: str) -> str | None:
 
 
 def source_revision() -> str:
-    """The code that computes a result: the version, and where the package is a git checkout its commit and a
-    digest of its uncommitted changes to the package's own files (so that an edited checkout is another revision)."""
+    """The code that computes a result: the version, and where the package is part of a git checkout the hash of
+    its own folder at HEAD (so a commit that changes no source, docs or notes, keeps the revision) and a digest of
+    uncommitted changes to it (an edited checkout is another revision)."""
     import hashlib
 
-    sha = git("rev-parse", "HEAD")
-    if sha is None:
+    tree = git("rev-parse", "HEAD:./")  # the package folder's tree; none where it is not tracked (a wheel)
+    if tree is None:
         return __version__
     diff = git("diff", "HEAD", "--", ".") or ""
-    return f"{__version__}+{sha}" + (f"+{hashlib.sha256(diff.encode()).hexdigest()[:16]}" if diff else "")
+    return f"{__version__}+{tree}" + (f"+{hashlib.sha256(diff.encode()).hexdigest()[:16]}" if diff else "")

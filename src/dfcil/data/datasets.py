@@ -205,7 +205,7 @@ def cifar100(root: Path, cfg: DataConfig, downloader: Downloader | None = None, 
                     f"--data.download true to fetch the official archive (161 MB, md5-checked)."
                 )
             # runs of a sweep may start together: one downloads and extracts, the others wait and read its folder
-            # (extracting twice replaced the tree another run was reading)
+            # (a second extraction would replace the tree the first run reads)
             root.mkdir(parents=True, exist_ok=True)
             with FileLock(root / ".cifar100-download.lock"):
                 if not official.is_dir():

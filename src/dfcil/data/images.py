@@ -404,12 +404,13 @@ class _Writer:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
         try:
-            self._raise()
-            os.fsync(self.fd)
+            if kind is None:  # an exception already on its way (Ctrl-C) stays the one reported
+                self._raise()
+                os.fsync(self.fd)
         finally:
             os.close(self.fd)
 

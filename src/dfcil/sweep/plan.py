@@ -21,6 +21,7 @@ from typing import Any
 
 from dfcil.config import RunConfig, changed_keys, config_to_dict, with_absolute_paths
 from dfcil.errors import ConfigError
+from dfcil.paper import DATASETS
 
 RESERVED = frozenset({"logs", "slurm"})  # the sweep's own folders
 PATH_KEYS = frozenset({"data.root", "data.cache", "task0_cache"})
@@ -215,9 +216,13 @@ def check_existing(runs: Sequence[SweepRun], out: Path) -> None:
     names = {r.name for r in runs}
     others = sorted(p for p in out.glob("*/config.yaml") if p.parent.name not in names) if new and out.is_dir() else []
     for saved in others:
-        old = saved_config(saved)
+        try:
+            old = saved_config(saved)
+        except ConfigError:  # another sweep's run this dfcil cannot read: not one of this sweep's
+            continue
         for r in new:
-            if not changed_keys(old, r.config):
+            same_data = old["data"]["root"] == r.config["data"]["root"] or r.config["data"]["name"] in DATASETS
+            if same_data and not changed_keys(old, r.config):  # own data: the folder is the dataset
                 raise ConfigError(
                     f"{saved.parent} already holds the run this sweep names {r.name!r}: a sweep names its runs after "
                     f"what varies, and this command varies other things than the one that made {out}. Run that "
