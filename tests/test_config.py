@@ -343,3 +343,20 @@ def test_an_optional_nested_section_given_in_part_keeps_its_fields_default():
     drift = validate_section(WithOptional, {"drift": {"synthetic": True}}, "method").drift
     assert (drift.kind, drift.passes, drift.synthetic) == ("lstsq", 1, True)
     assert validate_section(WithOptional, {"drift": None}, "method").drift is None
+
+
+def test_what_a_run_saves_reads_back_the_same_and_no_number_form_but_decimal_is_read(tmp_path):
+    """A string that reads as a decimal number ('09') is saved quoted, so config.yaml reads back what was saved;
+    YAML 1.1's base-60 floats are text, and an explicit `!!int` on another form is an error, not a traceback."""
+    from dfcil.config import dump_config, load_yaml
+
+    cfg = load_config([], [("data.root", "'09'"), ("data.cache", "'1:30.5'")])[0]
+    saved = tmp_path / "config.yaml"
+    saved.write_text(dump_config(cfg))
+    again = load_config([saved])[0]
+    assert (again.data.root, again.data.cache) == ("09", "1:30.5")
+    assert load_yaml("a: 1:30.5\nb: 5.0e-4\nc: .5") == {"a": "1:30.5", "b": 0.0005, "c": 0.5}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seed: !!int 0x10\n")
+    with pytest.raises(ConfigError, match="not a decimal integer"):
+        load_config([bad])

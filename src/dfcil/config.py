@@ -354,12 +354,47 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 # seed or epoch count written with a leading zero would silently become another number. Configs read plain
 # decimal integers only (YAML 1.2's core schema without its octal and hex forms); anything else stays a string,
 # which a number field refuses.
-_UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:int"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", lambda loader, node: int(loader.construct_scalar(node), 10))
+_DECIMAL = re.compile(r"^[-+]?[0-9]+$")
+# YAML 1.1's floats without the base-60 form (`1:30.5` is 90.5 there)
+_FLOAT = re.compile(
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+
+
+def _decimal_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node)
+    if not _DECIMAL.match(text):  # `!!int 0x10`: an explicit tag on another form
+        raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not a decimal integer", node.start_mark)
+    return int(text, 10)
+
+
+def _decimal_resolvers(resolvers: dict) -> dict:
+    """``resolvers`` (a loader's or dumper's implicit ones) with ints read as decimal only and no base-60 floats."""
+    out = {
+        first: [
+            (tag, regexp) for tag, regexp in chain if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+        ]
+        for first, chain in resolvers.items()
+    }
+    for tag, regexp, firsts in (
+        ("tag:yaml.org,2002:int", _DECIMAL, "-+0123456789"),
+        ("tag:yaml.org,2002:float", _FLOAT, "-+0123456789."),
+    ):
+        for first in firsts:
+            out.setdefault(first, []).append((tag, regexp))
+    return out
+
+
+_UniqueKeyLoader.yaml_implicit_resolvers = _decimal_resolvers(yaml.SafeLoader.yaml_implicit_resolvers)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _decimal_int)
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes exactly the strings :func:`load_yaml` would read as numbers (``'09'``)."""
+
+
+_Dumper.yaml_implicit_resolvers = _decimal_resolvers(yaml.SafeDumper.yaml_implicit_resolvers)
 
 
 # Values (scalars, lists, mappings) a YAML document may stand for once its aliases are expanded: a run's config
@@ -514,7 +549,7 @@ def dump_config(cfg: RunConfig) -> str:
     so that ``dfcil resume`` and a repeat of the run do not perform them again unless asked."""
     plain = config_to_dict(cfg)
     plain["data"]["rebuild"] = False
-    return yaml.safe_dump(plain, sort_keys=False)
+    return yaml.dump(plain, Dumper=_Dumper, sort_keys=False)
 
 
 def config_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
