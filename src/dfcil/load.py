@@ -96,7 +96,7 @@ def build_config(raw: Mapping[str, Any]) -> RunConfig:
     return RunConfig(method=method_cfg, **kwargs)
 
 
-def _plain(value: Any) -> Any:
+def _comparable(value: Any) -> Any:
     """``value`` as JSON data (a dataclass as its fields, tuples as lists, other objects as text), and a number that
     YAML left as text (``1e-3``) as the number: so that equal settings compare equal."""
     if isinstance(value, str):
@@ -105,7 +105,7 @@ def _plain(value: Any) -> Any:
         except ValueError:
             return value
     plain = json.loads(json.dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value, default=str))
-    return {k: _plain(v) for k, v in plain.items()} if isinstance(plain, dict) else plain
+    return {k: _comparable(v) for k, v in plain.items()} if isinstance(plain, dict) else plain
 
 
 def _kept(section: Mapping[str, Any], defaults: Mapping[str, Any], prefix: str) -> list[tuple[str, Any, Any]]:
@@ -115,7 +115,7 @@ def _kept(section: Mapping[str, Any], defaults: Mapping[str, Any], prefix: str) 
         default = defaults.get(key)
         if isinstance(value, Mapping) and isinstance(default, Mapping):
             out += _kept(value, default, f"{prefix}{key}.")
-        elif _plain(value) != default:
+        elif _comparable(value) != default:
             out.append((f"{prefix}{key}", value, default))
     return out
 
@@ -148,7 +148,7 @@ def _switch_method(raw: dict[str, Any], name: Any, given: set[str] = frozenset()
     dropped = sorted(k for k in section if k not in fields)
     for key in dropped:
         del section[key]
-    defaults = {k: _plain(field_default(f)) for k, f in fields.items()}
+    defaults = {k: _comparable(field_default(f)) for k, f in fields.items()}
     kept = [
         k
         for k in _kept({k: v for k, v in section.items() if k != "name"}, defaults, "method.")
