@@ -51,7 +51,7 @@ SHARED_OWN = (
 HEADS = {
     "ucir_df": "cosine head (UCIR: σ·cos, one learned σ)",
     "podnet_df": "LSC head (PODNet: 10 proxies per class, learned η)",
-    "lwf_ldc": "bias-free linear head in training; LDC's nearest class mean (cosine) classifies",
+    "lwf_ldc": "cosine head in training (as LDC's: σ·cos, one learned σ); LDC's nearest class mean (cosine) classifies",
 }
 # schedules that the line below cannot say: EFC's two Adam phases, FeCAM's one trained task
 SCHEDULES = {
@@ -186,19 +186,18 @@ PAPER_ROWS = {
         "# orders for its own (docs/baselines.md, EFC).",
     ),
     "lwf_ldc": (
-        {"name": "lwf", "lambda_kd": 10.0, "temperature": 2.0, "ldc": True}
+        {"name": "lwf", "lambda_kd": 10.0, "temperature": 2.0, "head": "cosine", "ce": "local", "ldc": True}
         | {"drift": {"kind": "ldc", "epochs": 20, "lr": 0.001, "batch_size": 128, "passes": 20}},
         {"epochs": 100, "lr": 0.05, "milestones": [45, 90], "weight_decay": 0.0002},
         "LwF + LDC (Gomez-Villa et al., ECCV 2024; method lwf with ldc: true)",
-        "LDC's recipe for LwF: λ_KD 10, T 2 (no T² factor); after each later task a bias-free d×d projector, fitted\n"
-        "by Adam lr 1e-3 for 20 epochs (batch 128, fresh augmentations each epoch) to map the old model's features\n"
-        "to the new one's, moves the stored class means; nearest mean on L2-normalised features classifies.\n"
+        "LDC's recipe for LwF: CE over the new task's classes only, λ_KD 10, T 2 (no T² factor); after each later\n"
+        "task a bias-free d×d projector, fitted by Adam lr 1e-3 for 20 epochs (batch 128, fresh augmentations each\n"
+        "epoch) to map the old model's features to the new one's, moves the stored class means; nearest mean on\n"
+        "L2-normalised features classifies.\n"
         "# dfcil trains every task with one schedule: this preset gives the first task LDC's incremental schedule\n"
         "# (SGD lr 0.05, 100 epochs, x0.1 at 45 and 90, wd 2e-4), where LDC trains it 200 epochs at lr 0.1, x0.1 at\n"
-        "# 60, 120 and 160, wd 5e-4 (lwf has no first-task schedule). Other departures: dfcil's LwF takes its CE\n"
-        "# over all seen classes (LDC: the new classes' logits only) with a bias-free linear head (LDC: cosine, a\n"
-        "# learned scale), augments with pad-4 crop + flip only (LDC adds ColorJitter and AutoAugment), on R-DFCIL's\n"
-        "# ResNet-32 (d = 64) and class orders (docs/baselines.md, LDC).",
+        "# 60, 120 and 160, wd 5e-4 (lwf has no first-task schedule). Other departures: pad-4 crop + flip only (LDC\n"
+        "# adds ColorJitter and AutoAugment), R-DFCIL's ResNet-32 (d = 64) and class orders (docs/baselines.md, LDC).",
     ),
     "fecam": (
         {"name": "fecam", "tukey_beta": 0.5, "nonnegative": "relu", "shrink_diag": 1.0, "shrink_offdiag": 1.0}
@@ -396,7 +395,7 @@ def mini_overlays() -> dict[str, dict]:
         "joint": {"name": "joint", "from_scratch": True, "last_only": False},
         "abd": {"name": "abd", "inversion": {"steps": 80, "persistent": False}},
         "podnet_df": {"name": "podnet_df", "ft_epochs": 3} | budget,
-        "lwf_ldc": {"name": "lwf", "lambda_kd": 10.0, "temperature": 2.0, "ldc": True},
+        "lwf_ldc": {"name": "lwf", "lambda_kd": 10.0, "temperature": 2.0, "head": "cosine", "ce": "local", "ldc": True},
     }
     for name in METHODS.names():
         if name not in overlays and name != "rdfcil":

@@ -91,15 +91,22 @@ def _run(tmp_path, name, extra):
     return json.loads((tmp_path / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["lwf", "rdfcil"])
-def test_ldc_switch_classifies_by_nearest_mean_and_dfcil_eval_agrees(name, tmp_path):
+@pytest.mark.parametrize(
+    ("name", "head"),
+    [("lwf", "linear"), ("lwf", "cosine"), ("rdfcil", "linear")],  # lwf cosine: LDC's own LwF (local CE, cosine)
+)
+def test_ldc_switch_classifies_by_nearest_mean_and_dfcil_eval_agrees(name, head, tmp_path):
     from dfcil.checkpoint import loads
     from dfcil.tools import evaluate_run
 
     extra = [("method.ldc", "true"), ("method.drift.epochs", "2"), ("method.drift.passes", "1")]
+    if head == "cosine":
+        extra += [("method.head", "cosine"), ("method.ce", "local")]
     summary = _run(tmp_path / "run", name, extra)
     assert summary["stores"] == "class statistics"
-    state = loads((tmp_path / "run" / "model.pt").read_bytes())["method_state"]
+    saved = loads((tmp_path / "run" / "model.pt").read_bytes())
+    assert saved["head"] == head and ("head.sigma" in saved["net"]) == (head == "cosine")
+    state = saved["method_state"]
     assert state["means"].shape == (6, 64)  # every class's mean, for dfcil eval
     report = evaluate_run(tmp_path / "run")  # nearest mean again, from model.pt: the run's last row
     assert [t["correct"] for t in report["tasks"]] == summary["correct_matrix"][1]

@@ -102,7 +102,7 @@ def _task1_setup(extra=(), name="rdfcil", n=24, old=3, new=3):
     cfg = tiny_config(name, extra)
     method = build_method(cfg.method, cfg.train)
     torch.manual_seed(0)
-    net = build_network("resnet8", type(method).head)
+    net = build_network("resnet8", method.head)
     net.expand(old)
     net.train()
     with torch.no_grad():
@@ -618,6 +618,29 @@ def test_lwf_terms_are_ce_and_kd_on_the_new_data():
     logits = copy.deepcopy(net)(x).logits
     got = method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])
     want = {"ce": F.cross_entropy(logits, y), "kd": 1.0 * _soft_ce(logits[:, :2], old)}  # seen classes; old ones
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], msg=k)
+
+
+def test_lwf_as_ldc_trains_it_local_ce_on_a_cosine_head():
+    """LDC's LwF (PyCIL): CE over the new classes' logits only, of σ·cos logits; KD of the old model's σ·cos."""
+    import torch.nn.functional as F
+
+    from dfcil.models.heads import CosineIncremental
+
+    extra = [("method.head", "cosine"), ("method.ce", "local"), ("method.lambda_kd", "10")]
+    cfg, method, net, ctx, batches = _task1_setup(extra, name="lwf", old=2, new=4)
+    assert isinstance(net.head, CosineIncremental) and isinstance(method.teacher.net.head, CosineIncremental)
+    x, y = next(iter(batches))
+    with torch.no_grad():
+        net.head.sigma.fill_(3.0)  # a learned scale away from 1: the logits carry it, the teacher's keeps its own
+        old = torch.softmax(method.teacher(x).logits / 2.0, dim=1)
+    out = copy.deepcopy(net)(x)
+    cos = F.normalize(out.features, dim=1) @ F.normalize(net.head.weight(), dim=1).T
+    torch.testing.assert_close(out.logits, 3.0 * cos)
+    got = method.training_step(net, Batch(x, y), ctx, method.phases(ctx)[0])
+    want = {"ce": F.cross_entropy(3.0 * cos[:, 2:], y - 2), "kd": 10.0 * _soft_ce(3.0 * cos[:, :2], old)}
     assert set(got) == set(want)
     for k in want:
         torch.testing.assert_close(got[k], want[k], msg=k)

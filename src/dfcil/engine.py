@@ -126,7 +126,7 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
     method = build_method(cfg.method, cfg.train)
     backbone = backbone_for(cfg.model.backbone, protocol.dataset.image_size)
     capacity = sum(protocol.split.task_sizes) if cfg.model.static_head else None  # prepare() checked the method
-    net = build_network(backbone, type(method).head, cfg.model.head_init_std, capacity).to(device)
+    net = build_network(backbone, method.head, cfg.model.head_init_std, capacity).to(device)
     if cfg.engine.channels_last:
         net.to(memory_format=torch.channels_last)
     if dist.active and cfg.engine.sync_bn:

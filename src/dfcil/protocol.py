@@ -111,7 +111,7 @@ def prepare(cfg: RunConfig, progress: ProgressFactory | None = None, training: b
     method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
     if cfg.model.backbone != "auto":
         BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
-    HEADS.get(type(method).head)
+    HEADS.get(method.head)
     check_engine(cfg, method)
     device = resolve_device(cfg.device)
     if cfg.engine.compile != "none" and cfg.engine.compile_backend == "inductor":

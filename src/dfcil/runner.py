@@ -406,4 +406,4 @@ class SaveModel(Callback):
         }  # fmt: skip
         if method_state := self.loop.method.eval_state():  # what the method classifies with besides the network
             about["method_state"] = method_state
-        save_model(self.path, self.loop.net, type(self.loop.method).head, backbone, about)
+        save_model(self.path, self.loop.net, self.loop.method.head, backbone, about)

@@ -21,7 +21,7 @@ from dfcil.distributed import Dist
 from dfcil.errors import CheckpointError
 from dfcil.io import write_atomic
 from dfcil.loop import Callback, Loop
-from dfcil.methods import METHODS, Method, Task, build_method
+from dfcil.methods import Method, Task, build_method
 from dfcil.protocol import Protocol
 from dfcil.runtime import resolve_device
 from dfcil.version import source_revision
@@ -47,7 +47,7 @@ def task0_key(cfg: RunConfig, protocol: Protocol, method: Method | None = None) 
         "train_per_class": data.train_per_class,
         "test_per_class": data.test_per_class,
         "model": raw["model"],
-        "head": METHODS.get(cfg.method.name).head,
+        "head": method.head,
         # the phases carry epochs, lr and milestones of task 0; eval batch size never changes results
         "train": {k: v for k, v in raw["train"].items() if k in ("batch_size", "momentum", "weight_decay", "gamma")},
         "seed": cfg.seed,

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch.nn.functional as F
 from torch import Tensor
 
 from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, configclass
+from dfcil.losses.classification import local_ce
 from dfcil.losses.distillation import kd_soft_ce
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
 from dfcil.methods.lifecycle import TeacherMethod
@@ -21,6 +23,10 @@ class LwFConfig(MethodConfig):
     name: str = "lwf"
     lambda_kd: NonNegativeFloat = 1.0  # μ
     temperature: PositiveFloat = 2.0  # T (no T² factor, as ABD)
+    # the classifier trained: ABD's bias-free linear head, or LDC's (PyCIL) cosine head with one learned scale
+    head: Literal["linear", "cosine"] = "linear"
+    # the CE's classes: every seen class (ABD's LwF) or the new task's only ("local", LDC's LwF)
+    ce: Literal["seen", "local"] = "seen"
     # LDC: keep each class's mean feature (plain images, end of its task), move the stored means through a
     # projector fitted after every later task's training, and classify by nearest mean (docs/baselines.md, LDC)
     ldc: bool = False
@@ -42,6 +48,7 @@ class LwF(NCMClassifier, TeacherMethod):
         super().__init__(cfg, train)
         self.memory = ClassMemory(cfg.drift, covariances=False, augmented=False) if cfg.ldc else None
         self.classify_by_means = cfg.ldc
+        self.head = cfg.head  # the network the engine builds for this run
         if cfg.ldc:
             self.stores = "class statistics"
 
@@ -56,7 +63,8 @@ class LwF(NCMClassifier, TeacherMethod):
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         logits = net(batch.x).logits
-        terms = {"ce": F.cross_entropy(logits, batch.y)}
+        ce = local_ce(logits, batch.y, ctx.n_old) if self.cfg.ce == "local" else F.cross_entropy(logits, batch.y)
+        terms = {"ce": ce}
         old = self.teacher.logits(batch.x)  # (B, n_old)
         if old is not None:
             terms["kd"] = self.cfg.lambda_kd * kd_soft_ce(logits[:, : ctx.n_old], old, self.cfg.temperature)
