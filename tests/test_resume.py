@@ -480,6 +480,22 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
     assert not (out / "summary.json").exists()
 
 
+def test_a_loss_past_the_limit_stops_as_diverged_and_resumes_with_another_limit(tmp_path, capsys):
+    """A loss that explodes while finite (train.max_loss on an epoch's mean) stops like a non-finite one, before
+    the epoch's checkpoint; the limit is a runtime key, so the same run continues under another one."""
+    out = tmp_path / "run"
+    base = ["--config", SMOKE, "--out", str(out), "--no-progress", "--method.name", "finetune", "--train.epochs", "2"]
+    base += ["--train.milestones", "[]", "--train.batch_size", "16", "--checkpoint_interval_s", "0"]
+    assert main(["train", *base, "--train.max_loss", "1e-6"]) == 1  # task 0's CE is far above it
+    err = capsys.readouterr().err
+    assert "dfcil: training stopped: loss term 'ce' averaged" in err
+    assert "in task 0, phase train, epoch 0, above train.max_loss (1e-06): the training diverged" in err
+    assert _position(out) == {"task": 0, "stage": "train", "phase": 0, "epoch": 0, "step": 0}  # not the diverged epoch
+    assert not (out / "summary.json").exists()
+    assert main(["resume", str(out), "--no-progress", "--train.max_loss", "null"]) == 0
+    assert json.loads((out / "summary.json").read_text())["last_acc"] is not None
+
+
 def test_shared_first_task_model_gives_the_same_run(tmp_path):
     cache = tmp_path / "task0"
     base = ["--config", SMOKE, "--no-progress", "--train.milestones", "[]"]
@@ -598,6 +614,21 @@ def test_shared_first_task_key_follows_what_shapes_task_0(override, shares):
         return task0_key(cfg, prepare(cfg))
 
     assert (key(override) == key()) is shares
+
+
+def test_shared_first_task_key_follows_the_head_a_method_config_chooses():
+    """lwf's head is a config key (LDC's recipe: cosine): another head is another first-task model; its local CE
+    is the full CE in task 0, so ``ce`` alone shares."""
+    from dfcil.protocol import prepare
+    from dfcil.task0 import task0_key
+
+    def key(*overrides):
+        cfg = load_config([SMOKE], [("method.name", "lwf"), *overrides])[0]
+        return task0_key(cfg, prepare(cfg))
+
+    assert key() is not None
+    assert key(("method.head", "cosine")) != key()
+    assert key(("method.ce", "local")) == key()
 
 
 def test_shared_first_task_key_follows_the_images_and_the_code(monkeypatch):

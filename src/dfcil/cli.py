@@ -34,7 +34,7 @@ from dfcil.errors import (
     CheckpointError,
     ConfigError,
     DatasetError,
-    NonFiniteLossError,
+    DivergedError,
     RegistryError,
     RunInterrupted,
     SplitError,
@@ -490,7 +490,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except (ConfigError, SplitError, DatasetError, RegistryError, CheckpointError) as err:
         print(f"dfcil: error: {err}", file=sys.stderr)
         return 2
-    except NonFiniteLossError as err:
+    except DivergedError as err:
         print(f"dfcil: training stopped: {err}", file=sys.stderr)
         return 1
     except OSError as err:

@@ -129,6 +129,9 @@ class TrainConfig:
     milestones: tuple[NonNegativeInt, ...] = (80, 120)  # epochs (from the phase start) where lr *= gamma
     gamma: PositiveFloat = 0.1
     eval_batch_size: PositiveInt = 1000  # test images per forward; no effect on results
+    # a loss term whose mean over an epoch passes it stops the run as diverged, as a non-finite one does (healthy
+    # terms stay far below: a CE is a few units); null: no limit
+    max_loss: PositiveFloat | None = 1e6
 
     def __post_init__(self) -> None:
         m = self.milestones
@@ -254,11 +257,13 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
 # Keys that a resume may change: they never change the results (data.root says where the same data lies,
 # data.rebuild prepares its cache again from it;
 # engine.cuda_graphs changes how a step's kernels are launched, not which: a run whose capture failed continues with
-# it off; engine.compile_cache, where compiled code is kept). Everything else shapes the protocol or the model.
+# it off; engine.compile_cache, where compiled code is kept; train.max_loss only stops a run that diverged).
+# Everything else shapes the protocol or the model.
 RUNTIME_KEYS = frozenset(
     {
         "device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache", "engine.cuda_graphs",
         "data.root", "data.download", "data.cache", "data.workers", "data.rebuild", "log", "engine.compile_cache",
+        "train.max_loss",
     }
 )  # fmt: skip
 

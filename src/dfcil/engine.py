@@ -30,7 +30,7 @@ from dfcil import distributed
 from dfcil.callbacks import Checkpointing, Timer
 from dfcil.config import RunConfig
 from dfcil.data.device import Normalizer, TrainBatches
-from dfcil.errors import NonFiniteLossError, RunInterrupted
+from dfcil.errors import LossLimitError, NonFiniteLossError, RunInterrupted
 from dfcil.graphs import StepGraph
 from dfcil.loop import Loop, RunOptions
 from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
@@ -299,6 +299,7 @@ def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar
 
     Raises:
         NonFiniteLossError: naming the first non-finite term, with task, phase, epoch and step.
+        LossLimitError: naming a term whose epoch mean passed ``train.max_loss``.
     """
     state, data = loop.state, ctx.data
     epoch, lrs = state.position.epoch, tuple(group["lr"] for group in state.optimizer.param_groups)
@@ -315,13 +316,18 @@ def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar
             state.position = dataclasses.replace(state.position, step=ep.step)
             stop(loop, f"in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")
     bad = ep.first_non_finite()  # (step, term): later ones usually follow from it
+    fix = "Lower the learning rate or this term's weight; the run directory keeps the checkpoint of the last good epoch"
     if bad is not None:
         raise NonFiniteLossError(
             f"loss term {bad[1]!r} became non-finite in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, step "
-            f"{bad[0]}. Lower the learning rate or this term's weight; the run directory keeps the checkpoint of the "
-            f"last good epoch."
+            f"{bad[0]}. {fix}."
         )
-    means = ep.means()
+    means, limit = ep.means(), loop.cfg.train.max_loss
+    if limit is not None and (big := next(((k, v) for k, v in means.items() if v > limit), None)):
+        raise LossLimitError(
+            f"loss term {big[0]!r} averaged {big[1]:.4g} in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, "
+            f"above train.max_loss ({limit:g}): the training diverged. {fix} (train.max_loss null: no limit)."
+        )
     loop.method.on_epoch_end(ctx, phase)
     state.epoch, state.position = None, dataclasses.replace(state.position, epoch=epoch + 1, step=0)
     dt = time.perf_counter() - t0

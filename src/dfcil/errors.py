@@ -35,8 +35,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, truncated, tampered with or from another run."""
 
 
-class NonFiniteLossError(FloatingPointError):
+class DivergedError(FloatingPointError):
+    """The training diverged: a loss term became NaN or infinite, or its epoch mean passed ``train.max_loss``."""
+
+
+class NonFiniteLossError(DivergedError):
     """A loss term became NaN or infinite."""
+
+
+class LossLimitError(DivergedError):
+    """A loss term's mean over an epoch passed ``train.max_loss``."""
 
 
 class RunInterrupted(Exception):
