@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import smoke_configs
 from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.errors import ConfigError
 from dfcil.losses.prototypes import balanced_labels, ncm_scores, sample_gaussians
@@ -144,6 +145,43 @@ def test_rdfcil_plus_switches_and_refusals(tmp_path):
     assert "replay" not in off.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
     with pytest.raises(ConfigError, match="method.classifier ncm"):
         tiny_config("rdfcil_plus", [("method.ldc", "true")]) and _task1_setup([("method.ldc", "true")], "rdfcil_plus")
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "match"),
+    [
+        ("lwf", [("method.drift.kind", "lstsq")], "method.ldc is false"),  # no means to move
+        ("rdfcil", [("method.drift", "{passes: 1}")], "method.ldc is false"),
+        ("lwf", [("method.ldc", "true"), ("method.drift.synthetic", "true")], "no generator"),
+        ("rdfcil_plus", [("method.chr_epochs", "0"), ("train.epochs", "2")], "would never be used"),
+    ],
+)
+def test_settings_a_method_would_ignore_are_refused(name, extra, match, tmp_path):
+    from dfcil.cli import main
+    from dfcil.methods import build_method
+
+    cfg = tiny_config(name, extra)
+    with pytest.raises(ConfigError, match=match):
+        build_method(cfg.method, cfg.train)
+    args = ["train", *(f"--config={c}" for c in smoke_configs(name)), "--method.name", name, "--out", str(tmp_path)]
+    assert main([*args + [f"--{k}={v}" for k, v in extra], "--no-progress"]) == 2  # one line, nothing written
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("lwf", [("method.ldc", "true"), ("method.drift.kind", "lstsq")]),
+        ("rdfcil", [("method.ldc", "true"), ("method.drift.synthetic", "true")]),
+        ("rdfcil_plus", [("method.chr_epochs", "0"), ("train.epochs", "2"), ("method.classifier", "ncm")]),
+        ("rdfcil_plus", [("method.chr_epochs", "0"), ("train.epochs", "2"), ("method.replay", "false")]),
+    ],
+)
+def test_the_same_settings_with_what_uses_them_are_accepted(name, extra):
+    from dfcil.methods import build_method
+
+    cfg = tiny_config(name, extra)
+    build_method(cfg.method, cfg.train)
 
 
 def test_rdfcil_plus_ncm_classifier_scores_by_the_stored_means():

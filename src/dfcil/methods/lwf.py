@@ -14,7 +14,7 @@ from dfcil.losses.classification import local_ce
 from dfcil.losses.distillation import kd_soft_ce
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
 from dfcil.methods.lifecycle import TeacherMethod
-from dfcil.methods.memory import ClassMemory, DriftConfig, NCMClassifier
+from dfcil.methods.memory import ClassMemory, DriftConfig, NCMClassifier, check_drift_used
 from dfcil.models.network import IncrementalNet
 
 
@@ -45,6 +45,7 @@ class LwF(NCMClassifier, TeacherMethod):
     Config = LwFConfig
 
     def __init__(self, cfg: LwFConfig, train) -> None:
+        check_drift_used(cfg.drift, cfg.ldc, generator=False)
         super().__init__(cfg, train)
         self.memory = ClassMemory(cfg.drift, covariances=False, augmented=False) if cfg.ldc else None
         self.classify_by_means = cfg.ldc

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from dfcil.config import PositiveFloat, PositiveInt, configclass
 from dfcil.context import TaskContext
+from dfcil.errors import ConfigError
 from dfcil.losses.prototypes import (
     class_gaussians,
     fit_projector,
@@ -46,6 +47,21 @@ class DriftConfig:
     # also fit the map on synthetic images of the old classes (methods with a generator; R-DFCIL+): the task's own
     # images only show how the new classes' region moved
     synthetic: bool = False
+
+
+def check_drift_used(drift: DriftConfig, ldc: bool, generator: bool) -> None:
+    """Refuse ``method.drift`` settings that a method would ignore: any, without the ``ldc`` switch that keeps
+    class means to move; ``synthetic`` on a method with no generator to draw images from."""
+    if not ldc and drift != DriftConfig():
+        raise ConfigError(
+            "method.drift sets how LDC moves the stored class means, and method.ldc is false, so there are none: "
+            "set method.ldc: true, or drop method.drift"
+        )
+    if drift.synthetic and not generator:
+        raise ConfigError(
+            "method.drift.synthetic fits the drift on synthetic images too, and this method has no generator to "
+            "draw them: drop method.drift.synthetic (rdfcil and rdfcil_plus have one)"
+        )
 
 
 class ClassMemory:

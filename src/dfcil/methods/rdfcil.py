@@ -22,7 +22,7 @@ from dfcil.losses.classification import balanced_class_weights, class_histogram,
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Phase, Task, TaskContext, register_method
 from dfcil.methods.lifecycle import ReplayMethod
-from dfcil.methods.memory import ClassMemory, DriftConfig, NCMClassifier
+from dfcil.methods.memory import ClassMemory, DriftConfig, NCMClassifier, check_drift_used
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
 from dfcil.synthesis.replay import frozen_student_pass, student_pass, teacher_pass
@@ -104,6 +104,8 @@ class RDFCIL(NCMClassifier, ReplayMethod):
             )
         self.task_id: int | None = None  # the task the state below belongs to
         self.memory = self.build_memory(cfg)
+        if self.memory is None:
+            check_drift_used(cfg.drift, cfg.ldc, generator=True)
         self.classify_by_means = cfg.ldc
         if self.memory is not None:
             self.stores = "class statistics"

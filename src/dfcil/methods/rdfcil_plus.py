@@ -53,6 +53,11 @@ class RDFCILPlus(RDFCIL):
                 "method.ldc is R-DFCIL's nearest-mean switch; rdfcil_plus keeps class statistics always: drop "
                 "method.ldc and set method.classifier ncm to classify by the means"
             )
+        if cfg.chr_epochs == 0 and cfg.replay and cfg.classifier == "head":
+            raise ConfigError(
+                "rdfcil_plus replays its class statistics in CHR, and method.chr_epochs is 0: they would never be "
+                "used. Give CHR epochs, classify by the means (method.classifier: ncm), or train rdfcil"
+            )
         super().__init__(cfg, train)
         self.classify_by_means = cfg.classifier == "ncm"
 
