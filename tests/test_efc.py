@@ -4,6 +4,7 @@ the asymmetric CE's buffer, the frozen BN and the end-of-task updates through th
 import copy
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -245,3 +246,24 @@ def test_a_run_stopped_inside_the_first_task_resumes_exactly(tmp_path):
     assert a["correct_matrix"] == b["correct_matrix"]
     wa, wb = (loads((tmp_path / d / "model.pt").read_bytes())["net"] for d in "ab")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        ([("train.lr", "0.01")], "train.lr (0.01)"),
+        ([("train.momentum", "0.5")], "train.momentum (0.5)"),
+        ([("train.weight_decay", "0.001")], "train.weight_decay (0.001)"),
+        ([("train.lr", "0.001"), ("train.weight_decay", "0.0002")], None),  # the presets' copy of the first task's
+        ([("method.first_lr", "0.01"), ("train.lr", "0.01")], None),
+    ],
+)
+def test_train_keys_efc_never_reads_are_refused(extra, refused):
+    from dfcil.errors import ConfigError
+
+    cfg = tiny_config("efc", extra)
+    if refused is None:
+        build_method(cfg.method, cfg.train)
+        return
+    with pytest.raises(ConfigError, match=re.escape(refused) + ".* would change nothing: efc trains with Adam"):
+        build_method(cfg.method, cfg.train)

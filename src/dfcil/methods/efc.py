@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, PositiveInt, TrainConfig, configclass
 from dfcil.context import Task
 from dfcil.data.device import TrainBatches
+from dfcil.errors import ConfigError
 from dfcil.losses.prototypes import balanced_labels, class_gaussians, gaussian_factors, sample_gaussians
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
 from dfcil.methods.lifecycle import TeacherMethod
@@ -43,6 +44,9 @@ class EFCConfig(MethodConfig):
     first_weight_decay: NonNegativeFloat = 2e-4  # Adam's coupled L2 in the first task
     lr: PositiveFloat = 1e-4  # Adam lr of every later task, constant
     weight_decay: NonNegativeFloat = 2e-4  # Adam's coupled L2 in later tasks (old heads included, as EFC)
+
+
+TRAIN_DEFAULTS = TrainConfig()
 
 
 def rotation_batch(x: Tensor, y: Tensor, n_classes: int) -> tuple[Tensor, Tensor]:
@@ -174,6 +178,22 @@ class EFC(TeacherMethod):
     distributed = False  # the statistics are computed by one process
 
     def __init__(self, cfg: EFCConfig, train: TrainConfig) -> None:
+        # EFC trains with its own Adam settings; train.lr and train.weight_decay are read by no phase (its presets
+        # repeat the first task's values there, which is accepted), train.momentum by no optimiser
+        ignored = [
+            f"train.{key} ({value:g})"
+            for key, value, allowed in (
+                ("lr", train.lr, (TRAIN_DEFAULTS.lr, cfg.first_lr)),
+                ("weight_decay", train.weight_decay, (TRAIN_DEFAULTS.weight_decay, cfg.first_weight_decay)),
+                ("momentum", train.momentum, (TRAIN_DEFAULTS.momentum,)),
+            )
+            if value not in allowed
+        ]
+        if ignored:
+            raise ConfigError(
+                f"{' and '.join(ignored)} would change nothing: efc trains with Adam at method.first_lr and "
+                f"method.first_weight_decay in the first task and method.lr and method.weight_decay after it; set those"
+            )
         super().__init__(cfg, train)
         self.means = torch.zeros(0, 0)  # (n_old, d) class means, drifted after every task
         self.covs = torch.zeros(0, 0, 0)  # (n_old, d, d) class covariances, as computed after the class's task
