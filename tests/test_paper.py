@@ -112,6 +112,10 @@ def test_protocol_names_and_variants():
     assert variant_of("abd", {"inversion": {"persistent": True, "steps": 10000}}) == "faithful"
     assert variant_of("rdfcil", {"new_kd": "rkd", "chr_epochs": 3}) == "" and variant_of("lwf", {}) == ""
     assert variant_of("lwf", {"lambda_kd": 10.0, "ldc": True}) == "ldc" and variant_of("lwf", {"ldc": False}) == ""
+    # LDC's own LwF is the LDC paper's "ldc"; its switches alone are another LwF than R-DFCIL's table's
+    assert variant_of("lwf", {"ldc": True, "head": "cosine", "ce": "local"}) == "ldc"
+    assert variant_of("lwf", {"head": "cosine", "ce": "seen"}) == "cosine"
+    assert variant_of("lwf", {"head": "cosine", "ce": "local"}) == "cosine+local_ce"
 
 
 def _header_numbers(text: str) -> tuple[str | None, str | None] | None:

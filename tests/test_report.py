@@ -437,6 +437,29 @@ def test_a_run_saved_before_a_key_existed_joins_its_experiment_as_the_keys_defau
     ]
 
 
+def test_a_method_key_added_since_a_run_was_saved_reads_as_what_the_run_trained(tmp_path):
+    """lwf gained head, ce, ldc and drift after runs were saved: an old lwf run (none of them in its config.yaml)
+    groups with a new one that saves the keys at their defaults, not with one that sets them otherwise."""
+    root = tmp_path / "runs"
+    write_run(root, "old", C100_N10, {"name": "lwf"}, summary=summary(40.0, 58.0))
+    new = {"name": "lwf", "head": "linear", "ce": "seen", "ldc": False, "drift": {"kind": "ldc", "passes": 20}}
+    write_run(root, "new", C100_N10 | {"class_order_seed": 1}, new, summary=summary(42.0, 59.0))
+    write_run(root, "cos", C100_N10, new | {"head": "cosine"}, summary=summary(42.0, 59.0))
+    groups = {g.label: len(g.finished) for g in group_runs(find_runs([root]))}
+    assert groups == {"lwf · cifar100 · n10": 2, "lwf[cosine] · cifar100 · n10": 1}  # the cosine head: LDC's LwF
+
+
+def test_the_method_keys_the_report_fills_in_are_the_methods_defaults():
+    import dataclasses
+
+    from dfcil.methods import METHODS
+    from dfcil.runs import METHOD_KEYS_ADDED
+
+    for name, keys in METHOD_KEYS_ADDED.items():
+        defaults = dataclasses.asdict(METHODS.get(name).Config())
+        assert {k: defaults[k] for k in keys} == keys, name
+
+
 def paired_root(root: Path) -> Path:
     """R-DFCIL, LwF and fine-tuning on orders 0-2 of one protocol (LwF also on order 3, which R-DFCIL lacks), and
     R-DFCIL alone on another protocol."""

@@ -311,7 +311,7 @@ def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_pa
         "device": "cpu", "checkpoint_interval_s": "30", "epoch_checkpoint_interval_s": "5",
         "task0_cache": str(tmp_path / "t0"), "engine.cuda_graphs": "off", "data.root": str(tmp_path),
         "data.download": "false", "data.cache": str(tmp_path / "cache"), "data.workers": "1", "log": "csv",
-        "data.rebuild": "true", "engine.compile_cache": str(tmp_path / "cc"),
+        "data.rebuild": "true", "engine.compile_cache": str(tmp_path / "cc"), "train.max_loss": "1000.5",
     }  # fmt: skip
     assert set(values) == RUNTIME_KEYS
     seen = {}
@@ -319,7 +319,8 @@ def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_pa
     for key, value in values.items():
         assert main(["resume", str(out), f"--{key}", value]) == 0, key
     assert seen == {**{k: v for k, v in values.items()}, "checkpoint_interval_s": 30, "epoch_checkpoint_interval_s": 5,
-                    "data.download": False, "data.workers": 1, "log": ["csv"], "data.rebuild": True}  # fmt: skip
+                    "data.download": False, "data.workers": 1, "log": ["csv"], "data.rebuild": True,
+                    "train.max_loss": 1000.5}  # fmt: skip
     assert main(["resume", str(out), "--train.epochs", "9"]) == 2
     assert "--train.epochs: dfcil resume may change only the runtime keys" in capsys.readouterr().err
     monkeypatch.undo()

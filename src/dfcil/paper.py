@@ -59,7 +59,13 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
 # Settings that make a run another approach than the paper's row of its method, with no paper number of its own:
 # a report names the variant and compares the run with nothing (R-DFCIL with LDC's nearest-mean classifier is not
 # the paper's R-DFCIL).
-SWITCHES: dict[str, dict[str, dict[str, Any]]] = {"rdfcil": {"ldc": {"ldc": True}}}
+SWITCHES: dict[str, dict[str, dict[str, Any]]] = {
+    "rdfcil": {"ldc": {"ldc": True}},
+    "lwf": {"cosine": {"head": "cosine"}, "local_ce": {"ce": "local"}},  # LDC's LwF; not R-DFCIL's table's LwF
+}
+# Switches that a variant's paper runs as part of it, so that they name no variant of their own there: LDC's LwF has a
+# cosine head and a local CE (an lwf_ldc preset is "ldc", compared with the LDC paper's row).
+PART_OF: dict[str, dict[str, tuple[str, ...]]] = {"lwf": {"ldc": ("cosine", "local_ce")}}
 
 # The protocol of each paper that rows are quoted from, as a report's footnote says it (R-DFCIL's own: none).
 PROTOCOLS = {
@@ -251,4 +257,6 @@ def variant_of(method: str, settings: dict[str, Any]) -> str:
         return all(holds(v, have.get(k)) if isinstance(v, dict) else have.get(k) == v for k, v in want.items())
 
     variants = VARIANTS.get(method, {}) | SWITCHES.get(method, {})
-    return "+".join(name for name, want in variants.items() if holds(want, settings))
+    names = [name for name, want in variants.items() if holds(want, settings)]
+    parts = {part for name in names for part in PART_OF.get(method, {}).get(name, ())}
+    return "+".join(name for name in names if name not in parts)

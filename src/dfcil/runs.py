@@ -30,11 +30,41 @@ SAME_EXPERIMENT |= {"engine.cudnn_benchmark", "engine.fused_optimizer"}
 METHOD_ORDER = ("joint", "finetune", "lwf", "lwf_mc", "deepinversion", "dgr", "ucir_df", "podnet_df", "abd", "rdfcil")
 
 
+# Method keys added after runs were saved, each with the value that keeps what such a run trained (lwf before its
+# head switch trained the linear head): a saved method section that lacks one reads it so, and the run joins the
+# later runs of its experiment. The report imports no method; tests/test_report.py checks these against the
+# methods' own defaults.
+_DRIFT = {"kind": "ldc", "epochs": 20, "lr": 0.001, "batch_size": 128, "passes": 20, "ridge": 0.001, "synthetic": False}
+METHOD_KEYS_ADDED: dict[str, dict[str, Any]] = {
+    "lwf": {"head": "linear", "ce": "seen", "ldc": False, "drift": _DRIFT},
+    "rdfcil": {"ldc": False, "drift": _DRIFT},
+}
+
+
+def with_added_method_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (plain data) with the method keys of :data:`METHOD_KEYS_ADDED` its method section lacks."""
+    method = config.get("method")
+    added = METHOD_KEYS_ADDED.get(method.get("name")) if isinstance(method, dict) else None
+    if not added:
+        return config
+
+    def fill(have: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
+        out = dict(have)
+        for key, value in want.items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(value, dict) and isinstance(out[key], dict):
+                out[key] = fill(out[key], value)
+        return out
+
+    return {**config, "method": fill(method, added)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     path: Path
     name: str  # the path from the folder given on the command line (its name included)
-    config: dict[str, Any]  # config.yaml as plain data
+    config: dict[str, Any]  # config.yaml as plain data, method keys added since it was saved filled in
     summary: dict[str, Any] | None  # summary.json; None: unfinished
 
     def metric(self, key: str) -> float | None:
@@ -167,7 +197,7 @@ def _read_run(path: Path, name: str) -> Run | None:
     if problem is not None:
         print(f"dfcil report: skipping {path}: its summary.json is not a dfcil summary ({problem})", file=sys.stderr)
         return None
-    return Run(path, name, config, summary)
+    return Run(path, name, with_added_method_keys(config), summary)
 
 
 def _number(value: Any) -> bool:

@@ -26,7 +26,7 @@ class Method:
     """
 
     name: ClassVar[str]
-    head: ClassVar[str] = "linear"  # which head IncrementalNet must build (an instance may set its own)
+    head: str = "linear"  # which head IncrementalNet must build (an instance may choose its own from its config)
     train_data: ClassVar[Literal["task", "seen"]] = "task"  # "seen": real data of every task so far (joint only)
     # What it keeps from one task to the next besides the model: one of dfcil.stores.STORES, which also says
     # which methods are data-free

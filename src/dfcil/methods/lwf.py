@@ -49,7 +49,8 @@ class LwF(NCMClassifier, TeacherMethod):
         super().__init__(cfg, train)
         self.memory = ClassMemory(cfg.drift, covariances=False, augmented=False) if cfg.ldc else None
         self.classify_by_means = cfg.ldc
-        self.head = cfg.head  # the network the engine builds for this run
+        if cfg.head != "linear":  # the network the engine builds for this run (a subclass's own head otherwise)
+            self.head = cfg.head
         if cfg.ldc:
             self.stores = "class statistics"
 
