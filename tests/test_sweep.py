@@ -59,6 +59,10 @@ def test_plan_refuses_bad_keys_and_clashing_names():
         plan([["configs/smoke.yaml"]], [("data.root", ["a b", "a_b"])])  # both root=a_b
     with pytest.raises(ConfigError, match="at least one --config"):
         plan([], [])
+    # a method's own refusal, before any run starts: LDC's drift settings with LDC switched off
+    ldc = ["configs/cifar100-mini10.yaml", "configs/cifar100-mini10/lwf_ldc.yaml"]  # drift.passes 1
+    with pytest.raises(ConfigError, match="lwf_ldc.yaml with method.ldc=false: method.drift sets how LDC"):
+        plan([ldc], [("method.ldc", ["true", "false"])])
 
 
 def test_default_jobs_packs_small_runs_by_free_gpu_memory():

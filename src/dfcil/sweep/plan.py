@@ -138,6 +138,7 @@ def plan(
     if not config_groups:
         raise ConfigError("dfcil sweep needs at least one --config FILE.yaml (several files of one run: a.yaml+b.yaml)")
     from dfcil.load import load_config, plugin_specs
+    from dfcil.methods import build_method
 
     plugins = plugin_specs(plugins)  # files' paths absolute: the runs need not start where the sweep did
     labels = _config_labels(config_groups)
@@ -152,6 +153,7 @@ def plan(
             overrides = (*fixed, *assigned)
             try:
                 cfg, _ = load_config(files, overrides, plugins=plugins)
+                build_method(cfg.method, cfg.train)  # the method's own checks (a setting it would ignore)
             except ConfigError as err:
                 shown = " ".join(f"{k}={v}" for k, v in assigned)
                 raise ConfigError(f"{'+'.join(files)}{' with ' + shown if shown else ''}: {err}") from None
