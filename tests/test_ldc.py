@@ -156,7 +156,7 @@ def test_rdfcil_plus_switches_and_refusals(tmp_path):
         ("rdfcil_plus", [("method.chr_epochs", "0"), ("train.epochs", "2")], "would never be used"),
     ],
 )
-def test_settings_a_method_would_ignore_are_refused(name, extra, match, tmp_path):
+def test_settings_a_method_would_ignore_are_refused(name, extra, match, tmp_path, capsys):
     from dfcil.cli import main
     from dfcil.methods import build_method
 
@@ -165,6 +165,8 @@ def test_settings_a_method_would_ignore_are_refused(name, extra, match, tmp_path
         build_method(cfg.method, cfg.train)
     args = ["train", *(f"--config={c}" for c in smoke_configs(name)), "--method.name", name, "--out", str(tmp_path)]
     assert main([*args + [f"--{k}={v}" for k, v in extra], "--no-progress"]) == 2  # one line, nothing written
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dfcil: error: ")]
+    assert len(errors) == 1 and match in errors[0]  # after the notes of the method switch, if any
     assert list(tmp_path.iterdir()) == []
 
 
