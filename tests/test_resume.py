@@ -474,7 +474,7 @@ def test_two_processes_never_share_a_run_directory(tmp_path, capsys):
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", *ARGS, "--method.lambda_hkd", "1e39"])
-    assert rc == 1
+    assert rc == 3  # EXIT_DIVERGED: a sweep does not retry it
     err = capsys.readouterr().err
     assert "loss term 'hkd' became non-finite in task 1, phase rrl, epoch 0, step 0" in err
     assert _position(out) == {"task": 1, "stage": "train", "phase": 0, "epoch": 0, "step": 0}
@@ -487,7 +487,7 @@ def test_a_loss_past_the_limit_stops_as_diverged_and_resumes_with_another_limit(
     out = tmp_path / "run"
     base = ["--config", SMOKE, "--out", str(out), "--no-progress", "--method.name", "finetune", "--train.epochs", "2"]
     base += ["--train.milestones", "[]", "--train.batch_size", "16", "--checkpoint_interval_s", "0"]
-    assert main(["train", *base, "--train.max_loss", "1e-6"]) == 1  # task 0's CE is far above it
+    assert main(["train", *base, "--train.max_loss", "1e-6"]) == 3  # task 0's CE is far above it
     err = capsys.readouterr().err
     assert "dfcil: training stopped: loss term 'ce' averaged" in err
     assert "in task 0, phase train, epoch 0, above train.max_loss (1e-06): the training diverged" in err

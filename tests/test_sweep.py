@@ -121,18 +121,44 @@ def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
     assert "holds a run with another config (" in capsys.readouterr().err
 
 
-def test_a_failing_run_is_retried_once_then_reported(tmp_path, capsys):
+def test_a_crashing_run_is_retried_once_a_refused_one_is_not(tmp_path, capsys):
+    """A run that crashes (here a method raising in its step: exit 1) may not crash again, so the sweep tries it a
+    second time; bad input (exit 2: no dataset) fails the same way again, so it is reported at once."""
     out = tmp_path / "sweep"
+    crashing = tmp_path / "crashing.py"
+    crashing.write_text(
+        "from dfcil.config import MethodConfig, configclass\n"
+        "from dfcil.methods import register_method\n"
+        "from dfcil.methods.lifecycle import TeacherMethod\n\n\n"
+        "@configclass\nclass CrashingConfig(MethodConfig):\n    name: str = 'crashing'\n\n\n"
+        "@register_method('crashing')\nclass Crashing(TeacherMethod):\n    Config = CrashingConfig\n\n"
+        "    def training_step(self, net, batch, ctx, phase):\n        raise RuntimeError('boom')\n"
+    )
+    args = ["sweep", "--config", "configs/smoke.yaml", "--method.name", "crashing", "--plugin", str(crashing)]
+    assert main([*args, "--out", str(out)]) == 1  # it fails at its first step
+    record = _records(out)["smoke"]
+    assert record["state"] == "failed" and record["attempts"] == 2 and "exit 1" in record["error"]
+    text = capsys.readouterr().out
+    assert "failed (exit 1" in text and "retrying" in text and "1 runs failed" in text
+
+    out = tmp_path / "refused"
     code = main(
         ["sweep", "--config", "configs/cifar100-mini.yaml", "--data.root", str(tmp_path / "nowhere"), "--out", str(out)]
     )
     assert code == 1
     record = _records(out)["cifar100-mini"]
-    assert record["state"] == "failed" and record["attempts"] == 2
+    assert record["state"] == "failed" and record["attempts"] == 1
     assert "cifar100" in record["error"] and "exit 2" in record["error"]
     assert not (out / "cifar100-mini").exists()  # a run that failed before its first checkpoint leaves nothing
     text = capsys.readouterr().out
-    assert "failed (exit 2" in text and "retrying" in text and "1 runs failed" in text
+    assert "failed (exit 2" in text and "retrying" not in text and "1 runs failed" in text
+
+    out = tmp_path / "diverged"  # a diverged training (exit 3) diverges again from its last checkpoint
+    args = ["sweep", "--config", "configs/smoke.yaml", "--train.max_loss", "1e-6", "--out", str(out), *TINY]
+    assert main(args) == 1
+    record = _records(out)["smoke"]
+    assert record["state"] == "failed" and record["attempts"] == 1 and "exit 3" in record["error"]
+    assert "above train.max_loss" in record["error"]
 
 
 def test_slurm_launcher_through_submitits_local_executor(tmp_path, capsys):

@@ -31,6 +31,7 @@ from typing import Any
 from dfcil import report
 from dfcil.config import RUNTIME_KEYS, TOP_LEVEL_SCALARS, RunConfig, dump_config, parse_value
 from dfcil.errors import (
+    EXIT_DIVERGED,
     CheckpointError,
     ConfigError,
     DatasetError,
@@ -492,7 +493,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     except DivergedError as err:
         print(f"dfcil: training stopped: {err}", file=sys.stderr)
-        return 1
+        return EXIT_DIVERGED
     except OSError as err:
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

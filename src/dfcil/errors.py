@@ -35,6 +35,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint that is missing, truncated, tampered with or from another run."""
 
 
+# Exit statuses of the dfcil command for failures that the same command meets again (a sweep does not retry them)
+EXIT_BAD_INPUT = 2  # a config, dataset, protocol or checkpoint refused
+EXIT_DIVERGED = 3  # the training diverged (DivergedError): lower the learning rate or the term's weight
+
+
 class DivergedError(FloatingPointError):
     """The training diverged: a loss term became NaN or infinite, or its epoch mean passed ``train.max_loss``."""
 

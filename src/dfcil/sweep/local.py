@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dfcil.children import die_with_parent
+from dfcil.errors import EXIT_BAD_INPUT, EXIT_DIVERGED
 from dfcil.sweep.gpus import usable_cores, uses_gpu, visible_device
 from dfcil.sweep.plan import SweepRun, run_status
 from dfcil.sweep.state import Sweep
@@ -98,7 +99,8 @@ class LocalRuns:
                 self.sweep.save()
                 continue
             error = None if ok else f"exit {p.returncode}: {_tail(self.logs / f'{r.run.name}.log')}"
-            self.sweep.finished(r.run, ok, seconds, error, r.resumed)
+            again = p.returncode not in (EXIT_BAD_INPUT, EXIT_DIVERGED)  # those fail the same way a second time
+            self.sweep.finished(r.run, ok, seconds, error, r.resumed, retry=again)
             if r.run.state == "pending":
                 retry.append(r.run)
         return retry

@@ -61,7 +61,11 @@ class Sweep:
         i = self.runs.index(run) + 1
         print(f"[{i}/{len(self.runs)}] {run.name}: {what}", flush=True)
 
-    def finished(self, run: SweepRun, ok: bool, seconds: float, error: str | None, resumed: bool) -> None:
+    def finished(
+        self, run: SweepRun, ok: bool, seconds: float, error: str | None, resumed: bool, retry: bool = True
+    ) -> None:
+        """Record a run's end. ``retry`` False: a failure the same command would meet again (bad input, a
+        diverged training), not tried a second time."""
         run.time_s = round((run.time_s or 0) + seconds, 1)
         if ok:
             run.state, run.error = ("resumed" if resumed else "done"), None
@@ -69,7 +73,7 @@ class Sweep:
             self.say(run, f"{run.state} in {seconds:.0f} s, A_N {run.result['last_acc']:.2f}")
         else:
             run.error = error
-            retry = run.attempts < MAX_ATTEMPTS
+            retry = retry and run.attempts < MAX_ATTEMPTS
             run.state = "pending" if retry else "failed"
             self.say(run, f"failed ({error}){'; retrying' if retry else ''}")
         self.save()
