@@ -428,7 +428,8 @@ OTHER = {
         | {"milestones": [80, 120], "gamma": 0.1},
         "chr_epochs": 40,
         "inversion_steps": 5000,
-        "own": {"efc": ("n10", "n20")},  # other papers' methods, in the settings where their paper has a number
+        # other papers' methods, in the settings where their paper has a number
+        "own": {"efc": ("n10", "n20"), "lwf_ldc": ("n10",)},
         "own_shared": "Shared with R-DFCIL (docs/reference.md): 64×64 images, CIFAR ResNet-32 (cl-lite variant, 16×16\n"
         "final map, d = 64), pad-4 crop + flip, training seed 1; the optimiser and schedule are this method's own\n"
         "recipe (below).",
@@ -485,6 +486,12 @@ OWN_NOTES = {  # the notes of another paper's method on Tiny-ImageNet-200, where
     "Tiny-ImageNet): λ_EFM 10, η 0.1, σ 0.2. Departures from the EFC paper: R-DFCIL's ResNet-32 (d = 64, pre-ReLU\n"
     "features) for its ResNet-18 (d = 512, AvgPool 8), dfcil's pad-4 crop + flip for its pad-8 crop + flip,\n"
     "dfcil's (ABD's) class orders for its own (docs/baselines.md, EFC).",
+    "lwf_ldc": "LDC's recipe for LwF as on CIFAR-100: CE over the new task's classes only, λ_KD 10, T 2; the\n"
+    "projector fitted by Adam lr 1e-3 for 20 epochs moves the stored class means; nearest mean classifies.\n"
+    "# LDC's code notes an incremental lr of 1e-3 for Tiny-ImageNet; dfcil's lwf trains every task with one\n"
+    "# schedule, so this preset keeps CIFAR-100's 0.05 (a first task at 1e-3 would barely train). Other departures\n"
+    "# as on CIFAR-100: R-DFCIL's ResNet-32 (d = 64) for ResNet-18, pad-4 crop + flip only, one schedule for every\n"
+    "# task, dfcil's class orders (docs/baselines.md, LDC).",
 }
 
 
@@ -511,7 +518,7 @@ def other_presets() -> dict[Path, str]:
                     d["own_shared"] if key in OTHER_PAPERS else d["shared"],
                     SCHEDULES.get(key)
                     or f"This preset: {schedule['epochs']} epochs per task, lr x0.1 at epochs "
-                    f"{milestones}, wd {schedule['weight_decay']:g}; bias-free linear head.",
+                    f"{milestones}, wd {schedule['weight_decay']:g}; {HEADS.get(key, 'bias-free linear head')}.",
                 ] + ([notes.replace("# ", "")] if notes else [])
                 data = d["data"] | {"num_tasks": tasks, "base_classes": base}
                 if "class_order" in data:
