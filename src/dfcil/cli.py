@@ -31,6 +31,7 @@ from typing import Any
 from dfcil import report
 from dfcil.config import RUNTIME_KEYS, TOP_LEVEL_SCALARS, RunConfig, dump_config, parse_value
 from dfcil.errors import (
+    EXIT_BAD_INPUT,
     EXIT_DIVERGED,
     CheckpointError,
     ConfigError,
@@ -490,7 +491,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return COMMANDS[args.command](args)
     except (ConfigError, SplitError, DatasetError, RegistryError, CheckpointError) as err:
         print(f"dfcil: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except DivergedError as err:
         print(f"dfcil: training stopped: {err}", file=sys.stderr)
         return EXIT_DIVERGED
