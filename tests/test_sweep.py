@@ -121,6 +121,36 @@ def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
     assert "holds a run with another config (" in capsys.readouterr().err
 
 
+def test_a_config_file_edited_while_the_sweep_runs_changes_none_of_its_runs(tmp_path, monkeypatch, capsys):
+    """A run's process trains the config the sweep planned, not what its config file says when the run starts
+    (a later run of a long sweep, or a queued SLURM job): here the file is edited after planning, just before the
+    run's process starts; the run trains the planned batch size."""
+    import shutil
+
+    from dfcil.sweep.local import LocalRuns
+
+    config = tmp_path / "mine.yaml"
+    shutil.copy("configs/smoke.yaml", config)
+    original_start = LocalRuns.start
+
+    def start(self, run):
+        config.write_text(config.read_text().replace("batch_size: 32", "batch_size: 16"))
+        original_start(self, run)
+
+    monkeypatch.setattr(LocalRuns, "start", start)
+    out = tmp_path / "sweep"
+    args = ["sweep", "--config", str(config), "--grid", "seed=2", "--out", str(out), *TINY]
+    assert main(args) == 0 and "batch_size: 16" in config.read_text()
+    saved = load_config([out / "mine" / "config.yaml"])[0]
+    assert saved.train.batch_size == 32 and saved.train.epochs == 2 and saved.seed == 2
+    planned = out / "logs" / "mine.config.yaml"
+    assert f"dfcil train --config {planned} --out" in (out / "logs" / "mine.log").read_text()
+    capsys.readouterr()
+    # the sweep again: its run holds the config planned before the edit, which the file no longer gives
+    assert main(args) == 2
+    assert "holds a run with another config (train.batch_size" in capsys.readouterr().err
+
+
 def test_a_crashing_run_is_retried_once_a_refused_one_is_not(tmp_path, capsys):
     """A run that crashes (here a method raising in its step: exit 1) may not crash again, so the sweep tries it a
     second time; bad input (exit 2: no dataset) fails the same way again, so it is reported at once."""

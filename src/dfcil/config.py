@@ -550,11 +550,13 @@ def section_defaults() -> dict[str, Any]:
     return _plain({name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()} | top)
 
 
-def dump_config(cfg: RunConfig) -> str:
+def dump_config(cfg: RunConfig, actions: bool = False) -> str:
     """The config as a run directory saves it (``config.yaml``): one-off actions (``data.rebuild``) recorded off,
-    so that ``dfcil resume`` and a repeat of the run do not perform them again unless asked."""
+    so that ``dfcil resume`` and a repeat of the run do not perform them again unless asked. ``actions``: keep
+    them (a config written for a run still to start, which is to perform them)."""
     plain = config_to_dict(cfg)
-    plain["data"]["rebuild"] = False
+    if not actions:
+        plain["data"]["rebuild"] = False
     return yaml.dump(plain, Dumper=_Dumper, sort_keys=False)
 
 

@@ -90,6 +90,8 @@ def _run(spec: SweepSpec, out: Path, runs: list[SweepRun], gpus: Callable[[], li
         else:
             todo.append(r)
     print(f"dfcil sweep: {len(runs)} runs in {out} ({len(runs) - len(todo)} finished before, skipped)", flush=True)
+    for r in todo:  # what each run trains, fixed now: config files edited while the sweep runs change nothing
+        r.write_planned_config(out / "logs")
     s.save()
     ok = True
     if todo and spec.launcher == "slurm":

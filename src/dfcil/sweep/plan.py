@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dfcil.config import RunConfig, changed_keys, config_to_dict, with_absolute_paths
+from dfcil.config import RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
 from dfcil.errors import ConfigError
+from dfcil.io import write_atomic
 from dfcil.paper import DATASETS
 
 RESERVED = frozenset({"logs", "slurm"})  # the sweep's own folders
@@ -44,10 +45,17 @@ class SweepRun:
     job_id: str | None = None
     result: dict[str, Any] | None = None  # from its summary.json, read once when the run is found or ends finished
     plugins: tuple[str, ...] = ()  # dfcil sweep --plugin, each passed on as dfcil train --plugin
+    # the run's config as planned, written to a file (write_planned_config): what its process trains
+    planned_file: str | None = None
 
     def argv(self, run_dir: Path) -> list[str]:
         """``dfcil train`` arguments that start (or, on an existing run directory, resume) this run; paths are
-        absolute, so that the command works from any directory (a SLURM job's, for one)."""
+        absolute, so that the command works from any directory (a SLURM job's, for one). Once the planned config is
+        written (:meth:`write_planned_config`), that file alone: the config files the sweep was given may be edited
+        while it runs, and its runs must still train what it planned. Before: the files and overrides (the command
+        ``--dry-run`` shows)."""
+        if self.planned_file:
+            return ["train", "--config", self.planned_file, "--out", os.path.abspath(run_dir), "--no-progress"]
         args = ["train"]
         for path in self.configs:
             args += ["--config", os.path.abspath(path)]
@@ -63,8 +71,19 @@ class SweepRun:
             args += ["--plugin", plugin]
         return [*args, "--out", os.path.abspath(run_dir), "--no-progress"]
 
+    def write_planned_config(self, folder: Path) -> None:
+        """Write the run's resolved config (overrides and ``--plugin`` included, paths absolute) to
+        ``folder/<name>.config.yaml``, and start the run from it from now on."""
+        from dfcil.load import build_config
+
+        path = folder / f"{self.name}.config.yaml"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, dump_config(build_config(self.config), actions=True))
+        self.planned_file = os.path.abspath(path)
+
     def record(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        del d["planned_file"]
         d["dir"] = self.name
         d["overrides"] = [list(o) for o in self.overrides]
         if self.result is None:
