@@ -529,6 +529,21 @@ def test_tiny_imagenet_from_its_zip_or_its_folder(tmp_path):
     assert direct.source == d.source
 
 
+def test_tiny_imagenet_zip_kept_in_a_folder_of_its_name_is_found_and_a_partial_folder_is_named(tmp_path):
+    """DATA/tiny-imagenet-200/ holding the archive (under any tiny-imagenet-200*.zip name), not its extracted files,
+    is read from the archive; a folder with neither names the missing file by its full path, and the fix."""
+    archive = write_tiny_zip(tmp_path / "data" / "tiny-imagenet-200" / "tiny-imagenet-200-sub.zip", per_class=1)
+    d = build_dataset(tiny_config(tmp_path / "data", tmp_path))
+    assert d.train.x.shape[0] == 200 and d.source.startswith(f"{archive} (cache ")
+    archive.unlink()
+    (tmp_path / "data" / "tiny-imagenet-200" / "train").mkdir()
+    wanted = tmp_path / "data" / "tiny-imagenet-200" / "tiny-imagenet-200" / "wnids.txt"
+    with pytest.raises(DatasetError) as err:
+        build_dataset(tiny_config(tmp_path / "data", tmp_path))
+    assert str(err.value).startswith(f"{tmp_path / 'data' / 'tiny-imagenet-200' / 'wnids.txt'} is missing: ")
+    assert str(wanted) not in str(err.value) and "point --data.root to the zip" in str(err.value)
+
+
 def _drop_annotation_wnid(members):
     text = members["tiny-imagenet-200/val/val_annotations.txt"].splitlines()
     text[3] = text[3].replace(text[3].split("\t")[1], "n00000001")

@@ -61,10 +61,15 @@ class _Source:
             self.names = {str(f.relative_to(path.parent)) for f in path.rglob("*") if f.is_file()}
 
     def read_text(self, name: str) -> str:
+        if name not in self.names and self.zip:
+            raise DatasetError(
+                f"{self.path} has no {name}: it is not a whole tiny-imagenet-200 release (a partial archive); "
+                f"download it again"
+            )
         if name not in self.names:
             raise DatasetError(
-                f"{self.path} has no {name}: it is not a whole tiny-imagenet-200 release (a partial archive or "
-                f"folder); download or extract it again"
+                f"{self.path.parent / name} is missing: {self.path} is not a whole extracted tiny-imagenet-200 "
+                f"release (a partial folder); extract the official zip there again, or point --data.root to the zip"
             )
         if self.zip:
             with zipfile.ZipFile(self.path) as z:
@@ -84,7 +89,16 @@ def find_source(root: Path, cfg: DataConfig, downloader: Downloader | None) -> P
     """The zip or the extracted folder under ``root``, downloading the zip where asked."""
     if root.suffix == ".zip" and root.is_file():
         return root
-    for candidate in (root / TOP, root / TINY_ARCHIVE):
+    folder = root / TOP
+    if folder.is_dir() and not (folder / "wnids.txt").exists():  # not extracted: the zip kept in such a folder?
+        inside = sorted(folder.glob(f"{TOP}*.zip"))
+        if len(inside) > 1:
+            raise DatasetError(
+                f"{folder} holds several Tiny-ImageNet archives ({[z.name for z in inside]}): point --data.root to one"
+            )
+        if inside:
+            return inside[0]
+    for candidate in (folder, root / TINY_ARCHIVE):
         if candidate.exists():
             return candidate
     zips = sorted(root.glob(f"{TOP}*.zip")) if root.is_dir() else []
