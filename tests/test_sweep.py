@@ -222,8 +222,11 @@ def test_sweep_refuses_bad_out_dirs_reserved_names_and_unknown_loggers(tmp_path,
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("x")
     for out, why in (("file", "is a file"), ("other", "other things than this sweep"), ("run", "is a run directory")):
-        assert main([*base, "--out", str(tmp_path / out)]) == 2
-        assert why in capsys.readouterr().err
+        for dry in ([], ["--dry-run"]):  # a dry run refuses what the sweep would refuse
+            assert main([*base, "--out", str(tmp_path / out), *dry]) == 2
+            assert why in capsys.readouterr().err
+    assert main([*base, "--out", str(tmp_path / "new"), "--jobs", "0", "--dry-run"]) == 2
+    assert "--jobs 0: give at least 1" in capsys.readouterr().err
     assert main([*base, "--log", "cvs", "--out", str(tmp_path / "new")]) == 2
     assert "unknown logger 'cvs'" in capsys.readouterr().err
     (tmp_path / "logs.yaml").write_text(Path("configs/smoke.yaml").read_text())

@@ -55,14 +55,14 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
     out = Path(spec.out)
     runs = plan(spec.configs, spec.grid, spec.fixed, spec.plugins)
     check_existing(runs, out)
+    if spec.jobs is not None and spec.jobs < 1:
+        raise ConfigError(f"--jobs {spec.jobs}: give at least 1")
+    check_sweep_dir(out, [r.name for r in runs])  # a dry run refuses what the sweep would refuse
     if spec.dry_run:
         print(f"sweep of {len(runs)} runs into {out}:")
         for r in runs:
             print(f"  {r.name} [{run_status(out / r.name)}]: dfcil {' '.join(r.argv(out / r.name))}")
         return 0
-    if spec.jobs is not None and spec.jobs < 1:
-        raise ConfigError(f"--jobs {spec.jobs}: give at least 1")
-    check_sweep_dir(out, [r.name for r in runs])
     out.mkdir(parents=True, exist_ok=True)
     lock = FileLock(out / ".sweep.lock")  # one sweep at a time in a sweep directory, for as long as it runs
     try:
