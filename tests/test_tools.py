@@ -346,7 +346,12 @@ def test_export_and_eval_refuse_bad_outputs_and_damaged_files_in_one_line(finish
         refused(["export", str(finished), "--out", str(finished / clobber)], "would replace or add to the run's own")
     assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
     (tmp_path / "adir").mkdir()
-    refused(["export", str(finished), "--out", str(tmp_path / "adir")], "is a directory")
+    inside = tmp_path / "adir" / "model.safetensors"
+    refused(["export", str(finished), "--out", str(tmp_path / "adir")], f"is a directory; give a file name, e.g. {inside}")
+    # a folder meant (a trailing slash) is not taken for a file name, whether it exists or not
+    for folder in ("adir", "notyet"):
+        refused(["export", str(finished), "--out", f"{tmp_path / folder}/"], "give the weights' file name, e.g.")
+    assert not (tmp_path / "notyet").exists() and not (tmp_path / "notyet.json").exists()
     damaged = tmp_path / "damaged"
     shutil.copytree(finished, damaged)
     (damaged / "summary.json").write_text('{"last_acc": 5')

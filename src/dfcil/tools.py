@@ -295,13 +295,16 @@ def export_run(
             f"{run.cfg.method.name} does not classify with the network's logits but with state of its own that an "
             f"exported network would not hold (model.pt's method_state); evaluate it with `dfcil eval {run.dir}`"
         )
-    out = Path(out) if out is not None else run.dir / f"model{exporter.suffix}"
+    default = f"model{exporter.suffix}"
+    if out is not None and str(out).endswith(("/", os.sep)):  # a folder meant, which Path() would make a file name
+        raise ConfigError(f"--out {out}: give the weights' file name, e.g. {Path(out) / default}")
+    out = Path(out) if out is not None else run.dir / default
     card = out.with_suffix(".json")
     if card == out:
         raise ConfigError(f"--out {out}: the model card goes beside the weights as .json; give another suffix")
     for path in (out, card):
         if path.is_dir():
-            raise ConfigError(f"--out {out}: {path} is a directory; give a file name, e.g. {path / out.name}")
+            raise ConfigError(f"--out {out}: {path} is a directory; give a file name, e.g. {path / default}")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: the directory {out.parent} does not exist; create it first or choose another")
     own = {f"model{exporter.suffix}", "model.json"}  # inside the run directory only the default export may be written
@@ -310,7 +313,7 @@ def export_run(
         if (where.parent == home and path.name not in own) or home in where.parents[1:]:
             raise ConfigError(
                 f"--out {out}: {path} would replace or add to the run's own files; write the export outside {run.dir} "
-                f"(or leave --out unset for {run.dir / f'model{exporter.suffix}'})"
+                f"(or leave --out unset for {run.dir / default})"
             )
     about = model_card(run, out.name)  # before anything is written: an error here leaves no weights without a card
     exporter.write(run, out)
