@@ -347,7 +347,7 @@ def test_export_and_eval_refuse_bad_outputs_and_damaged_files_in_one_line(finish
     assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
     (tmp_path / "adir").mkdir()
     inside = tmp_path / "adir" / "model.safetensors"
-    refused(["export", str(finished), "--out", str(tmp_path / "adir")], f"is a directory; give a file name, e.g. {inside}")
+    refused(["export", str(finished), "--out", str(tmp_path / "adir")], f"a directory; give a file name, e.g. {inside}")
     # a folder meant (a trailing slash) is not taken for a file name, whether it exists or not
     for folder in ("adir", "notyet"):
         refused(["export", str(finished), "--out", f"{tmp_path / folder}/"], "give the weights' file name, e.g.")
