@@ -545,6 +545,12 @@ def test_against_refuses_two_runs_of_one_order_and_seed(tmp_path):
         report(find_runs([root]), against="rdfcil")
     with pytest.raises(ReportError, match="no other group shares a dataset and protocol"):
         report(find_runs([root / "rdfcil"]), fmt="csv", against="rdfcil")  # CSV refuses as the table does
+    # without --against the repeated run is counted (n = 3 over two class orders), and the report says so
+    text = report(find_runs([root]))
+    assert "| 3 | 43.33 ± 4.71" in text
+    assert "Warning: runs of one class order and seed in one group" in text
+    assert "rdfcil · cifar100 · n10: runs/rdfcil/o0, runs/rdfcil/o0-again." in text
+    assert "Warning" not in report(find_runs([root / "lwf"]))
 
 
 def test_own_data_from_two_folders_is_never_averaged_and_pairs_within_its_folder(tmp_path):

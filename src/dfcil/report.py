@@ -130,6 +130,18 @@ def _runs_by_pair(group: Group) -> dict[str, Run]:
     return out
 
 
+def repeated_runs(groups: Sequence[Group]) -> list[tuple[str, list[str]]]:
+    """(group label, run names) for each class order and seed (:func:`pairing_key`) that has more than one
+    finished run in a group."""
+    out = []
+    for g in groups:
+        by_key: dict[str, list[str]] = {}
+        for r in g.finished:
+            by_key.setdefault(pairing_key(r), []).append(r.name)
+        out += [(g.label, names) for names in by_key.values() if len(names) > 1]
+    return out
+
+
 def paired(group: Group, reference: Group, metric: str) -> tuple[Stat, int]:
     """``metric`` of each of ``group``'s finished runs minus that of the reference's run with the same class
     order and training seed (:func:`pairing_key`): their mean ± std over the pairs where both runs have the
@@ -361,6 +373,14 @@ def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: 
             f"{method}: {stores}" + ("" if is_data_free(stores) else " (not data-free)")
             for method, stores in sorted(kept.items())
         ) + ".")  # fmt: skip
+    if repeats := repeated_runs(groups):
+        notes.append(
+            "Warning: runs of one class order and seed in one group, each counted in its mean, std and n, so that "
+            "its ± is not a spread over class orders or seeds alone (a run repeated, or runs that differ only in "
+            "keys that never split a group, such as engine.compile): "
+            + "; ".join(f"{style.text(label)}: {', '.join(style.text(n) for n in names)}" for label, names in repeats)
+            + "."
+        )
     unfinished = [r for r in runs if r.summary is None]
     if unfinished:
         notes.append(f"Unfinished runs (no summary.json): {len(unfinished)}")
