@@ -661,6 +661,13 @@ def test_imagenet100_takes_the_first_100_wnids_and_scales_the_reference_transfor
     want = decode((root / "train" / w / f"{w}_0.JPEG").read_bytes(), BaseTransform(short=37, size=32))  # 256/224
     np.testing.assert_array_equal(d.train.x[10], want)
     assert reference_class_order()[:5] == [68, 56, 78, 8, 23]
+    # a data root holding every dataset: the copy is found in its imagenet100/ folder, and read as the same data
+    (tmp_path / "data").mkdir()
+    root.rename(tmp_path / "data" / "imagenet100")
+    inside = build_dataset(imagenet_config(tmp_path / "data", tmp_path / "again"))
+    np.testing.assert_array_equal(inside.train.x, d.train.x)
+    with pytest.raises(DatasetError, match=f"there or in {tmp_path / 'elsewhere' / 'imagenet100'}/"):
+        build_dataset(imagenet_config(tmp_path / "elsewhere", tmp_path))
 
 
 def test_imagenet100_from_the_split_files(tmp_path):

@@ -47,6 +47,11 @@ def reference_class_order() -> list[int]:
     return order
 
 
+def _holds_imagenet(folder: Path) -> bool:
+    """Whether ``folder`` has one of the layouts read: the split files, or a ``train/`` folder."""
+    return all((folder / name).is_file() for name in SPLIT_FILES.values()) or (folder / "train").is_dir()
+
+
 def _wnids_from_folder(train_dir: Path) -> list[str]:
     folders = sorted(p.name for p in train_dir.iterdir() if p.is_dir() and p.name.startswith("n"))
     wnids = folders[:COUNT]
@@ -108,7 +113,10 @@ def _from_split_files(root: Path) -> dict[str, list[tuple[Path, int]]]:
 def imagenet100(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> ImageDataset:
     """ImageNet-100 (UCIR/PODNet split): 100 ILSVRC-2012 classes at 224×224, from your ILSVRC-2012 copy.
 
-    The validation images are the test set; see the module's docstring for the layouts read."""
+    The validation images are the test set; see the module's docstring for the layouts read. ``root`` is that
+    folder, or a data root holding it as ``imagenet100/`` (one root for every dataset, as CIFAR-100's)."""
+    given = root
+    root = next((here for here in (root, root / "imagenet100") if _holds_imagenet(here)), root)
     if all((root / name).is_file() for name in SPLIT_FILES.values()):
         items = _from_split_files(root)
         folder_of = {label: p.parent.name for p, label in reversed(items["train"])}  # train/<wnid>/<file>
@@ -118,9 +126,9 @@ def imagenet100(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> 
         items = _from_folders(root, wnids)
     else:
         raise DatasetError(
-            f"ImageNet-100 not found under data root {root}: expected an ILSVRC-2012 folder with train/<wnid>/ and "
-            f"val/<wnid>/, or the split files {' and '.join(SPLIT_FILES.values())}; ImageNet cannot be downloaded "
-            f"here: point --data.root to your copy"
+            f"ImageNet-100 not found under data root {given}: expected an ILSVRC-2012 folder with train/<wnid>/ and "
+            f"val/<wnid>/, or the split files {' and '.join(SPLIT_FILES.values())}, there or in "
+            f"{given / 'imagenet100'}/; ImageNet cannot be downloaded here: point --data.root to your copy"
         )
     missing = [str(p) for pairs in items.values() for p, _ in pairs if not p.is_file()]
     if missing:
