@@ -226,7 +226,9 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path):
 def test_existing_run_directory_is_not_overwritten(smoke_run, capsys):
     before = (smoke_run / "summary.json").read_text()
     assert main(["train", "--config", SMOKE, "--out", str(smoke_run)]) == 2
-    assert "is complete (summary.json exists)" in capsys.readouterr().err
+    assert "holds this run, finished (summary.json exists): nothing to train or resume; evaluate it with" in (
+        capsys.readouterr().err
+    )
     assert (smoke_run / "summary.json").read_text() == before
 
 

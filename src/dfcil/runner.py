@@ -155,6 +155,11 @@ def train(
             fix = "choose another --out" if finished else f"resume it with `dfcil resume {out}` or choose another --out"
             what = "a finished run" if finished else "a run"
             raise ConfigError(f"{out} holds {what} with a different config ({', '.join(changed)}); {fix}")
+        if (out / "summary.json").exists():
+            raise ConfigError(
+                f"{out} holds this run, finished (summary.json exists): nothing to train or resume; evaluate it with "
+                f"`dfcil eval {out}`, or give another --out to train it again"
+            )
         runtime = {key: functools.reduce(getattr, key.split("."), cfg) for key in RUNTIME_KEYS}
         return resume(out, runtime, options)
     if dist.main:
