@@ -168,6 +168,8 @@ def test_corrupt_images_are_named_counted_and_nothing_is_cached(tmp_path):
     with pytest.raises(DatasetError, match=r"2 of 18 images cannot be used: .*dog/2.png.*eel/0.jpg") as err:
         build_dataset(folder_config(root, tmp_path))
     assert "nothing was cached" in str(err.value)
+    assert "dog/2.png: UnidentifiedImageError: cannot identify image file;" in str(err.value)
+    assert "BytesIO" not in str(err.value)  # Pillow's name for the bytes in memory, not the user's file
     assert nothing_cached(tmp_path / "cache")
 
 

@@ -25,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -129,6 +130,12 @@ def _start_worker(parent: int | None = None) -> None:
     die_with_parent(signal.SIGKILL, parent)
 
 
+def _reason(err: Exception) -> str:
+    """Why an image failed, without the in-memory object Pillow names (``<_io.BytesIO object at 0x...>``): the
+    image's own path is given beside it."""
+    return re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(err)) or "unreadable"
+
+
 def decode_chunk(images: Sequence[ImageFile], transform: BaseTransform) -> tuple[np.ndarray, list[str]]:
     """Decode ``images`` (a worker's task): the arrays, and one ``"file: reason"`` per image that failed."""
     out = np.zeros((len(images), transform.size, transform.size, 3), dtype=np.uint8)
@@ -139,7 +146,7 @@ def decode_chunk(images: Sequence[ImageFile], transform: BaseTransform) -> tuple
             try:
                 out[i] = decode(read_bytes(image, archives), transform)
             except Exception as err:  # noqa: BLE001 - every failure is reported with its file, none is skipped
-                bad.append(f"{image}: {type(err).__name__}: {err}")
+                bad.append(f"{image}: {type(err).__name__}: {_reason(err)}")
     finally:
         if archives is not _WORKER_ARCHIVES:
             for archive in archives.values():
