@@ -147,9 +147,10 @@ def test_print_config(capsys):
     [
         (["--data.name", "cifar100", "--data.root", "{tmp}/empty"], "CIFAR-100 not found under data root"),
         (["--data.name", "cifar100", "--data.root", "{tmp}/corrupt"], "corrupt or not an .npz"),
-        (["--train.epoks", "2"], "unknown config key 'train.epoks'. Did you mean 'epochs'?"),
+        (["--train.epoks", "2"], "unknown config key 'train.epoks'. Did you mean 'train.epochs'?"),
         (["--data.num_tasks", "3", "--data.base_classes", "5"], "5 remaining classes are not divisible by 2"),
         (["--method.name", "rdfcl"], "unknown method 'rdfcl'. Did you mean 'rdfcil'?"),
+        (["--method.name", "RDFCIL"], "unknown method 'RDFCIL'. Did you mean 'rdfcil'?"),
         (["--train.batch_size", "500"], "fewer than train.batch_size=500"),
         (["--method.chr_epochs", "3"], "chr_epochs (3) must be smaller than train.epochs (3)"),
         (["--device", "cuda:7"] if not __import__("torch").cuda.is_available() else ["--device", "tpu"], "device"),

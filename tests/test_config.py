@@ -57,9 +57,12 @@ def test_dotted_overrides_are_parsed_as_yaml():
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ([("train.epoch", "3")], r"unknown config key 'train.epoch'. Did you mean 'epochs'\?"),
+        ([("train.epoch", "3")], r"unknown config key 'train.epoch'. Did you mean 'train.epochs'\?"),
         ([("trian.epochs", "3")], r"unknown config key 'trian'. Did you mean 'train'\?"),
-        ([("method.inversion.stepz", "3")], r"unknown config key 'method.inversion.stepz'. Did you mean 'steps'"),
+        (
+            [("method.inversion.stepz", "3")],
+            r"unknown config key 'method.inversion.stepz'. Did you mean 'method.inversion.steps'",
+        ),
         ([("method.lambda_kd", "1")], r"unknown config key 'method.lambda_kd'"),
         ([("train.epochs", "three")], r"train.epochs: Input should be a valid integer"),
         ([("train.epochs", "0")], r"train.epochs: Input should be greater than or equal to 1"),

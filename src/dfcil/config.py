@@ -288,7 +288,8 @@ def _format_errors(err: ValidationError, cls: type, where: str) -> str:
                 parent = nested if isinstance(nested, type) and dataclasses.is_dataclass(nested) else parent
             valid = _field_names(parent)
             close = difflib.get_close_matches(key, valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
+            near = ".".join([*loc.split(".")[:-1], close[0]]) if close else ""  # the whole key, as it is typed
+            hint = f" Did you mean {near!r}?" if close else ""
             lines.append(f"unknown config key {quoted(loc)}.{hint} Valid keys here: {', '.join(valid)}")
         elif e["type"] == "value_error" and not e["loc"]:  # a check across fields (__post_init__): its own words
             lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')}")

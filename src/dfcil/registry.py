@@ -76,7 +76,8 @@ class Registry(Generic[T]):
         if name in self:
             return self._items[name]
         known = [*self._items, *self.plugin_names()]
-        close = difflib.get_close_matches(name, known, n=1)
+        folded = {k.lower(): k for k in known}  # RDFCIL, LwF: the name in another case
+        close = [folded[name.lower()]] if name.lower() in folded else difflib.get_close_matches(name, known, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         plugins = f"; plugins: {', '.join(self.plugin_names())}" if self.plugin_names() else ""
         raise RegistryError(
