@@ -134,6 +134,8 @@ def test_dry_run_prints_the_protocol_and_writes_nothing(tmp_path, capsys, monkey
     assert "classes per task [4, 3, 3]" in out and "class order: [7, 8, 1, 5, 3, 4, 2, 0, 9, 6]" in out
     assert "task 1: 3 classes, 144 train / 48 test images; rrl 2 ep, lr 0.1 ×0.1 at epochs 1; chr 1 ep, lr 0.005" in out
     assert list(tmp_path.iterdir()) == []
+    assert main([*args[:-4], "--data.num_tasks", "10"]) == 0  # a class per task
+    assert "task 9: 1 class, " in capsys.readouterr().out
 
 
 def test_print_config(capsys):

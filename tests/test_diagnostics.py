@@ -27,7 +27,8 @@ def test_prediction_spread_counts_coverage_and_normalised_entropy():
     assert s["counts"] == [2, 1, 0, 1] and s["coverage"] == 0.75
     # p = (1/2, 1/4, 1/4): H = 1.5 ln 2, over ln 4
     assert s["entropy"] == pytest.approx(0.75)
-    assert prediction_spread(torch.tensor([2, 2, 2]), 3)["entropy"] == 0.0  # collapsed onto one class
+    collapsed = prediction_spread(torch.tensor([2, 2, 2]), 3)["entropy"]  # collapsed onto one class
+    assert collapsed == 0.0 and math.copysign(1.0, collapsed) == 1.0 and f"{collapsed:.2f}" == "0.00"  # not -0.00
     assert prediction_spread(torch.arange(5), 5)["entropy"] == pytest.approx(1.0)  # every class alike
 
 

@@ -361,8 +361,9 @@ def _print_protocol(cfg: RunConfig) -> None:
         named = (
             f" ({', '.join(ds.classes[c] for c in classes[:5])}{', ...' * (len(classes) > 5)})" if ds.classes else ""
         )
+        count = f"{len(classes)} class{'es' * (len(classes) != 1)}"
         print(
-            f"  task {t}: {len(classes)} classes, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
+            f"  task {t}: {count}, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
             f"images; {phases}; classes {classes}{named}"
         )
 

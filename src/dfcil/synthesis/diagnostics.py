@@ -27,7 +27,7 @@ def prediction_spread(pred: Tensor, n_classes: int) -> dict[str, float | list[in
     histogram over log K (1: every class equally often; 0: one class for every image)."""
     counts = torch.bincount(pred.long().cpu(), minlength=n_classes)[:n_classes]
     p = counts.double() / max(int(counts.sum()), 1)
-    entropy = max(float(-(p[p > 0] * p[p > 0].log()).sum()), 0.0)  # one class: 0, not -0
+    entropy = max(float(-(p[p > 0] * p[p > 0].log()).sum()), 0.0) + 0.0  # one class: 0, not -0 (max keeps -0.0)
     return {
         "counts": counts.tolist(),
         "coverage": float((counts > 0).double().mean()),
