@@ -106,15 +106,20 @@ def read_npz(path: Path, num_classes: int, image_size: int) -> ImageArrays:
     return read_arrays(path, num_classes, image_size)
 
 
-def read_arrays(path: Path, num_classes: int | None = None, image_size: int | None = None) -> ImageArrays:
-    """Read an ``{x, y}`` archive: uint8 images ``[N, S, S, 3]`` and integer labels (no pickle)."""
+def read_arrays(
+    path: Path, num_classes: int | None = None, image_size: int | None = None, own: bool = False
+) -> ImageArrays:
+    """Read an ``{x, y}`` archive: uint8 images ``[N, S, S, 3]`` and integer labels (no pickle). ``own``: the
+    user's own arrays (the fix is to write them again), not a file dfcil prepares (to delete and prepare again)."""
     size = f"{image_size},{image_size}" if image_size else "S,S"
-    fix = f"Delete {path} and prepare it again (uint8 x [N,{size},3], int64 y [N])."
+    layout = f"uint8 x [N,{size},3], channels last, and integer labels y [N]"
+    fix = f"Save {path} again with {layout}." if own else f"Delete {path} and prepare it again ({layout})."
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = {"x", "y"} - set(data.files)
             if missing:
-                raise DatasetError(f"{path}: missing arrays {sorted(missing)}. {fix}")
+                found = ", ".join(repr(k) for k in data.files) or "none"
+                raise DatasetError(f"{path}: missing arrays {sorted(missing)} (it holds {found}). {fix}")
             x, y = data["x"], data["y"]
     except DatasetError:
         raise

@@ -164,7 +164,7 @@ def arrays(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
 
     ``x``: uint8 ``[N, S, S, 3]`` (RGB); ``y``: integer labels 0..C-1, every class in both splits. The images are
     used as they are: ``data.image_size`` must be unset or ``S``."""
-    train, test = (read_arrays(root / f"{split}.npz") for split in ("train", "test"))
+    train, test = (read_arrays(root / f"{split}.npz", own=True) for split in ("train", "test"))
     size = train.x.shape[1]
     if test.x.shape[1:] != train.x.shape[1:]:
         raise DatasetError(
@@ -184,10 +184,11 @@ def arrays(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
             f"0..C-1 for C classes, every class with images in both splits"
         )
     every = set(range(num_classes))
+    absent = {name: sorted(every - set(np.unique(a.y).tolist())) for name, a in (("train", train), ("test", test))}
     missing = [
-        f"{name}: {sorted(every - set(np.unique(a.y).tolist()))[:8]}"
-        for name, a in (("train", train), ("test", test))
-        if set(np.unique(a.y).tolist()) != every
+        f"{name}: {', '.join(map(str, labels[:8]))}{f' and {len(labels) - 8} more' if len(labels) > 8 else ''}"
+        for name, labels in absent.items()
+        if labels
     ]
     if missing:
         raise DatasetError(
