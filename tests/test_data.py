@@ -107,6 +107,11 @@ def test_prepared_npz_layout(tmp_path):
 def test_missing_dataset_says_how_to_fix(tmp_path):
     with pytest.raises(DatasetError, match=r"CIFAR-100 not found under data root .*--data.download true"):
         build_dataset(DataConfig(root=str(tmp_path)))
+    _write_npz(tmp_path / "cifar100")  # the dataset's own folder given as the data root
+    with pytest.raises(DatasetError) as err:
+        build_dataset(DataConfig(root=str(tmp_path / "cifar100")))
+    inner = tmp_path / "cifar100"
+    assert f"{inner} is itself such a folder: give its parent, --data.root {tmp_path}." in str(err.value)
 
 
 def test_root_from_environment(tmp_path, monkeypatch):

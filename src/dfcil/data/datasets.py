@@ -204,9 +204,12 @@ def cifar100(root: Path, cfg: DataConfig, downloader: Downloader | None = None, 
     else:
         if not official.is_dir():
             if not cfg.download:
+                # the dataset's own folder given as the root: one level too deep
+                itself = (root / "train.npz").exists() or ((root / "train").is_file() and (root / "meta").is_file())
+                hint = f" {root} is itself such a folder: give its parent, --data.root {root.parent}." if itself else ""
                 raise DatasetError(
                     f"CIFAR-100 not found under data root {root}: expected {prepared}/{{train,test}}.npz or "
-                    f"{official}/. Point --data.root (or $DFCIL_DATA) to a folder holding one of them, or pass "
+                    f"{official}/.{hint} Point --data.root (or $DFCIL_DATA) to a folder holding one of them, or pass "
                     f"--data.download true to fetch the official archive (161 MB, md5-checked)."
                 )
             # runs of a sweep may start together: one downloads and extracts, the others wait and read its folder
