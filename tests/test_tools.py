@@ -383,7 +383,7 @@ def test_inspect_plots_the_features_of_real_and_stored_synthetic_images(finished
     assert "not allowed with argument" in capsys.readouterr().err
 
 
-def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path):
+def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path, capsys):
     from dfcil.features import inspect_features, synthetic_images
     from dfcil.tools import FinishedRun
 
@@ -393,6 +393,7 @@ def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path):
     run = FinishedRun.open(run_dir)
     synthetic = synthetic_images(run, run.network(torch.device("cpu")), 8, steps=2, seed=0)
     assert synthetic.x.shape == (8, 3, 32, 32) and "inverted from the final model (2 steps)" in synthetic.source
+    assert f"{run_dir} kept no generator; inverting its final model (2 steps" in capsys.readouterr().err
     assert int(synthetic.y.max()) < 10
     paths = inspect_features(run_dir, per_class=4, synthetic=8, inversion_steps=2)
     assert [p.relative_to(run_dir).as_posix() for p in paths] == [

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,9 @@ def fresh_generator(
     settings where its method has them (the defaults otherwise)."""
     cfg = dataclasses.replace(getattr(run.cfg.method, "inversion", None) or InversionConfig(), steps=steps)
     cfg = dataclasses.replace(cfg, persistent=False)
+    # minutes on a CPU at the default 200 steps: said before it starts
+    print(f"dfcil inspect: {run.dir} kept no generator; inverting its final model ({steps} steps, --inversion-steps "
+          f"to change)", file=sys.stderr, flush=True)  # fmt: skip
     teacher = net.frozen_copy()
     rng = torch.Generator(device=device).manual_seed(seed)
     size = run.description()["inputs"]["image_size"]
