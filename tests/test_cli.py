@@ -126,6 +126,23 @@ def test_a_method_that_says_it_stores_something_unknown_is_refused():
         register_method("hoarder")(Hoarder)
 
 
+def test_an_empty_out_is_refused_not_taken_for_the_current_directory(tmp_path, capsys, monkeypatch):
+    """``--out ""`` (a shell variable left unset) would write into the current directory, or under a default
+    name: each command refuses it before doing anything."""
+    monkeypatch.chdir(tmp_path)
+    for args in (
+        ["train", "--config", SMOKE, "--out", ""],
+        ["sweep", "--config", SMOKE, "--out", " "],
+        ["export", "somerun", "--out", ""],
+        ["inspect", "somerun", "--out", ""],
+        ["report", "runs", "--plots", ""],
+    ):
+        assert main(args) == 2, args
+        option = "--plots" if "--plots" in args else "--out"
+        assert f"dfcil: error: {option} is empty; give a path" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_dry_run_prints_the_protocol_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["train", "--config", SMOKE, "--dry-run", "--data.num_tasks", "3", "--data.base_classes", "4"]

@@ -485,6 +485,9 @@ def _main(argv: Sequence[str] | None) -> int:
     args, unknown = parser.parse_known_args(argv)
     log_to_console()
     try:
+        for option in ("out", "plots"):  # "" would mean the current directory (or, for train, the default name)
+            if (value := getattr(args, option, None)) is not None and not value.strip():
+                raise ConfigError(f"--{option} is empty; give a path (a shell variable left unset?)")
         if args.command in KEYED_COMMANDS:
             return KEYED_COMMANDS[args.command](args, unknown, argv)
         if unknown:
