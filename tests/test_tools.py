@@ -257,6 +257,20 @@ def test_eval_refuses_what_the_run_does_not_have(finished, capsys, args, message
     assert message in capsys.readouterr().err
 
 
+def test_a_class_name_not_in_the_run_is_refused_with_the_names_and_the_closest():
+    from dfcil.data.splits import ClassIncrementalSplit
+    from dfcil.tools import selected_labels
+
+    split = ClassIncrementalSplit.build(12, 2, 0, class_order=list(range(12)))
+    names = [f"fruit{i}" for i in range(10)] + ["apple", "pear"]
+    assert selected_labels(split, names, ["apple", "3"]) == [3, 10]
+    with pytest.raises(ConfigError) as err:
+        selected_labels(split, names, ["aple"])
+    text = str(err.value)
+    assert text.startswith("class 'aple' is not one of this run's classes (raw class ids [0, 1, ")
+    assert "or their names: fruit0, fruit1," in text and "and 2 more). Did you mean 'apple'?" in text
+
+
 def test_commands_on_a_run_without_a_final_model_say_so(finished, tmp_path, capsys):
     from dfcil.tools import evaluate_run
 

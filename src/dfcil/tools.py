@@ -6,6 +6,7 @@ Both read what the run saved (``config.yaml``, ``model.pt``, ``summary.json``); 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -133,8 +134,12 @@ def selected_labels(
     for token in classes:
         raw = int(token) if str(token).lstrip("-").isdigit() else (names.index(token) if token in names else None)
         if raw is None or raw not in order:
-            known = f"raw class ids {sorted(order)}" + (", or their names" if names else "")
-            raise ConfigError(f"class {token!r} is not one of this run's classes ({known})")
+            ours = [names[c] for c in sorted(order) if c < len(names)]
+            close = difflib.get_close_matches(str(token), ours, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            shown = ", ".join(ours[:10]) + (f" and {len(ours) - 10} more" if len(ours) > 10 else "")
+            known = f"raw class ids {sorted(order)}" + (f", or their names: {shown}" if ours else "")
+            raise ConfigError(f"class {token!r} is not one of this run's classes ({known}).{hint}")
         labels.append(order.index(raw))
     return sorted(set(labels))
 
