@@ -114,32 +114,34 @@ def references(groups: Sequence[Group], against: str) -> dict[tuple[str, ...], G
     return {key: candidates[0] for key, candidates in by_setting.items()}
 
 
-def _runs_by_pair(group: Group) -> dict[str, Run]:
-    """``group``'s finished runs by :func:`pairing_key`; two runs of one class order and seed (a run repeated, or
-    runs that differ only in keys that never split a group, such as ``engine.compile``) would make the pairs
-    ambiguous, and are an error naming both."""
-    out: dict[str, Run] = {}
+def _finished_by_pair(group: Group) -> dict[str, list[Run]]:
+    """``group``'s finished runs by :func:`pairing_key`: more than one under a key is a run repeated, or runs that
+    differ only in keys that never split a group (such as ``engine.compile``)."""
+    out: dict[str, list[Run]] = {}
     for r in group.finished:
-        key = pairing_key(r)
-        if key in out:
+        out.setdefault(pairing_key(r), []).append(r)
+    return out
+
+
+def _runs_by_pair(group: Group) -> dict[str, Run]:
+    """``group``'s finished runs by :func:`pairing_key`; two runs of one class order and seed would make the pairs
+    ambiguous, and are an error naming both."""
+    out = {}
+    for key, runs in _finished_by_pair(group).items():
+        if len(runs) > 1:
             raise ReportError(
-                f"--against: {group.label!r} has two finished runs of {key} ({out[key].name} and {r.name}), so "
+                f"--against: {group.label!r} has two finished runs of {key} ({runs[0].name} and {runs[1].name}), so "
                 f"which one to pair is ambiguous: report one of them (give the folders without the other)"
             )
-        out[key] = r
+        out[key] = runs[0]
     return out
 
 
 def repeated_runs(groups: Sequence[Group]) -> list[tuple[str, list[str]]]:
-    """(group label, run names) for each class order and seed (:func:`pairing_key`) that has more than one
-    finished run in a group."""
-    out = []
-    for g in groups:
-        by_key: dict[str, list[str]] = {}
-        for r in g.finished:
-            by_key.setdefault(pairing_key(r), []).append(r.name)
-        out += [(g.label, names) for names in by_key.values() if len(names) > 1]
-    return out
+    """(group label, run names) for each class order and seed that has more than one finished run in a group."""
+    return [
+        (g.label, [r.name for r in runs]) for g in groups for runs in _finished_by_pair(g).values() if len(runs) > 1
+    ]
 
 
 def paired(group: Group, reference: Group, metric: str) -> tuple[Stat, int]:

@@ -47,9 +47,13 @@ def reference_class_order() -> list[int]:
     return order
 
 
+def _has_split_files(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in SPLIT_FILES.values())
+
+
 def _holds_imagenet(folder: Path) -> bool:
     """Whether ``folder`` has one of the layouts read: the split files, or a ``train/`` folder."""
-    return all((folder / name).is_file() for name in SPLIT_FILES.values()) or (folder / "train").is_dir()
+    return _has_split_files(folder) or (folder / "train").is_dir()
 
 
 def _wnids_from_folder(train_dir: Path) -> list[str]:
@@ -117,7 +121,7 @@ def imagenet100(root: Path, cfg: DataConfig, progress: Any = None, **_: Any) -> 
     folder, or a data root holding it as ``imagenet100/`` (one root for every dataset, as CIFAR-100's)."""
     given = root
     root = next((here for here in (root, root / "imagenet100") if _holds_imagenet(here)), root)
-    if all((root / name).is_file() for name in SPLIT_FILES.values()):
+    if _has_split_files(root):
         items = _from_split_files(root)
         folder_of = {label: p.parent.name for p, label in reversed(items["train"])}  # train/<wnid>/<file>
         wnids = [folder_of[label] for label in range(COUNT)]

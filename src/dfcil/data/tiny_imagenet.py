@@ -61,14 +61,12 @@ class _Source:
             self.names = {str(f.relative_to(path.parent)) for f in path.rglob("*") if f.is_file()}
 
     def read_text(self, name: str) -> str:
-        if name not in self.names and self.zip:
+        if name not in self.names:
             raise DatasetError(
                 f"{self.path} has no {name}: it is not a whole tiny-imagenet-200 release (a partial archive); "
                 f"download it again"
-            )
-        if name not in self.names:
-            raise DatasetError(
-                f"{self.path.parent / name} is missing: {self.path} is not a whole extracted tiny-imagenet-200 "
+                if self.zip
+                else f"{self.path.parent / name} is missing: {self.path} is not a whole extracted tiny-imagenet-200 "
                 f"release (a partial folder); extract the official zip there again, or point --data.root to the zip"
             )
         if self.zip:
@@ -85,29 +83,29 @@ class _Source:
         return fingerprint_files(self.path.parent, [self.path.parent / n for n in self.names])
 
 
+def _one_archive(folder: Path) -> Path | None:
+    """The one ``tiny-imagenet-200*.zip`` in ``folder``, None for none; several are refused (which one?)."""
+    zips = sorted(folder.glob(f"{TOP}*.zip")) if folder.is_dir() else []
+    if len(zips) > 1:
+        raise DatasetError(
+            f"{folder} holds several Tiny-ImageNet archives ({[z.name for z in zips]}): point --data.root to one"
+        )
+    return zips[0] if zips else None
+
+
 def find_source(root: Path, cfg: DataConfig, downloader: Downloader | None) -> Path:
     """The zip or the extracted folder under ``root``, downloading the zip where asked."""
     if root.suffix == ".zip" and root.is_file():
         return root
     folder = root / TOP
-    if folder.is_dir() and not (folder / "wnids.txt").exists():  # not extracted: the zip kept in such a folder?
-        inside = sorted(folder.glob(f"{TOP}*.zip"))
-        if len(inside) > 1:
-            raise DatasetError(
-                f"{folder} holds several Tiny-ImageNet archives ({[z.name for z in inside]}): point --data.root to one"
-            )
-        if inside:
-            return inside[0]
+    extracted = (folder / "wnids.txt").exists()
+    if not extracted and (inside := _one_archive(folder)):  # not extracted: the zip kept in such a folder
+        return inside
     for candidate in (folder, root / TINY_ARCHIVE):
         if candidate.exists():
             return candidate
-    zips = sorted(root.glob(f"{TOP}*.zip")) if root.is_dir() else []
-    if len(zips) == 1:
-        return zips[0]
-    if len(zips) > 1:
-        raise DatasetError(
-            f"{root} holds several Tiny-ImageNet archives ({[z.name for z in zips]}): point --data.root to one"
-        )
+    if found := _one_archive(root):
+        return found
     if not cfg.download:
         raise DatasetError(
             f"Tiny-ImageNet-200 not found under data root {root}: expected {root / TINY_ARCHIVE} or {root / TOP}/ "
