@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-TIMES = {"timings", "timing", "wall_time_s", "total_time_s", "time_s", "images_per_s", "resumed", "elapsed_s"}
+# what differs between two runs of one config: times, and the run id (model.pt, summary.json)
+TIMES = {"timings", "timing", "wall_time_s", "total_time_s", "time_s", "images_per_s", "resumed", "elapsed_s", "run_id"}
 
 
 def smoke_configs(name: str) -> list[Path]:

@@ -42,6 +42,18 @@ def _deterministic_threads():
     yield
 
 
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> Path:
+    """One finished run of the smoke preset (with the csv and tensorboard logs), trained once for the whole session
+    and shared: read it, or copy it (``shutil.copytree``) before changing anything in it."""
+    from dfcil.cli import main
+
+    out = tmp_path_factory.mktemp("smoke-run") / "run"
+    argv = ["train", "--config", str(CONFIGS / "smoke.yaml"), "--out", str(out), "--no-progress"]
+    assert main([*argv, "--log", "csv", "--log", "tensorboard"]) == 0
+    return out
+
+
 @pytest.fixture
 def cifar_root() -> Path:
     root = shared_cifar_root()

@@ -415,7 +415,7 @@ def test_inspect_without_a_mode_plots_the_features(monkeypatch, capsys):
     import dfcil.features
 
     calls = []
-    monkeypatch.setattr(dfcil.features, "inspect_features", lambda *args: calls.append(args) or ["plot.png"])
+    monkeypatch.setattr(dfcil.features, "inspect_features", lambda *args, **_: calls.append(args) or ["plot.png"])
     assert main(["inspect", "RUN", "--per-class", "3"]) == 0
     assert calls and calls[0][:2] == ("RUN", None) and calls[0][4] == 3
     assert capsys.readouterr().out == "plot.png\n"

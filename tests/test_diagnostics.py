@@ -125,3 +125,14 @@ def test_inspect_synthetic_prints_the_table_without_matplotlib(smoke_run, tmp_pa
     assert captured.out.splitlines()[1].split()[:2] == ["1", "5"] and len(captured.out.splitlines()) == 2
     assert captured.err.count("\n") == 1 and "no figure: dfcil inspect --synthetic needs matplotlib" in captured.err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_statistics_refuse_non_finite_input():
+    """Statistics of NaNs read as numbers ('teacher confidence nan ... 100 % nearest their own'): refused."""
+    nan = torch.tensor([[0.0, float("nan")], [1.0, 2.0]])
+    with pytest.raises(ValueError, match="the logits are not all finite"):
+        top1_confidence(nan)
+    with pytest.raises(ValueError, match="the images are not all finite"):
+        pixel_statistics(torch.full((1, 3, 2, 2), float("inf")), [0.5] * 3, [0.2] * 3)
+    with pytest.raises(ValueError, match="the synthetic features are not all finite"):
+        class_mean_gap(nan, torch.tensor([0, 1]), torch.ones(2, 2), torch.tensor([0, 1]), 2)

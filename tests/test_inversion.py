@@ -243,3 +243,93 @@ def test_inversion_logs_every_tenth_reads_terms_outside_the_checked_graph_and_ch
     _replay_inversion(Runtime(dist=Dist(rank=1, world=2), split_inversion=False), steps=2)  # a second process
     assert not [r for r in caplog.records if "inversion step" in r.getMessage()]
     assert all(torch.equal(logged[k], quiet[k]) for k in logged)
+
+
+# ----------------------------------------------------------------------------------------- a diverged inversion
+
+
+def _diverging(steps=20, max_loss=1e10, **cfg):
+    from dfcil.runtime import Runtime
+
+    teacher = _teacher()
+    torch.manual_seed(0)
+    cfg = InversionConfig(steps=steps, **({"w_bn": 1e38} | cfg))
+    return ModelInversion(teacher, cfg, 32, 8, torch.Generator().manual_seed(0), Runtime(max_loss=max_loss))
+
+
+def test_first_diverged_finds_the_first_bad_step_in_step_order():
+    from dfcil.synthesis.inversion import first_diverged
+
+    values = torch.tensor([[1.0, 2.0], [3.0, float("nan")], [float("inf"), 1.0]])
+    assert first_diverged(values, None) == (1, 1)
+    assert first_diverged(values, 2.5) == (1, 0)  # 3 > 2.5 comes before the NaN in its own row
+    assert first_diverged(torch.ones(3, 2), 2.5) is None and first_diverged(-3 * torch.ones(1, 1), 2.5) == (0, 0)
+
+
+def test_an_exploding_inversion_stops_at_its_first_step_naming_the_term_and_the_keys():
+    """w_bn 1e38 (issue 46): the bn term passes train.max_loss at step 1; the inversion used to run every step
+    and print 'inversion done'. Now it stops there, naming the term, the step and what to lower."""
+    from dfcil.errors import LossLimitError
+
+    inv, steps = _diverging(), []
+    with pytest.raises(LossLimitError) as err:
+        inv.fit(lambda step, values: steps.append(step))
+    assert steps == [] and inv.step == 1  # stopped before its step was handed on (progress, checkpoints)
+    text = str(err.value)
+    assert "its loss term 'bn' reached" in text and "at step 1 of 20, above train.max_loss (1e+10" in text
+    assert "Lower method.inversion.w_bn (now 1e+38) or method.inversion.lr (now 0.001)" in text
+
+
+def test_a_nan_inversion_names_every_nan_term_and_blames_the_largest_term_of_the_step_before():
+    from dfcil.errors import NonFiniteLossError
+
+    inv = _diverging(max_loss=None)
+    with pytest.raises(NonFiniteLossError) as err:
+        inv.fit()
+    text = str(err.value)
+    assert "its loss terms 'content', 'diversity', 'bn', 'prior' became nan at step 2 of 20" in text, text
+    assert "(the step before, the largest was 'bn': " in text and "Lower method.inversion.w_bn (now 1e+38)" in text
+
+
+def test_on_a_gpu_the_check_reads_every_10_steps_and_before_any_save_of_the_generator():
+    """A GPU reads the terms every CHECK_EVERY steps (a host sync each): a checkpoint taken in between (state_dict)
+    checks first, so the diverged generator is never saved; the error names the first bad step all the same."""
+    from dfcil.errors import NonFiniteLossError
+    from dfcil.synthesis.inversion import CHECK_EVERY
+
+    inv, seen = _diverging(max_loss=None), []
+    inv.check_every = CHECK_EVERY  # as on a GPU
+
+    def checkpoint_at_3(step, values):
+        seen.append(step)
+        if step == 3:
+            inv.state_dict()
+
+    with pytest.raises(NonFiniteLossError, match="at step 2 of 20"):
+        inv.fit(checkpoint_at_3)
+    assert seen == [1, 2, 3]
+    healthy = _diverging(w_bn=50.0, steps=12)
+    healthy.check_every = CHECK_EVERY
+    healthy.fit()  # checks at 10 and at the end, finds nothing
+    assert healthy.done and healthy.final_terms is not None
+
+
+def test_a_diverged_inversion_stops_the_run_with_one_line_and_writes_no_checkpoint_of_it(tmp_path, capsys):
+    """The issue's command: exit status 3 at once, the inversion term and keys named (not 'hkd' in RRL and the
+    learning rate), no task1-static.pt, and the checkpoint left is task 0's."""
+    from conftest import CONFIGS
+    from dfcil.checkpoint import loads
+    from dfcil.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(CONFIGS / "smoke.yaml"), "--method.inversion.w_bn", "1e38", "--data.num_classes",
+            "4", "--data.image_size", "16", "--train.epochs", "2", "--train.milestones", "[]", "--out", str(out),
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("dfcil: training stopped: task 1: model inversion diverged: its loss term 'bn'"), err
+    assert "method.inversion.w_bn" in err and "hkd" not in err
+    assert not (out / "checkpoints" / "task1-static.pt").exists()
+    last = loads((out / "checkpoints" / "last.pt").read_bytes())  # task 1 before its setup: no partial generator
+    assert (last["position"]["task"], last["position"]["stage"]) == (1, "start") and last["method"] == {}
+    assert "inversion done" not in (out / "run.log").read_text()

@@ -180,10 +180,11 @@ def test_a_sweep_passes_its_plugins_to_every_run(site, tmp_path, monkeypatch):
         assert argv[argv.index("--plugin") + 1] == path
 
 
-def _eval_in_a_new_process(run_dir: Path, cwd: Path) -> dict:
+def _eval_in_a_new_process(run_dir: Path, cwd: Path, *extra: str) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "dfcil", "eval", str(run_dir), "--json"], cwd=cwd, capture_output=True, text=True
-    )
+        [sys.executable, "-m", "dfcil", "eval", str(run_dir), "--json", *extra], cwd=cwd, capture_output=True,
+        text=True,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -210,10 +211,14 @@ def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_ev
     METHODS.unregister("file_toy")  # as in a new process: only config.yaml says where the method is
     del sys.modules["my_method"]
     monkeypatch.chdir(tmp_path)
-    assert main(["resume", str(tmp_path / "run"), "--no-progress"]) == 0
+    # the run's word alone imports no file: the user names it again (any path to the same file)
+    assert main(["resume", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert "file_toy" not in METHODS and "my_method" not in sys.modules
+    assert main(["resume", str(tmp_path / "run"), "--no-progress", "--plugin", "work/my_method.py"]) == 0
     assert "file_toy" in METHODS and (tmp_path / "run" / "summary.json").exists()
     monkeypatch.delenv("PYTHONPATH")
-    report = _eval_in_a_new_process(tmp_path / "run", cwd=tmp_path)  # from elsewhere, nothing on PYTHONPATH
+    # from elsewhere, nothing on PYTHONPATH: --trust-plugins allows what the run names
+    report = _eval_in_a_new_process(tmp_path / "run", tmp_path, "--trust-plugins")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert report["acc"] == summary["last_acc"] and len(report["classes"]) == 6
 
@@ -252,3 +257,144 @@ def test_the_example_plugin_trains_resumes_sweeps_and_evaluates_by_name(site, tm
     report = _eval_in_a_new_process(tmp_path / "sweep" / "seed=2", cwd=tmp_path)
     summary = json.loads((tmp_path / "sweep" / "seed=2" / "summary.json").read_text())
     assert report["acc"] == summary["last_acc"] and len(report["classes"]) == 6
+
+
+# --------------------------------------------------------------------------- a run directory from elsewhere
+
+EVIL = "from pathlib import Path\nPath({marker!r}).write_text('ran')\n"
+
+
+def _received(smoke_run: Path, tmp_path: Path, plugins: list[str], finished: bool = True) -> tuple[Path, Path]:
+    """A copy of a finished run as a user may receive it, with ``evilplug.py`` inside, whose import writes a
+    marker file, and ``plugins`` written into its config.yaml by hand. Returns the run and the marker."""
+    import shutil
+
+    received, marker = tmp_path / "G", tmp_path / "marker"
+    shutil.copytree(smoke_run, received, ignore=shutil.ignore_patterns("tensorboard", "inspect"))
+    (received / "evilplug.py").write_text(EVIL.format(marker=str(marker)))
+    config = yaml.safe_load((received / "config.yaml").read_text())
+    config["plugins"] = plugins
+    (received / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    if not finished:
+        (received / "summary.json").unlink()
+    return received, marker
+
+
+@pytest.fixture
+def forget_evilplug():
+    yield
+    sys.modules.pop("evilplug", None)
+
+
+@pytest.mark.parametrize("command", [["eval", "."], ["export", ".", "--out", "../m.safetensors"], ["inspect", "."],
+                                     ["resume", "."]])  # fmt: skip
+def test_a_received_run_directory_imports_no_file_it_names_without_consent(
+    smoke_run, tmp_path, monkeypatch, capsys, command, forget_evilplug
+):
+    """The probe of issue 46: `cd G && dfcil eval .` with `plugins: [evilplug.py]` in G/config.yaml ran the file.
+    Now each command stops, in one line that lists the file and how to allow it, and the file has not run; a
+    relative path in a saved config means the run directory, never the current one."""
+    received, marker = _received(smoke_run, tmp_path, ["evilplug.py"], finished=command[0] != "resume")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "evilplug.py").write_text(EVIL.format(marker=str(marker)))  # the cwd's is not it
+    for cwd in (received, tmp_path / "elsewhere"):
+        monkeypatch.chdir(cwd)
+        target = "." if cwd == received else str(received)
+        assert main([*[target if a == "." else a for a in command]]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "imports only with your consent" in err, err
+        assert f"the file {received / 'evilplug.py'}" in err and f"--plugin {received / 'evilplug.py'}" in err
+        assert "--trust-plugins" in err and not marker.exists()
+        assert "evilplug" not in sys.modules
+
+
+def test_a_named_plugin_file_runs_only_with_plugin_or_trust_plugins(smoke_run, tmp_path, monkeypatch, capsys,
+                                                                       forget_evilplug):  # fmt: skip
+    received, marker = _received(smoke_run, tmp_path, [str(tmp_path / "G" / "evilplug.py")])  # absolute, inside
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "G"]) == 2 and not marker.exists()
+    assert "the file" in capsys.readouterr().err
+    assert main(["eval", "G", "--plugin", "G/evilplug.py"]) == 0 and marker.exists()  # named again: allowed
+    marker.unlink()
+    del sys.modules["evilplug"]
+    assert main(["eval", "G", "--trust-plugins"]) == 0 and marker.exists()
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_a_run_record_given_as_config_or_an_existing_out_names_no_code_without_consent(
+    smoke_run, tmp_path, monkeypatch, capsys, forget_evilplug
+):
+    """`dfcil train --config G/config.yaml` repeats a received run, and `--out G` continues it: neither imports
+    G's plugin file on G's word; `dfcil sweep --config G/config.yaml` neither."""
+    received, marker = _received(smoke_run, tmp_path, ["evilplug.py"])
+    monkeypatch.chdir(tmp_path)
+    for argv in (
+        ["train", "--config", "G/config.yaml", "--out", "new", "--print-config"],
+        ["train", "--config", SMOKE, "--out", "G"],
+        ["sweep", "--config", "G/config.yaml", "--out", "sweep", "--dry-run"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "imports only with your consent" in err and str(received / "evilplug.py") in err, err
+        assert not marker.exists() and not (tmp_path / "new").exists() and not (tmp_path / "sweep").exists()
+    out = capsys.readouterr()
+    assert main(["train", "--config", "G/config.yaml", "--trust-plugins", "--print-config"]) == 0 and marker.exists()
+    assert f"- {received / 'evilplug.py'}" in capsys.readouterr().out, out  # the run's file, not the cwd's
+
+
+def test_a_module_the_run_directory_holds_is_code_of_the_run(smoke_run, tmp_path):
+    """`cd G && python -m dfcil eval .` puts G on sys.path: a module name in G's plugins then finds G's file, so it
+    needs consent as a file does; an installed or PYTHONPATH module does not."""
+    received, marker = _received(smoke_run, tmp_path, ["evilplug"])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "dfcil", "eval", "."], cwd=received, capture_output=True, text=True,
+                          env=env)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "the module evilplug (found in the run directory)" in done.stderr and not marker.exists()
+    from dfcil.plugins import needs_consent
+
+    assert not needs_consent("json", received) and not needs_consent("dfcil.methods", received)
+    assert needs_consent("anything.py", received) and needs_consent("/abs/elsewhere.py", received)
+
+
+def test_a_checkpoint_that_names_other_plugins_than_the_config_is_refused_before_importing(
+    smoke_run, tmp_path, capsys, forget_evilplug
+):
+    """The checkpoint holds a copy of the config, which resume builds (importing its plugins): one that names
+    other plugins than config.yaml is not the run's, and nothing it names is imported."""
+    from dfcil.checkpoint import dumps, loads
+
+    received, marker = _received(smoke_run, tmp_path, [], finished=False)
+    last = received / "checkpoints" / "last.pt"
+    payload = loads(last.read_bytes())
+    payload["config"]["plugins"] = [str(received / "evilplug.py")]
+    last.write_bytes(dumps(payload))
+    assert main(["resume", str(received), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "names other plugins" in err and "not this run's" in err, err
+    assert not marker.exists() and not (received / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("source", "said"),
+    [("import sys\nsys.exit(5)\n", "exited while importing (sys.exit(5) at "),
+     ("raise SystemExit('bye')\n", "exited while importing (SystemExit('bye') at "),
+     ("import sys\nsys.exit()\n", "exited while importing (sys.exit(None) at ")],
+)  # fmt: skip
+def test_a_plugin_that_exits_while_importing_is_one_error_naming_it(tmp_path, capsys, source, said):
+    """`sys.exit(5)` at import used to exit 5 with no output, `raise SystemExit("bye")` 1 with only its text: now one
+    `dfcil: error:` line naming the plugin, exit status 2, as for any failing plugin."""
+    plugin = tmp_path / "exits_at_import.py"
+    plugin.write_text(source)
+    assert main(["train", "--config", SMOKE, "--plugin", str(plugin), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dfcil: error: plugin file {plugin} {said}{plugin}:") and err.count("\n") == 1, err
+    assert "exits_at_import" not in sys.modules
+
+
+def test_ctrl_c_while_a_plugin_imports_stops_the_command_as_ctrl_c_does(tmp_path, capsys):
+    plugin = tmp_path / "interrupted_at_import.py"
+    plugin.write_text("raise KeyboardInterrupt\n")
+    assert main(["train", "--config", SMOKE, "--plugin", str(plugin), "--dry-run"]) == 130
+    assert capsys.readouterr().err == "dfcil: interrupted\n"
+    assert "interrupted_at_import" not in sys.modules

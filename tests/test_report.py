@@ -4,6 +4,7 @@ formats, --by, the CLI; and every plot from a real smoke run."""
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -291,10 +292,54 @@ def test_a_yaml_bomb_in_a_runs_config_is_refused_at_once(runs_root, capsys):
     path = runs_root / "rdfcil" / "o1" / "config.yaml"
     path.write_text(BOMB)
     t0 = time.perf_counter()
-    assert main(["report", str(runs_root)]) == 2
+    assert main(["report", str(runs_root)]) == 0  # skipped, with the other runs reported
     assert time.perf_counter() - t0 < 5
     err = capsys.readouterr().err
-    assert f"cannot read the run in {path.parent}" in err and "aliases" in err and len(err) < 600
+    line = next(line for line in err.splitlines() if str(path.parent) in line)
+    assert line.startswith(f"dfcil report: skipping {path.parent}: its config.yaml cannot be read")
+    assert "aliases" in line and len(line) < 600
+
+
+def _without_summary_stderr(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("dfcil report: skip")]
+
+
+def test_a_truncated_summary_skips_its_run_and_says_how_many_were_skipped(runs_root, capsys):
+    """`head -c 100 R/summary.json > tree/trunc/summary.json` beside good runs stopped the whole report (exit 2,
+    no table): a run still being copied is the common case. It is skipped with a warning, as one of the wrong shape
+    is, and the last line counts the skipped runs."""
+    path = runs_root / "rdfcil" / "o1" / "summary.json"
+    path.write_text(path.read_text()[:100])
+    (runs_root / "rdfcil" / "o2" / "summary.json").write_text("")  # empty: not valid JSON either
+    assert main(["report", str(runs_root)]) == 0
+    captured = capsys.readouterr()
+    lines = _without_summary_stderr(captured.err)
+    assert lines[0].startswith(f"dfcil report: skipping {path.parent}: its summary.json is not valid JSON (")
+    assert "cut short, or still being copied?" in lines[0]
+    assert lines[-1] == "dfcil report: skipped 2 of 11 run directories (above)", lines
+    assert "| rdfcil · cifar100 · n10 · method.lambda_hkd=0.15 | 1 (+1 unfinished) | 40.00 |" in captured.out
+
+
+def test_a_summary_or_config_that_is_no_regular_file_is_skipped_without_waiting(runs_root, tmp_path):
+    """A FIFO named summary.json hung `dfcil report` forever (the read waits for a writer): anything but a regular
+    file is skipped with a warning. A new process, with a timeout, so that a regression fails instead of hanging."""
+    import subprocess
+    import sys
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    (runs_root / "rdfcil" / "o1" / "summary.json").unlink()
+    os.mkfifo(runs_root / "rdfcil" / "o1" / "summary.json")
+    (runs_root / "abd" / "s1" / "config.yaml").unlink()
+    os.mkfifo(runs_root / "abd" / "s1" / "config.yaml")
+    done = subprocess.run([sys.executable, "-m", "dfcil", "report", str(runs_root)], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = _without_summary_stderr(done.stderr)
+    assert f"skipping {runs_root / 'rdfcil' / 'o1'}: its summary.json cannot be read (" in lines[1], lines
+    assert "is a FIFO, not a file" in lines[1] and "config.yaml cannot be read" in lines[0] and "FIFO" in lines[0]
+    assert lines[-1] == "dfcil report: skipped 2 of 11 run directories (above)"
+    assert "rdfcil · cifar100 · n10" in done.stdout
 
 
 def test_the_report_never_imports_torch(runs_root):

@@ -65,6 +65,20 @@ def test_plan_refuses_bad_keys_and_clashing_names():
         plan([ldc], [("method.ldc", ["true", "false"])])
 
 
+def test_plan_refuses_two_runs_of_one_config_under_two_names(tmp_path):
+    """`--grid train.lr=0.1,1e-1,0.05` trained lr=0.1 and lr=1e-1 alike, and the report grouped them as n = 2,
+    ± 0.00: equal values written differently are compared as resolved configs, as `seed=1,1` is by name."""
+    with pytest.raises(ConfigError, match="runs 'lr=0.1' and 'lr=1e-1' of the sweep would train the same config"):
+        plan([["configs/smoke.yaml"]], [("train.lr", ["0.1", "1e-1", "0.05"])])
+    with pytest.raises(ConfigError, match="'seed=1' and 'seed=.1' .* same config"):
+        plan([["configs/smoke.yaml"]], [("seed", ["1", "+1"])])
+    copy = tmp_path / "copy.yaml"
+    copy.write_text((Path("configs") / "smoke.yaml").read_text())
+    with pytest.raises(ConfigError, match="runs 'smoke' and 'copy' .* same config"):
+        plan([["configs/smoke.yaml"], [str(copy)]])
+    assert len(plan([["configs/smoke.yaml"]], [("train.lr", ["0.1", "0.05"])])) == 2
+
+
 def test_default_jobs_packs_small_runs_by_free_gpu_memory():
     small = SweepRun("a", (), (), {"device": "auto"}, 32)
     large = SweepRun("b", (), (), {"device": "auto"}, 224)

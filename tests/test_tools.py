@@ -21,14 +21,9 @@ from dfcil.state import Position
 SMOKE = str(CONFIGS / "smoke.yaml")
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tools") / "run"
-    assert (
-        main(["train", "--config", SMOKE, "--out", str(out), "--no-progress", "--log", "csv", "--log", "tensorboard"])
-        == 0
-    )
-    return out
+@pytest.fixture
+def finished(smoke_run):
+    return smoke_run  # the session's shared smoke run (conftest): read, never changed
 
 
 def _jsonl(run):
@@ -457,3 +452,68 @@ def test_on_cuda_with_graphs_the_grids_logs_and_commands_work(tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
     generator, _, source = fresh_generator(run, run.network(torch.device("cuda")), 3, 0, torch.device("cuda"))
     assert next(generator.parameters()).is_cuda and "3 steps" in source
+
+
+# ------------------------------------------------------------------------------------------ whose model.pt
+
+
+def test_a_model_pt_from_another_run_is_refused_naming_both_runs(finished, tmp_path, capsys):
+    """`cp OTHER/model.pt R/model.pt; dfcil eval R` printed another run's accuracy (45.31 % against the summary's
+    46.88 %) with no warning. model.pt, summary.json and meta.json now carry the run's id."""
+    from dfcil.checkpoint import dumps, loads
+
+    summary, meta = (json.loads((finished / name).read_text()) for name in ("summary.json", "meta.json"))
+    model = loads((finished / "model.pt").read_bytes())
+    assert summary["run_id"] == meta["run_id"] == model["run"]["id"] and len(summary["run_id"]) == 32
+    assert model["run"] == {"id": summary["run_id"], "dir": str(finished.absolute()), "method": "rdfcil",
+                            "dataset": "fake"}  # fmt: skip
+    run = tmp_path / "R"
+    shutil.copytree(finished, run, ignore=shutil.ignore_patterns("tensorboard", "inspect"))
+    other = dict(model, run={"id": "0" * 32, "dir": "/elsewhere/OTHER", "method": "fecam", "dataset": "fake"})
+    (run / "model.pt").write_bytes(dumps(other))  # same shape: only the id tells them apart
+    for command in (["eval", str(run)], ["export", str(run), "--out", str(tmp_path / "m.safetensors")],
+                    ["inspect", str(run), "--out", str(tmp_path / "plots")]):  # fmt: skip
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{run / 'model.pt'} was written by run {'0' * 32} (fecam on fake, trained " \
+            f"in /elsewhere/OTHER), not by run {summary['run_id']} of {run}" in err, err  # fmt: skip
+    assert not (tmp_path / "m.safetensors").exists() and not (tmp_path / "plots").exists()
+    del other["run"]  # a model of a dfcil before run ids, in a run that has one
+    (run / "model.pt").write_bytes(dumps(other))
+    assert main(["eval", str(run)]) == 2 and "written by a run of a dfcil before run ids" in capsys.readouterr().err
+
+
+def test_runs_before_run_ids_compare_the_method_and_the_class_order_instead(finished, tmp_path, capsys):
+    from dfcil.checkpoint import dumps, loads
+
+    run = tmp_path / "old"
+    shutil.copytree(finished, run, ignore=shutil.ignore_patterns("tensorboard", "inspect"))
+    for name in ("summary.json", "meta.json"):  # as a dfcil before run ids wrote them
+        record = json.loads((run / name).read_text())
+        del record["run_id"]
+        (run / name).write_text(json.dumps(record))
+    model = loads((run / "model.pt").read_bytes())
+    (run / "model.pt").write_bytes(dumps({k: v for k, v in model.items() if k != "run"}))
+    assert main(["eval", str(run)]) == 0  # nothing to compare but what both files record: they agree
+    capsys.readouterr()
+    (run / "model.pt").write_bytes(dumps(dict(model, run={"method": "fecam"})))
+    assert main(["eval", str(run)]) == 2 and "is a fecam model, and" in capsys.readouterr().err
+    flipped = dict(model, class_order=list(reversed(model["class_order"])))
+    del flipped["run"]
+    (run / "model.pt").write_bytes(dumps(flipped))
+    assert main(["eval", str(run)]) == 2 and "was trained on another class order" in capsys.readouterr().err
+
+
+def test_a_class_order_the_data_does_not_give_names_the_data_read_not_none(finished, tmp_path, capsys):
+    """The message said 'the data under None gives the class order ...': it names where the data was read from."""
+    from dfcil.checkpoint import dumps, loads
+
+    run = tmp_path / "R"
+    shutil.copytree(finished, run, ignore=shutil.ignore_patterns("tensorboard", "inspect"))
+    model, summary = loads((run / "model.pt").read_bytes()), json.loads((run / "summary.json").read_text())
+    order = [*model["class_order"][1:], model["class_order"][0]]  # both files agree on another order
+    (run / "model.pt").write_bytes(dumps(dict(model, class_order=order)))
+    (run / "summary.json").write_text(json.dumps(dict(summary, class_order=order)))
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "the data (generated) gives the class order" in err and "None" not in err, err

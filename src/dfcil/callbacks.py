@@ -18,6 +18,7 @@ import torch
 from dfcil.checkpoint import Checkpointer
 from dfcil.config import RunConfig, check_unchanged, config_to_dict
 from dfcil.context import Phase
+from dfcil.errors import CheckpointError
 from dfcil.graphs import StepGraph
 from dfcil.load import build_config
 from dfcil.loop import Callback, Loop
@@ -288,6 +289,15 @@ class Checkpointing(Callback):
     def load(self) -> dict[str, Any]:
         """The newest usable checkpoint's payload, refused if it was written under another config."""
         payload = self.files.load_latest()
+        # the checkpoint's plugins first, as plain data: building its config imports them, and only the run's own
+        # (which the user allowed: dfcil.load.load_run_config) may be imported
+        saved_plugins = payload["config"].get("plugins") if isinstance(payload["config"], dict) else None
+        if list(saved_plugins or ()) != list(self.cfg.plugins):
+            raise CheckpointError(
+                f"the newest checkpoint in {self.files.dir} names other plugins ({list(saved_plugins or ())}) "
+                f"than the run's config.yaml ({list(self.cfg.plugins)}): it is not this run's; restore the run's "
+                f"own checkpoints/, or start a new run"
+            )
         # the saved config as this version of dfcil reads it: keys added since it was written take their defaults
         # (which keep the behaviour of the version that wrote it) and are not changes
         check_unchanged(config_to_dict(build_config(payload["config"])), self.cfg)

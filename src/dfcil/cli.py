@@ -55,8 +55,25 @@ FINISHED_RUN_HELP = "a finished run directory: it holds config.yaml and model.pt
 LOG_HELP = "also log to csv or tensorboard (repeatable, or a comma list; config key `log`); metrics.jsonl stays"
 PLUGIN_HELP = (
     "a module name or .py file to import first, e.g. one that registers a method (repeatable; adds to the config key "
-    "`plugins`, saved with the run: resume, sweeps and eval import it again)"
+    "`plugins`, saved with the run; a later command on the run names a plugin file again: docs/extending.md)"
 )
+RUN_PLUGIN_HELP = (
+    "allow a plugin the run directory's config.yaml names (a .py file or a module inside the run directory), "
+    "after reading it: it is imported only when named again (repeatable)"
+)
+TRUST_HELP = "import every plugin the run directory names, without naming each (only for runs you trust)"
+
+
+def _add_consent(parser: argparse.ArgumentParser) -> None:
+    """The options that allow a run directory's plugin code to be imported (dfcil.plugins.check_consent)."""
+    parser.add_argument("--plugin", action="append", default=[], metavar="FILE", help=RUN_PLUGIN_HELP)
+    parser.add_argument("--trust-plugins", action="store_true", help=TRUST_HELP)
+
+
+def _consent(args: argparse.Namespace) -> Any:
+    from dfcil.plugins import Consent
+
+    return Consent(named=tuple(args.plugin), everything=args.trust_plugins)
 
 
 def _split_overrides(tokens: Sequence[str]) -> list[tuple[str, str]]:
@@ -95,6 +112,10 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dry-run", action="store_true", help="validate config and data, print the protocol, exit")
     train.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
     train.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
+    train.add_argument(
+        "--trust-plugins", action="store_true",
+        help="import every plugin that a run directory (--out, or a --config that is a run's config.yaml) names",
+    )  # fmt: skip
     bars = train.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -110,6 +131,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="switch CUDA graphs on or off (e.g. off after a failed capture); the results do not change",
     )  # fmt: skip
     resume.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
+    _add_consent(resume)
     bars = resume.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -154,6 +176,9 @@ def _add_sweep_parser(sub) -> None:
     sweep.add_argument("--device", help="auto, cpu, cuda (as --device in the config), for every run")
     sweep.add_argument("--log", action="append", metavar="NAME", help="logs for every run, as dfcil train's --log")
     sweep.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
+    sweep.add_argument(
+        "--trust-plugins", action="store_true", help="import every plugin a run's config.yaml given as --config names"
+    )
     sweep.add_argument("--dry-run", action="store_true", help="print the runs and their states, run nothing")
     sweep.add_argument(
         "--mps", choices=("auto", "on", "off"), default="auto",
@@ -185,7 +210,7 @@ def _sweep(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     spec = SweepSpec(
         configs=[part.split("+") for part in args.config], grid=parse_grid(args.grid), fixed=overrides,
         out=Path(args.out), jobs=args.jobs, dry_run=args.dry_run, launcher=args.launcher, slurm=slurm,
-        wait=args.wait, command=["dfcil", *argv], plugins=args.plugin, mps=args.mps,
+        wait=args.wait, command=["dfcil", *argv], plugins=args.plugin, trust_plugins=args.trust_plugins, mps=args.mps,
     )  # fmt: skip
     return sweep(spec)
 
@@ -208,6 +233,7 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--tasks", metavar="IDS", help="comma list of tasks whose classes to evaluate")
     ev.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_consent(ev)
     ex = sub.add_parser("export", help="export a finished run's final network (weights + a JSON model card)")
     ex.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
     ex.add_argument(
@@ -216,6 +242,7 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     ex.add_argument("--out", metavar="FILE", help="weights file (default DIR/model.<format>); the card goes beside")
     ex.add_argument("--data.root", dest="data_root", metavar="DIR", help="only for runs saved before model cards")
+    _add_consent(ex)
     ins = sub.add_parser("inspect", help="plots of a run's final features (default), or its inversions (--synthetic)")
     ins.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
     mode = ins.add_mutually_exclusive_group()
@@ -236,6 +263,7 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
         "--inversion-steps", type=int, default=200,
         help="steps of the fresh inversion for runs that kept no generator (default 200)",
     )  # fmt: skip
+    _add_consent(ins)
 
 
 class _ExportFormats:
@@ -263,7 +291,7 @@ def _eval(args: argparse.Namespace) -> int:
         tasks = _ids(args.tasks, int)
     except ValueError:
         raise ConfigError(f"--tasks {args.tasks!r}: give task numbers, e.g. --tasks 0,1") from None
-    report = evaluate_run(args.run_dir, args.data_root, _ids(args.classes), tasks, args.device)
+    report = evaluate_run(args.run_dir, args.data_root, _ids(args.classes), tasks, args.device, _consent(args))
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
@@ -271,7 +299,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from dfcil.tools import export_run
 
-    for path in export_run(args.run_dir, args.fmt, args.out, args.data_root):
+    for path in export_run(args.run_dir, args.fmt, args.out, args.data_root, _consent(args)):
         print(path)
     return 0
 
@@ -294,7 +322,7 @@ def _inspect(args: argparse.Namespace) -> int:
             raise ConfigError(f"{name} must be at least 1, got {n}")
     paths = inspect_features(
         args.run_dir, args.out, args.data_root, args.device, args.per_class, args.synthetic_images,
-        args.inversion_steps,
+        args.inversion_steps, consent=_consent(args),
     )  # fmt: skip
     for path in paths:
         print(path)
@@ -385,8 +413,9 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
         overrides.append(("log", json.dumps(_log_names(args.log))))
     if not args.config:
         raise ConfigError("dfcil train needs --config FILE.yaml (try configs/smoke.yaml)")
-    from dfcil.load import load_config
+    from dfcil.load import check_run_records, load_config
 
+    check_run_records(args.config, _consent(args))  # a received run's config.yaml: its plugin files need consent
     cfg, dropped = load_config(args.config, overrides, plugins=args.plugin)
     if dropped:
         log.warning("method switched to %r: %s", cfg.method.name, "; ".join(dropped))
@@ -400,7 +429,8 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
 
     out = args.out or f"runs/{cfg.method.name}-{datetime.now():%Y%m%d-%H%M%S}"
     options = runner.RunOptions(progress=args.progress, argv=argv)
-    return _interruptible(out, options, lambda: runner.train(cfg, Path(out), options))
+    consent = _consent(args)
+    return _interruptible(out, options, lambda: runner.train(cfg, Path(out), options, consent=consent))
 
 
 def _resume(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:
@@ -423,7 +453,8 @@ def _resume(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str
     if args.log is not None:
         overrides["log"] = _log_names(args.log)
     options = runner.RunOptions(progress=args.progress, argv=argv)
-    return _interruptible(args.run_dir, options, lambda: runner.resume(args.run_dir, overrides, options))
+    consent = _consent(args)
+    return _interruptible(args.run_dir, options, lambda: runner.resume(args.run_dir, overrides, options, consent))
 
 
 def _interruptible(run_dir: str, options: Any, work: Callable[[], object]) -> int:

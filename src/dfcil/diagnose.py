@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dfcil.errors import ConfigError, MissingExtraError
+from dfcil.errors import ConfigError, MissingExtraError, NonFiniteLossError
 from dfcil.extras import require
 from dfcil.grid import synthetic_images_path
+from dfcil.io import read_regular_text
 from dfcil.loop import Callback, Loop
 from dfcil.synthesis.diagnostics import class_mean_gap, pixel_statistics, prediction_spread, top1_confidence
 from dfcil.synthesis.replay import Replay
@@ -98,6 +99,12 @@ def inversion_report(loop: Loop) -> dict[str, Any] | None:
     n, seed = synthetic_batch_size(n_old, dataset.image_size), diagnostics_seed(loop.cfg.seed, loop.ctx.task_id)
     x = _synthetic(replay.synth.generator, n, seed, batch)
     logits, features = _teacher_outputs(loop, replay.teacher, x)
+    for values, what in ((x, "images"), (logits, "logits"), (features, "features")):
+        if not bool(torch.isfinite(values).all()):  # a generator no step should train on: stop, as a loss would
+            raise NonFiniteLossError(
+                f"task {loop.ctx.task_id}: the inverted generator's {what} (the old model's, of its images) are not "
+                f"finite, though its loss terms were: lower method.inversion.lr; no checkpoint of it was written"
+            )
     pred = logits.argmax(dim=1)
     real_x, real_y = _real_old_classes(loop, n_old)
     _, real_features = _teacher_outputs(loop, replay.teacher, real_x, uint8=True)
@@ -148,9 +155,10 @@ def read_diagnostics(run_dir: str | os.PathLike) -> list[tuple[int, dict[str, An
         raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
     try:
         if (run_dir / "summary.json").exists():
-            per_task = json.loads((run_dir / "summary.json").read_text()).get("diagnostics") or []
+            per_task = json.loads(read_regular_text(run_dir / "summary.json")).get("diagnostics") or []
         else:
-            lines = (run_dir / "metrics.jsonl").read_text().splitlines() if (run_dir / "metrics.jsonl").exists() else []
+            metrics = run_dir / "metrics.jsonl"
+            lines = read_regular_text(metrics).splitlines() if metrics.exists() else []
             records = [json.loads(line) for line in lines if line.strip()]
             per_task = [r.get("diagnostics") or {} for r in records if r.get("type") == "task"]
     except (OSError, ValueError, AttributeError) as err:

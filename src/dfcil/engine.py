@@ -138,7 +138,7 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
     if cfg.engine.cuda_graphs == "on" and not method.graph_safe:
         log.warning("%s is not marked graph_safe: its steps run eagerly (try cuda_graphs: check)", method.name)
     state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
-    runtime = Runtime.from_config(cfg.engine, device, make_progress(options.progress), dist)
+    runtime = Runtime.from_config(cfg.engine, device, make_progress(options.progress), dist, cfg.train.max_loss)
     loop = Loop(cfg=cfg, net=net, method=method, state=state, runtime=runtime, protocol=protocol,
                 interrupt=options.interrupt)  # fmt: skip
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device, cfg.engine.channels_last)

@@ -30,6 +30,7 @@ from dfcil.grid import sample_images
 from dfcil.io import write_atomic
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet, build_network
+from dfcil.plugins import Consent
 from dfcil.protocol import Protocol
 from dfcil.runtime import Runtime, resolve_device
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
@@ -162,10 +163,12 @@ def inspect_features(
     synthetic: int = 200,
     inversion_steps: int = 200,
     seed: int = 0,
+    consent: Consent = Consent(),  # noqa: B008 - frozen
 ) -> list[Path]:
     """Write ``features_tsne.png`` and ``.pdf`` (default in ``<run>/inspect``): the t-SNE of the final model's
-    features of ``per_class`` real test images per class and ``synthetic`` synthetic images. Returns the paths."""
-    run = FinishedRun.open(run_dir, **{"data.root": data_root, "device": device})
+    features of ``per_class`` real test images per class and ``synthetic`` synthetic images. Returns the paths.
+    ``consent``: plugin code the run names that may be imported."""
+    run = FinishedRun.open(run_dir, consent, **{"data.root": data_root, "device": device})
     protocol = run.protocol()
     device_ = resolve_device(run.cfg.device)
     net = run.network(device_)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,29 @@ def fsync_dir(path: str | os.PathLike) -> None:
 
 def write_json(path: str | os.PathLike, value: Any) -> None:
     write_atomic(path, json.dumps(value, indent=2) + "\n")
+
+
+class NotARegularFile(OSError):
+    """A path that names a FIFO, a device, a socket or a directory where a file was expected."""
+
+
+def read_regular_text(path: str | os.PathLike) -> str:
+    """The text of the regular file ``path`` (a link to one is followed). Anything else (a FIFO, which would block
+    the reader until a writer comes, a device, a directory) raises :class:`NotARegularFile` without waiting: the
+    file is opened non-blocking and checked before it is read.
+
+    Raises:
+        NotARegularFile: ``path`` is no regular file.
+        OSError: it cannot be read.
+        UnicodeDecodeError: it is not UTF-8 text.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise NotARegularFile(f"{path} is {kind}, not a file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read().decode("utf-8")
+    finally:
+        os.close(fd)

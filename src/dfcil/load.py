@@ -4,7 +4,8 @@
 This is where the config layer meets the methods: it looks them up in :data:`dfcil.methods.METHODS`, the one table
 of registered methods, so it stands above them, and the methods (which declare their configs with
 :mod:`dfcil.config`) never import it. The config's ``plugins`` are imported here, before any method is looked up,
-so that a method a plugin defines can be named (:mod:`dfcil.plugins`).
+so that a method a plugin defines can be named (:mod:`dfcil.plugins`); a run directory's config names code that
+is imported only with the user's consent (:func:`load_run_config`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dfcil.config import (
 )
 from dfcil.errors import ConfigError, RegistryError
 from dfcil.methods import METHODS
-from dfcil.plugins import import_plugins, normalized
+from dfcil.plugins import Consent, check_consent, import_plugins, normalized, saved_entry
 
 DEFAULT_METHOD = "rdfcil"  # the method of a config that names none
 
@@ -182,7 +183,7 @@ def load_config(
     """
     raw: dict[str, Any] = deep_merge({}, base or {})
     dropped: list[str] = []
-    files = [(path, read_yaml(path)) for path in paths]
+    files = [(path, _with_saved_entries(path, read_yaml(path))) for path in paths]
     overrides = list(overrides)
     wanted = _plugins_of(raw, [data for _, data in files], overrides, plugins)
     import_plugins(wanted)
@@ -207,6 +208,68 @@ def load_config(
     _refuse_keys_of_the_method_left(raw, files_method)
     raw["plugins"] = list(wanted)
     return build_config(raw), dropped
+
+
+RUN_FILES = ("meta.json", "checkpoints", "model.pt", "summary.json", "metrics.jsonl")  # what a run writes beside it
+
+
+def is_run_record(path: str | Path) -> bool:
+    """Whether a config file is a run directory's own ``config.yaml`` (beside what a run writes), given as
+    ``--config`` to repeat the run: then its plugins are the run's, read as :func:`load_run_config` reads them."""
+    path = Path(path)
+    return path.name == "config.yaml" and any((path.parent / name).exists() for name in RUN_FILES)
+
+
+def check_run_records(paths: Iterable[str | Path], consent: Consent) -> None:
+    """Refuse config files among ``paths`` that are run directories' records naming plugin code ``consent`` does not
+    allow (:func:`dfcil.plugins.check_consent`): ``dfcil train --config RECEIVED/config.yaml`` repeats a run from
+    elsewhere, and the run's word alone imports none of its code."""
+    for path in map(Path, paths):
+        if is_run_record(path):
+            value = read_yaml(path).get("plugins")
+            if isinstance(value, list | tuple):
+                specs = [saved_entry(s, path.parent) for s in value if isinstance(s, str) and s.strip()]
+                check_consent(specs, path.parent, consent, what=f"the run record {path}")
+
+
+def load_run_config(
+    run_dir: str | Path,
+    overrides: Iterable[tuple[str, str]] = (),
+    consent: Consent = Consent(),  # noqa: B008 - frozen
+) -> RunConfig:
+    """The config a run directory saved (``RUN/config.yaml``), with ``overrides`` (runtime keys, as command-line
+    strings), for every command that reads a run it did not just start: ``resume``, ``eval``, ``export``,
+    ``inspect``, ``train`` on an existing ``--out``, a sweep's own runs.
+
+    A run directory may come from elsewhere: the plugin files (and modules inside the run directory) its
+    ``plugins`` name are imported only with ``consent`` (:func:`dfcil.plugins.check_consent`), and a relative file
+    path means the run directory, not the current one. What ``consent`` names beyond the run's own entries is
+    imported too (e.g. a logger's plugin for ``resume --log``), without becoming part of the run's config.
+
+    Raises:
+        PluginError: the run names code the user did not allow (the message says how to allow it).
+        ConfigError: the saved config cannot be read or is not valid.
+    """
+    run_dir = Path(run_dir)
+    raw = read_yaml(run_dir / "config.yaml")
+    value = raw.get("plugins")
+    if isinstance(value, list | tuple):
+        value = [saved_entry(s, run_dir) if isinstance(s, str) and s.strip() else s for s in value]
+    listed = plugin_specs(value)
+    check_consent(listed, run_dir, consent)
+    raw["plugins"] = list(listed)
+    extra = [s for s in plugin_specs(consent.named) if s not in listed]
+    import_plugins(extra)
+    return load_config([], overrides, base=raw)[0]
+
+
+def _with_saved_entries(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
+    """A config file's data, with the relative plugin files of a run directory's record (:func:`is_run_record`)
+    meaning that run directory (as :func:`load_run_config` reads them), not the current one."""
+    value = data.get("plugins")
+    if is_run_record(path) and isinstance(value, list | tuple):
+        data["plugins"] = [saved_entry(s, Path(path).parent) if isinstance(s, str) and s.strip() else s for s in value]
+    return data
 
 
 def _plugins_of(

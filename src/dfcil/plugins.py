@@ -10,12 +10,19 @@ Two ways in (docs/extending.md, "Plugins"):
   the config's method is validated (:func:`import_plugins`). It is saved in ``config.yaml``, so ``dfcil resume``,
   every run of a sweep, SLURM jobs, torchrun ranks and ``dfcil eval`` import them again.
 
-A plugin that cannot be imported is one :class:`~dfcil.errors.PluginError` naming it, its package and the error.
+A run directory is data that may come from elsewhere, so the code its ``config.yaml`` names is not imported on its
+word alone (:func:`check_consent`): a plugin file, or a module found inside the run directory, is imported only
+when the user names it again (``--plugin``) or trusts the run (``--trust-plugins``); installed packages and modules
+found outside the run directory load as before.
+
+A plugin that cannot be imported, or that exits while importing, is one :class:`~dfcil.errors.PluginError` naming
+it, its package and the error.
 This module imports nothing of dfcil but its errors: the registries and the config loader stand above it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -63,8 +70,8 @@ def load_entry_point(group: str, kind: str, name: str) -> str | None:
     where = f"{kind} plugin {name!r} ({group} entry point {value!r} of package {package})"
     try:
         ep.load()
-    except Exception as err:  # any error of the plugin's own code: one line that names it
-        raise PluginError(f"{where} failed to import: {one_line(err)}; fix it, or uninstall {package}") from None
+    except (Exception, SystemExit) as err:  # any error of the plugin's own code, or its exit: one line naming it
+        raise PluginError(f"{where} {failed(err)}; fix it, or uninstall {package}") from None
     return where
 
 
@@ -82,6 +89,76 @@ def normalized(spec: str) -> str:
 def module_name(spec: str) -> str:
     """The module a ``plugins`` entry is imported as: a file's stem, or the module name."""
     return Path(spec).stem if is_file(spec) else spec
+
+
+# ---------------------------------------------------------------------------------------- a run directory's code
+
+
+@dataclasses.dataclass(frozen=True)
+class Consent:
+    """The code named by a run directory that the user allows dfcil to import: the ``plugins`` entries the user
+    named again (``named``: ``--plugin`` of the command, files by path, modules by name), or every entry
+    (``everything``: ``--trust-plugins``)."""
+
+    named: tuple[str, ...] = ()
+    everything: bool = False
+
+
+def saved_entry(spec: str, run_dir: Path) -> str:
+    """A ``plugins`` entry of a run directory's ``config.yaml``: a relative file path means the run directory (dfcil
+    saves absolute paths, so a relative one was written by hand beside the config), never the directory the command
+    runs in; an absolute path or a module name as saved."""
+    if is_file(spec) and not Path(spec).expanduser().is_absolute():
+        return str((Path(run_dir).absolute() / spec).resolve())
+    return spec
+
+
+def needs_consent(spec: str, run_dir: Path) -> bool:
+    """Whether a run directory's ``plugins`` entry is code that comes with the run rather than with this machine's
+    Python: any ``.py`` file, or a module name that would be found inside the run directory (``cd RUN && python -m
+    dfcil eval .`` puts it on ``sys.path``). An installed package or a module found elsewhere is this machine's own.
+    Finding a top-level module runs none of its code."""
+    if is_file(spec):
+        return True
+    try:
+        found = importlib.util.find_spec(spec.split(".")[0])
+    except (ImportError, ValueError):  # not importable: its import fails with an error of its own
+        return False
+    if found is None:
+        return False
+    places = [found.origin] if found.origin and found.has_location else []
+    places += list(found.submodule_search_locations or [])
+    root = Path(run_dir).resolve()
+    return any(Path(place).resolve().is_relative_to(root) for place in places)
+
+
+def check_consent(specs: Iterable[str], run_dir: Path, consent: Consent, what: str | None = None) -> None:
+    """Refuse to go on with a run directory whose ``plugins`` (as :func:`saved_entry` reads them) name code that
+    ``consent`` does not allow: a run directory from elsewhere must not run its code on its word alone, as
+    Hugging Face's ``trust_remote_code`` asks before running a model's code.
+
+    Raises:
+        PluginError: one line listing what the run needs and how to allow it (``--plugin``, ``--trust-plugins``).
+    """
+    if consent.everything:
+        return
+    files = {Path(s).expanduser().resolve() for s in consent.named if is_file(s)}
+    modules = {s for s in consent.named if not is_file(s)}
+    missing = [
+        spec
+        for spec in specs
+        if needs_consent(spec, run_dir) and not (Path(spec).resolve() in files if is_file(spec) else spec in modules)
+    ]
+    if not missing:
+        return
+    shown = ", ".join(
+        f"the file {s}" if is_file(s) else f"the module {s} (found in the run directory)" for s in missing
+    )
+    allow = " ".join(f"--plugin {s}" for s in missing)
+    raise PluginError(
+        f"{what or f'the run in {run_dir}'} names plugin code that dfcil imports only with your consent: {shown}. "
+        f"Read it first; then allow it with {allow} (or --trust-plugins: every plugin the run names)"
+    )
 
 
 def import_plugins(specs: Iterable[str]) -> None:
@@ -108,8 +185,8 @@ def import_plugin(spec: str) -> ModuleType:
                 f"DIR), add its folder to PYTHONPATH, or give its file's path (--plugin path/to/{stem}.py)"
             ) from None
         raise PluginError(f"plugin {spec!r} failed to import: {one_line(err)}; install what it needs") from None
-    except Exception as err:
-        raise PluginError(f"plugin {spec!r} failed to import: {one_line(err)}") from None
+    except (Exception, SystemExit) as err:
+        raise PluginError(f"plugin {spec!r} {failed(err)}") from None
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -137,10 +214,25 @@ def _import_file(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         del sys.modules[name]
-        raise PluginError(f"plugin file {path} failed to import: {one_line(err)}") from None
+        raise PluginError(f"plugin file {path} {failed(err)}") from None
+    except BaseException:  # Ctrl-C while it imports: no half-imported module left behind
+        del sys.modules[name]
+        raise
     return module
+
+
+def failed(err: BaseException) -> str:
+    """``failed to import: ValueError: ...`` or ``exited while importing (sys.exit(5))``: what went wrong in a
+    plugin's import, for an error that names the plugin. A ``KeyboardInterrupt`` is no plugin's failure: it is not
+    caught, and stops the command as Ctrl-C does anywhere (exit status 130)."""
+    if isinstance(err, SystemExit):
+        code = err.code
+        said = f"sys.exit({code!r})" if code is None or isinstance(code, int) else f"SystemExit({str(code)!r})"
+        where = one_line(err).partition(" (at ")[2].rstrip(")")
+        return f"exited while importing ({said}{f' at {where}' if where else ''}); a plugin must not exit"
+    return f"failed to import: {one_line(err)}"
 
 
 def one_line(err: BaseException) -> str:

@@ -28,6 +28,7 @@ import shutil
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,17 +44,17 @@ from dfcil.data.datasets import DATASETS
 from dfcil.diagnose import InversionDiagnostics
 from dfcil.distributed import Dist
 from dfcil.engine import run
-from dfcil.errors import ConfigError, RunInterrupted
+from dfcil.errors import ConfigError, PluginError, RunInterrupted
 from dfcil.grid import SyntheticGrid
 from dfcil.io import check_creatable_dir, remove_temporaries, write_atomic, write_json
-from dfcil.load import load_config
+from dfcil.load import load_run_config
 from dfcil.loggers import LOGGERS, build_loggers
 from dfcil.loop import Callback, Loop, RunOptions
 from dfcil.methods import METHODS
 from dfcil.model_file import save_model
 from dfcil.models.network import backbone_for
 from dfcil.models.resnet_cifar import BACKBONES
-from dfcil.plugins import module_name
+from dfcil.plugins import Consent, module_name
 from dfcil.plugins import provenance as plugin_provenance
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, prepare
@@ -132,19 +133,25 @@ def train(
     out: str | os.PathLike,
     options: RunOptions | None = None,
     protocol: Protocol | None = None,
+    consent: Consent = Consent(),  # noqa: B008 - frozen
 ) -> dict[str, Any]:
     """Train ``cfg`` into the run directory ``out`` and return the summary.
 
     A new directory is created only after all validation (config, data, protocol) passed, so bad input leaves
     nothing behind. If ``out`` is an unfinished run with the same config (runtime keys such as ``device`` may
-    differ), it is resumed. ``protocol``: the prepared data, where the caller has it already.
+    differ), it is resumed. ``protocol``: the prepared data, where the caller has it already. The plugins of
+    ``cfg`` are the caller's own; an existing ``out`` may name others only with ``consent``
+    (:func:`dfcil.load.load_run_config`).
     """
     out, options = Path(out), options or RunOptions()
     cfg = with_absolute_paths(cfg)
     dist = distributed.start(resolve_device(cfg.device).type)  # torchrun: join the other processes
     if dist.main and (out / "config.yaml").exists():
+        consent = dataclasses.replace(consent, named=(*cfg.plugins, *consent.named))
         try:
-            saved = load_config([out / "config.yaml"])[0]
+            saved = load_run_config(out, consent=consent)
+        except PluginError:
+            raise
         except ConfigError as err:
             raise ConfigError(
                 f"--out {out} holds a config.yaml that dfcil cannot use ({err}); choose another --out"
@@ -161,7 +168,7 @@ def train(
                 f"`dfcil eval {out}`, or give another --out to train it again"
             )
         runtime = {key: functools.reduce(getattr, key.split("."), cfg) for key in RUNTIME_KEYS}
-        return resume(out, runtime, options)
+        return resume(out, runtime, options, consent)
     if dist.main:
         check_new_run_dir(out)
     return _start(cfg, out, options, dist, protocol, new=True)
@@ -171,19 +178,21 @@ def resume(
     run_dir: str | os.PathLike,
     overrides: dict[str, Any] | None = None,
     options: RunOptions | None = None,
+    consent: Consent = Consent(),  # noqa: B008 - frozen
 ) -> dict[str, Any]:
     """Continue the unfinished run in ``run_dir`` from its newest usable checkpoint.
 
     Only runtime keys (``device``, ``engine.cuda_graphs``, ...: ``config.RUNTIME_KEYS``) may be overridden; a
-    change to anything that shapes the protocol or the model is refused.
+    change to anything that shapes the protocol or the model is refused. The plugin code the run names is imported
+    only with ``consent`` (``--plugin``, ``--trust-plugins``: :func:`dfcil.load.load_run_config`).
     """
     run_dir, options = Path(run_dir), options or RunOptions()
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
     if (run_dir / "summary.json").exists():
         raise ConfigError(f"the run in {run_dir} is complete (summary.json exists); nothing to resume")
-    saved = load_config([run_dir / "config.yaml"])[0]
-    cfg = load_config([run_dir / "config.yaml"], [(k, json.dumps(v)) for k, v in (overrides or {}).items()])[0]
+    saved = load_run_config(run_dir, consent=consent)
+    cfg = load_run_config(run_dir, [(k, json.dumps(v)) for k, v in (overrides or {}).items()], consent)
     cfg = with_absolute_paths(cfg)
     changed = changed_keys(config_to_dict(saved), config_to_dict(cfg))
     if changed:
@@ -230,7 +239,8 @@ def _start(
             )
         try:
             write_atomic(out / "config.yaml", dump_config(cfg))
-            write_json(out / "meta.json", provenance(cfg, options.argv) | {"data": data_of(cfg, protocol)})
+            meta = {"run_id": uuid.uuid4().hex, **provenance(cfg, options.argv), "data": data_of(cfg, protocol)}
+            write_json(out / "meta.json", meta)
             dist.barrier()  # the other processes follow once the run directory exists (_follow)
             return _execute(cfg, out, protocol, False, options)
         except BaseException:
@@ -336,6 +346,23 @@ def _follow(cfg: RunConfig, out: Path, dist: Dist, options: RunOptions) -> dict[
         log.removeFilter(quiet)
 
 
+def run_id(out: Path) -> str:
+    """The run's id, from ``meta.json`` (written when the run started); a run started by a dfcil before run ids gets
+    one now, added to its ``meta.json``. ``model.pt`` and ``summary.json`` carry it, so that a ``model.pt`` copied from
+    another run is told apart (:class:`dfcil.tools.FinishedRun`)."""
+    path = out / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        meta = None
+    if isinstance(meta, dict) and isinstance(meta.get("run_id"), str) and meta["run_id"]:
+        return meta["run_id"]
+    new = uuid.uuid4().hex
+    if isinstance(meta, dict):
+        write_json(path, {"run_id": new, **meta})
+    return new
+
+
 def _execute(cfg: RunConfig, out: Path, protocol: Protocol, resuming: bool, options: RunOptions) -> dict[str, Any]:
     """Train with the run directory's logs, under its ``run.log``; ``summary.json`` last."""
     handler = logging.FileHandler(out / "run.log")
@@ -354,8 +381,10 @@ def _execute(cfg: RunConfig, out: Path, protocol: Protocol, resuming: bool, opti
         )
         callbacks = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), SyntheticGrid(out), InversionDiagnostics()]
         callbacks += options.callbacks
-        callbacks.append(SaveModel(out / "model.pt", cfg))
+        identity = run_id(out)
+        callbacks.append(SaveModel(out / "model.pt", cfg, identity))
         summary = run(cfg, out, resuming, dataclasses.replace(options, callbacks=callbacks), protocol)
+        summary["run_id"] = identity  # what model.pt carries too
         write_json(out / "summary.json", summary)  # last: a run directory with a summary is complete
         return summary
     except RunInterrupted:
@@ -395,8 +424,8 @@ class SaveModel(Callback):
     """Writes the final network to ``path`` when the run ends (:func:`dfcil.model_file.save_model`), with the
     method's :meth:`~dfcil.methods.Method.eval_state` where it has one (FeCAM's class statistics)."""
 
-    def __init__(self, path: Path, cfg: RunConfig) -> None:
-        self.path, self.cfg = path, cfg
+    def __init__(self, path: Path, cfg: RunConfig, run: str = "") -> None:
+        self.path, self.cfg, self.run = path, cfg, run
 
     def on_run_start(self, loop: Loop) -> None:
         self.loop = loop
@@ -409,6 +438,9 @@ class SaveModel(Callback):
             "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
             "class_names": [dataset.classes[c] for c in split.class_order] if dataset.classes else [],
         }  # fmt: skip
+        # which run wrote the file: its id (as in meta.json and summary.json), directory, method and dataset
+        about["run"] = {"id": self.run, "dir": str(self.path.parent.absolute()), "method": self.cfg.method.name,
+                        "dataset": self.cfg.data.name}  # fmt: skip
         if method_state := self.loop.method.eval_state():  # what the method classifies with besides the network
             about["method_state"] = method_state
         save_model(self.path, self.loop.net, self.loop.method.head, backbone, about)

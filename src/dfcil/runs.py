@@ -20,6 +20,7 @@ import yaml
 
 from dfcil.config import RUNTIME_KEYS, load_yaml, quoted, section_defaults
 from dfcil.errors import ReportError
+from dfcil.io import read_regular_text
 from dfcil.paper import DATASETS, PaperRow, find_row, protocol_name, variant_of
 
 # Config keys that never split a group: what runs of one experiment may differ in (class order, training seed),
@@ -170,7 +171,9 @@ class Group:
 
 def find_runs(paths: Iterable[str | os.PathLike]) -> list[Run]:
     """Every run directory (a folder with ``config.yaml``) at or below ``paths``, in path order. A sweep's root
-    (``sweep.json``) is not a run, and runs' checkpoint folders and hidden folders are not searched."""
+    (``sweep.json``) is not a run, and runs' checkpoint folders and hidden folders are not searched. A run whose
+    files cannot be used (unreadable, cut short, the wrong shape, not regular files) is skipped with a warning that
+    names it, and a last line says how many were: one damaged run never hides the rest."""
     runs: dict[Path, Run | None] = {}
     for given in map(Path, paths):
         if not given.exists():
@@ -181,22 +184,36 @@ def find_runs(paths: Iterable[str | os.PathLike]) -> list[Run]:
             here = Path(folder)
             if "config.yaml" in files and "sweep.json" not in files and here not in runs:
                 runs[here] = _read_run(here, str(Path(root.name) / here.relative_to(root)))
+    skipped = sum(r is None for r in runs.values())
+    if skipped:
+        print(
+            f"dfcil report: skipped {skipped} of {len(runs)} run director{'ies' if len(runs) > 1 else 'y'} (above)",
+            file=sys.stderr,
+        )
     return [r for r in runs.values() if r is not None]
 
 
 def _read_run(path: Path, name: str) -> Run | None:
+    def skip(why: str) -> None:
+        print(f"dfcil report: skipping {path}: {why}", file=sys.stderr)
+
     try:
-        config = load_yaml((path / "config.yaml").read_text(encoding="utf-8"))
-        summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").exists() else None
+        config = load_yaml(read_regular_text(path / "config.yaml"))  # a FIFO is refused, never waited on
     except (OSError, ValueError, yaml.YAMLError) as err:
-        raise ReportError(f"cannot read the run in {path}: {err}") from None
+        return skip(f"its config.yaml cannot be read ({err})")
     if not isinstance(config, dict) or not isinstance(config.get("method"), dict):
-        print(f"dfcil report: skipping {path}: its config.yaml is not a dfcil run's", file=sys.stderr)
-        return None
-    problem = None if summary is None else summary_problem(summary)
-    if problem is not None:
-        print(f"dfcil report: skipping {path}: its summary.json is not a dfcil summary ({problem})", file=sys.stderr)
-        return None
+        return skip("its config.yaml is not a dfcil run's")
+    summary = None
+    if (path / "summary.json").exists():
+        try:
+            summary = json.loads(read_regular_text(path / "summary.json"))
+        except OSError as err:
+            return skip(f"its summary.json cannot be read ({err})")
+        except ValueError as err:
+            return skip(f"its summary.json is not valid JSON ({err}): cut short, or still being copied?")
+        problem = summary_problem(summary)
+        if problem is not None:
+            return skip(f"its summary.json is not a dfcil summary ({problem})")
     return Run(path, name, with_added_method_keys(config), summary)
 
 

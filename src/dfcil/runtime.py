@@ -40,6 +40,9 @@ class Runtime:
     compiler: StepCompiler | None = None  # engine.compile: step; None: steps run as written
     dist: Dist = Dist()  # this process's place in a run over several processes (torchrun)
     split_inversion: bool = True  # engine.distributed_inversion: split (else every process inverts alike)
+    # train.max_loss: a loss term of a method's own optimisation (model inversion) above it stops the run as
+    # diverged, as a non-finite one does; None: no limit
+    max_loss: float | None = 1e10
 
     def compiled(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` through :attr:`compiler` under ``engine.compile: step``, else ``fn`` itself."""
@@ -58,6 +61,7 @@ class Runtime:
         device: torch.device,
         progress: ProgressFactory,
         dist: Dist = Dist(),  # noqa: B008 - frozen
+        max_loss: float | None = 1e10,
     ) -> Runtime:
         merge = engine.merge_passes
         if merge == "auto":  # a merged 256-image pass is slower than two 128-image ones on a CPU
@@ -68,7 +72,7 @@ class Runtime:
             graphs=engine.cuda_graphs, progress=progress,
             compiler=StepCompiler(engine.compile_backend, engine.compile_mode) if engine.compile == "step" else None,
             dist=dist,
-            split_inversion=engine.distributed_inversion == "split",
+            split_inversion=engine.distributed_inversion == "split", max_loss=max_loss,
         )  # fmt: skip
 
     def autocast(self) -> AbstractContextManager:

@@ -20,13 +20,14 @@ from dfcil.checkpoint import loads
 from dfcil.config import RunConfig, with_absolute_paths
 from dfcil.data.device import Normalizer
 from dfcil.data.splits import ClassIncrementalSplit
-from dfcil.errors import ConfigError
+from dfcil.errors import CheckpointError, ConfigError
 from dfcil.extras import require
-from dfcil.io import write_atomic, write_json
-from dfcil.load import load_config
+from dfcil.io import read_regular_text, write_atomic, write_json
+from dfcil.load import load_run_config
 from dfcil.methods import build_method
 from dfcil.model_file import check_model, network_from
 from dfcil.models.network import IncrementalNet, NetOutput
+from dfcil.plugins import Consent
 from dfcil.progress import make_progress
 from dfcil.protocol import Protocol, TestSet, prepare
 from dfcil.registry import Registry
@@ -47,8 +48,14 @@ class FinishedRun:
     summary: dict[str, Any] | None
 
     @classmethod
-    def open(cls, run_dir: str | os.PathLike, **overrides: Any) -> FinishedRun:
-        """Read ``run_dir``; ``overrides``: runtime keys (``data.root``, ``device``), None for the saved value."""
+    def open(
+        cls,
+        run_dir: str | os.PathLike,
+        consent: Consent = Consent(),  # noqa: B008 - frozen
+        **overrides: Any,
+    ) -> FinishedRun:
+        """Read ``run_dir``; ``overrides``: runtime keys (``data.root``, ``device``), None for the saved value;
+        ``consent``: the plugin code the run names that may be imported (:func:`dfcil.load.load_run_config`)."""
         run_dir = Path(run_dir)
         if not (run_dir / "config.yaml").exists():
             raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
@@ -59,12 +66,12 @@ class FinishedRun:
                 f"run first (`dfcil resume {run_dir}`)"
             )
         given = [(key, json.dumps(value)) for key, value in overrides.items() if value is not None]
-        cfg = with_absolute_paths(load_config([run_dir / "config.yaml"], given)[0])
+        cfg = with_absolute_paths(load_run_config(run_dir, given, consent))
         summary_path = run_dir / "summary.json"
         summary = None
         if summary_path.exists():
             try:
-                summary = json.loads(summary_path.read_text())
+                summary = json.loads(read_regular_text(summary_path))
             except (OSError, ValueError) as err:
                 raise ConfigError(
                     f"{summary_path} cannot be read ({err}); the run's summary is damaged: restore it, or delete it "
@@ -73,6 +80,7 @@ class FinishedRun:
             if not isinstance(summary, dict):
                 raise ConfigError(f"{summary_path} is not a dfcil summary (a {type(summary).__name__}); restore it")
         model = loads(path.read_bytes(), str(path))
+        check_own_model(model, run_dir, cfg, summary)
         check_model(model, str(path))  # weights that fit what the file says of them, before anything uses them
         return cls(run_dir, cfg, model, summary)
 
@@ -88,8 +96,8 @@ class FinishedRun:
         saved = self.model.get("class_order") or (self.summary or {}).get("class_order")
         if saved is not None and order != saved:
             raise ConfigError(
-                f"the data under {self.cfg.data.root} gives the class order {order}, the run was trained on {saved}: "
-                f"point --data.root at the run's data"
+                f"the data ({protocol.dataset.source}) gives the class order {order}, the run was trained on "
+                f"{saved}: point --data.root at the data the run was trained on"
             )
         return protocol
 
@@ -105,6 +113,41 @@ class FinishedRun:
         inputs = {"image_size": dataset.image_size, "mean": list(dataset.mean), "std": list(dataset.std)}
         return {"inputs": inputs, "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
                 "class_names": names}  # fmt: skip
+
+
+def _run_id(run_dir: Path, summary: dict[str, Any] | None) -> str | None:
+    """The run's id: from its summary, else from ``meta.json`` (a run that wrote its model but not yet its summary);
+    None for a run of a dfcil before run ids."""
+    if summary is not None and isinstance(summary.get("run_id"), str):
+        return summary["run_id"]
+    try:
+        meta = json.loads(read_regular_text(run_dir / "meta.json"))
+    except (OSError, ValueError):
+        return None
+    return meta.get("run_id") if isinstance(meta, dict) and isinstance(meta.get("run_id"), str) else None
+
+
+def check_own_model(model: dict[str, Any], run_dir: Path, cfg: RunConfig, summary: dict[str, Any] | None) -> None:
+    """Refuse a ``model.pt`` that another run wrote (copied over this one's, of the same shape or not): its run id
+    (``model.pt``'s ``run``) must be the run's own (``summary.json``, ``meta.json``). For runs of a dfcil before
+    run ids, what both files record must agree: the class order, and the method where the model names one."""
+    mine = _run_id(run_dir, summary)
+    theirs = model.get("run") if isinstance(model.get("run"), dict) else {}
+    fix = f"put back {run_dir}'s own model.pt, or evaluate the run that wrote this one in its own directory"
+    if mine is not None and theirs.get("id") != mine:
+        where = f"{theirs.get('method')} on {theirs.get('dataset')}, trained in {theirs.get('dir')}"
+        who = f"run {theirs['id']} ({where})" if theirs.get("id") else "a run of a dfcil before run ids"
+        raise CheckpointError(f"{run_dir / 'model.pt'} was written by {who}, not by run {mine} of {run_dir}: {fix}")
+    if theirs.get("method") not in (None, cfg.method.name):
+        raise CheckpointError(
+            f"{run_dir / 'model.pt'} is a {theirs['method']} model, and {run_dir} a {cfg.method.name} run: {fix}"
+        )
+    order = (summary or {}).get("class_order")
+    if order is not None and model.get("class_order") is not None and list(model["class_order"]) != list(order):
+        raise CheckpointError(
+            f"{run_dir / 'model.pt'} was trained on another class order ({list(model['class_order'])[:6]}...) than "
+            f"{run_dir}'s summary.json records ({list(order)[:6]}...): {fix}"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------ eval
@@ -201,13 +244,15 @@ def evaluate_run(
     classes: Sequence[str] | None = None,
     tasks: Sequence[int] | None = None,
     device: str | None = None,
+    consent: Consent = Consent(),  # noqa: B008 - frozen
 ) -> dict[str, Any]:
     """Evaluate a finished run's final model on the test images of every class it learned (or of ``classes``, raw
     ids or names, or of the classes of ``tasks``), with the run's test set, batches and precision: the default
-    reproduces the last row of the run's accuracy matrix."""
+    reproduces the last row of the run's accuracy matrix. ``consent``: plugin code the run names that may be
+    imported."""
     if classes is not None and tasks is not None:
         raise ConfigError("give classes or tasks, not both")
-    run = FinishedRun.open(run_dir, **{"data.root": data_root, "device": device})
+    run = FinishedRun.open(run_dir, consent, **{"data.root": data_root, "device": device})
     protocol, cfg = run.protocol(), run.cfg
     labels = selected_labels(protocol.split, protocol.dataset.classes, classes, tasks)
     device_ = resolve_device(cfg.device)
@@ -290,11 +335,13 @@ def export_run(
     fmt: str = "safetensors",
     out: str | os.PathLike | None = None,
     data_root: str | None = None,
+    consent: Consent = Consent(),  # noqa: B008 - frozen
 ) -> tuple[Path, Path]:
     """Write the final network's weights in format ``fmt`` (default ``<run>/model.<fmt>``) and its model card
-    (:func:`model_card`) beside them, as ``.json``. Returns both paths."""
+    (:func:`model_card`) beside them, as ``.json``. Returns both paths. ``consent``: plugin code the run names that
+    may be imported."""
     exporter = EXPORT_FORMATS.get(fmt)
-    run = FinishedRun.open(run_dir, **{"data.root": data_root})
+    run = FinishedRun.open(run_dir, consent, **{"data.root": data_root})
     if run.model.get("method_state"):
         raise ConfigError(
             f"{run.cfg.method.name} does not classify with the network's logits but with state of its own that an "

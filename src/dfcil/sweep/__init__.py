@@ -45,6 +45,7 @@ class SweepSpec:
     wait: bool = True  # slurm: wait for the jobs (else submit and return)
     command: Sequence[str] = ()  # the command line, recorded in sweep.json
     plugins: Sequence[str] = ()  # --plugin: modules or .py files every run imports (added to its config's plugins)
+    trust_plugins: bool = False  # --trust-plugins: a run directory's config.yaml given as --config may name plugins
     mps: MpsSetting = "auto"  # CUDA MPS for runs sharing GPUs (dfcil.sweep.mps)
 
 
@@ -53,7 +54,7 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
     failed, 3 while submitted jobs are not finished yet, 130 when interrupted. ``gpus``: the visible GPUs' free
     memory (tests give their own)."""
     out = Path(spec.out)
-    runs = plan(spec.configs, spec.grid, spec.fixed, spec.plugins)
+    runs = plan(spec.configs, spec.grid, spec.fixed, spec.plugins, spec.trust_plugins)
     check_existing(runs, out)
     if spec.jobs is not None and spec.jobs < 1:
         raise ConfigError(f"--jobs {spec.jobs}: give at least 1")

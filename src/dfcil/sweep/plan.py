@@ -21,7 +21,7 @@ from typing import Any
 
 from dfcil.config import RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
 from dfcil.errors import ConfigError
-from dfcil.io import write_atomic
+from dfcil.io import read_regular_text, write_atomic
 from dfcil.paper import DATASETS
 
 RESERVED = frozenset({"logs", "slurm"})  # the sweep's own folders
@@ -91,7 +91,7 @@ class SweepRun:
         return d
 
     def read_result(self, out: Path) -> None:
-        s = json.loads((out / self.name / "summary.json").read_text())
+        s = json.loads(read_regular_text(out / self.name / "summary.json"))
         self.result = {k: s.get(k) for k in ("last_acc", "avg_inc_acc", "forgetting", "total_time_s")}
 
 
@@ -151,21 +151,25 @@ def plan(
     grid: Sequence[tuple[str, Sequence[str]]] = (),
     fixed: Sequence[tuple[str, str]] = (),
     plugins: Sequence[str] = (),
+    trust_plugins: bool = False,
 ) -> list[SweepRun]:
     """Every run of the sweep, validated (a bad key or value fails here, before anything runs). ``plugins``: the
-    modules or files every run imports besides its config's (``--plugin``)."""
+    modules or files every run imports besides its config's (``--plugin``); with them (or ``trust_plugins``), the
+    plugins a run directory's ``config.yaml`` given as a config names (:func:`dfcil.load.check_run_records`)."""
     if not config_groups:
         raise ConfigError("dfcil sweep needs at least one --config FILE.yaml (several files of one run: a.yaml+b.yaml)")
-    from dfcil.load import load_config, plugin_specs
+    from dfcil.load import check_run_records, load_config, plugin_specs
     from dfcil.methods import build_method
+    from dfcil.plugins import Consent
 
     plugins = plugin_specs(plugins)  # files' paths absolute: the runs need not start where the sweep did
+    check_run_records([f for files in config_groups for f in files], Consent(tuple(plugins), trust_plugins))
     labels = _config_labels(config_groups)
     varying = [(k, vs) for k, vs in grid if len(vs) > 1]
     short = [k.rsplit(".", 1)[-1] for k, _ in varying]
     if len(set(short)) < len(short):
         short = [k for k, _ in varying]
-    runs, names = [], set()
+    runs, names, configs = [], set(), {}
     for label, files in zip(labels, config_groups, strict=True):
         for values in itertools.product(*(vs for _, vs in grid)) if grid else [()]:
             assigned = list(zip((k for k, _ in grid), values, strict=True))
@@ -195,6 +199,13 @@ def plan(
                 )
             names.add(name)
             config = config_to_dict(cfg)
+            same = configs.get(key := json.dumps(config, sort_keys=True))
+            if same is not None:  # equal values written differently (0.1 and 1e-1): one run under two names
+                raise ConfigError(
+                    f"runs {same!r} and {name!r} of the sweep would train the same config (their values or files "
+                    f"differ only in how they are written, as 0.1 and 1e-1): give each once"
+                )
+            configs[key] = name
             runs.append(SweepRun(name, tuple(files), tuple(overrides), config, _image_size(cfg), plugins=plugins))
     return runs
 
@@ -210,11 +221,15 @@ def _image_size(cfg: RunConfig) -> int:
 def check_existing(runs: Sequence[SweepRun], out: Path) -> None:
     """Refuse a sweep directory whose run directories hold runs with other configs, or a run of this sweep under
     another name (one clear error, up front)."""
-    from dfcil.load import load_config
+    from dfcil.load import load_run_config
+    from dfcil.plugins import Consent
+
+    # the plugins this sweep's runs import are the user's own; a run directory found here may name no others
+    consent = Consent(named=tuple(dict.fromkeys(p for r in runs for p in r.config.get("plugins") or ())))
 
     def saved_config(saved: Path) -> dict[str, Any]:
         try:
-            return config_to_dict(with_absolute_paths(load_config([saved])[0]))
+            return config_to_dict(with_absolute_paths(load_run_config(saved.parent, consent=consent)))
         except ConfigError as err:
             raise ConfigError(
                 f"{saved} cannot be read ({err}); move the directory away or choose another --out"

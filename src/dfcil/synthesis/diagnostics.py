@@ -3,7 +3,8 @@ teacher sees it. Pure functions of tensors; :mod:`dfcil.diagnose` draws the batc
 and records them with the task.
 
 For diagnosis only: the real images they are compared with (the test set's old classes) never reach training.
-How to read them: ``docs/diagnostics.md``.
+How to read them: ``docs/diagnostics.md``. Each refuses non-finite input (``ValueError``): statistics of NaNs would
+read as numbers ("confidence nan", "100 % nearest their own").
 """
 
 from __future__ import annotations
@@ -15,9 +16,16 @@ import torch
 from torch import Tensor
 
 
+def require_finite(x: Tensor, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` if ``x`` holds a NaN or an infinity."""
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{what} are not all finite ({int((~torch.isfinite(x)).sum())} of {x.numel()} values)")
+
+
 def top1_confidence(logits: Tensor) -> float:
     """Mean over the batch of the largest softmax probability: near 1 when the teacher is sure of every synthetic
     image (what the inversion's content loss asks), 1/K for a teacher that cannot tell K classes apart."""
+    require_finite(logits, "the logits")
     return float(logits.float().softmax(dim=1).max(dim=1).values.mean())
 
 
@@ -38,6 +46,7 @@ def prediction_spread(pred: Tensor, n_classes: int) -> dict[str, float | list[in
 def pixel_statistics(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> dict[str, list[float]]:
     """Per-channel mean and (population) std of normalised images ``x`` (B, 3, H, W) in pixel units, ``x · std +
     mean`` in [0, 1] (not clipped): to compare with the dataset's own ``mean`` and ``std``."""
+    require_finite(x, "the images")
     m = torch.as_tensor(mean, dtype=torch.float64)[None, :, None, None]
     s = torch.as_tensor(std, dtype=torch.float64)[None, :, None, None]
     pixels = x.detach().double().cpu() * s + m
@@ -61,6 +70,8 @@ def class_mean_gap(
       any other class's;
     * ``classes``: how many classes were compared.
     """
+    require_finite(synthetic, "the synthetic features")
+    require_finite(real, "the real features")
     d = real.shape[1]
 
     def means(f: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:

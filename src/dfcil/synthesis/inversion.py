@@ -6,6 +6,7 @@ This is the one place besides the engine that runs an optimiser: the generator's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -13,6 +14,7 @@ from torch import Tensor
 
 from dfcil.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, configclass
 from dfcil.distributed import Dist
+from dfcil.errors import DivergedError, LossLimitError, NonFiniteLossError
 from dfcil.graphs import GraphMode, StepGraph
 from dfcil.models.batchnorm import BNMode, BNStats, synchronise
 from dfcil.models.generator import build_generator
@@ -42,6 +44,24 @@ class InversionConfig:
     persistent: bool = False  # ABD: one generator and Adam for the whole run, warm-started every task
 
 
+# inversion steps between reads of their loss terms on the host, on a GPU (a sync each, which a CPU does not
+# pay: there every step is read); any save of the generator's state reads them first
+CHECK_EVERY = 10
+
+# the config key that weights each inversion loss term, for the error that names what to change
+TERM_WEIGHTS = {"content": "w_content", "diversity": "w_diversity", "bn": "w_bn", "prior": "w_prior"}
+
+
+def first_diverged(values: Tensor, max_loss: float | None) -> tuple[int, int] | None:
+    """(row, column) of the first entry of ``values`` (steps × loss terms), in step order, that is not finite or
+    whose magnitude passes ``max_loss`` (None: no limit); None when every entry is fine."""
+    bad = ~torch.isfinite(values)
+    if max_loss is not None:
+        bad |= values.abs() > max_loss
+    found = bad.nonzero()
+    return (int(found[0, 0]), int(found[0, 1])) if len(found) else None
+
+
 def inversion_terms(inversion: ModelInversion, z: Tensor) -> dict[str, Tensor]:
     """The generator's images from latent codes ``z`` and their loss terms, under the run's autocast: the part of an
     inversion step that ``engine.compile: step`` compiles (module level: compiled once for every task)."""
@@ -60,7 +80,12 @@ class ModelInversion:
         batch_size: images per inversion step.
         rng: generator of the latent codes (on the teacher's device).
         runtime: how to compute: bf16 autocast around forward passes (the loss maths stays fp32), an NHWC
-            generator, a fused Adam, the Adam step as one CUDA graph (``graphs``; see dfcil.graphs).
+            generator, a fused Adam, the Adam step as one CUDA graph (``graphs``; see dfcil.graphs); its
+            ``max_loss`` bounds every loss term (the training's ``train.max_loss``).
+
+    A step whose loss terms are not finite or pass ``max_loss`` stops the inversion (:meth:`check`, every
+    :data:`CHECK_EVERY` steps, at the end and before any state is saved), naming the first such step and term:
+    a diverged generator is never trained on, saved or sampled.
     """
 
     def __init__(
@@ -98,6 +123,11 @@ class ModelInversion:
         self.step = 0  # Adam steps done; fit() continues from here
         self.names: list[str] = []  # the loss terms' names, in the order of fit()'s values
         self.final_terms: dict[str, float] | None = None  # the last step's weighted terms, once fit() ran one
+        self.max_loss = runtime.max_loss
+        self.check_every = 1 if self.device.type == "cpu" else CHECK_EVERY
+        self.recent: Tensor | None = None  # (check_every, terms): the loss terms of the steps not checked yet
+        self.checked = 0  # steps whose loss terms were checked
+        self.previous: Tensor | None = None  # the loss terms of the last step checked
 
     @property
     def done(self) -> bool:
@@ -145,14 +175,65 @@ class ModelInversion:
             else StepGraph(self.train_step, self.optimizer, self.graphs, self.device, (self.rng,))
         )
         values = None
+        self.checked = self.step
         while self.step < self.cfg.steps:
             values = self.train_step() if graph is None else graph("inversion")  # a graph replays train_step
+            if self.recent is None:
+                self.recent = values.new_zeros(self.check_every, len(values))
+            self.recent[self.step - self.checked].copy_(values)  # the step's only bookkeeping on the device
             self.step += 1
+            if self.step - self.checked == self.check_every:
+                self.check()
             if on_step is not None:
                 on_step(self.step, values)
+        self.check()
         if values is not None:  # one host sync, after the last step
             self.final_terms = {k: round(v, 6) for k, v in zip(self.names, values.tolist(), strict=True)}
         self._freeze()
+
+    def check(self) -> None:
+        """Stop at the first step since the last check whose loss terms are not finite or pass ``max_loss``.
+
+        Raises:
+            NonFiniteLossError: terms became NaN or infinite (named, with the step, the largest term of the step
+                before, which usually caused it, and the keys to change).
+            LossLimitError: a term passed ``max_loss``.
+        """
+        done, self.checked = self.step - self.checked, self.step
+        if self.recent is None or done <= 0:
+            return
+        rows = self.recent[:done]
+        bad = first_diverged(rows, self.max_loss)
+        if bad is None:
+            self.previous = rows[-1].clone()
+            return
+        row, step = bad[0], self.step - done + bad[0] + 1
+        before = rows[row - 1] if row > 0 else self.previous  # the last good step's terms, if there was one
+        values = rows[row].tolist()
+        where = f"at step {step} of {self.cfg.steps}"
+        if math.isfinite(values[bad[1]]):
+            culprit = self.names[bad[1]]
+            what = (
+                f"its loss term {culprit!r} reached {values[bad[1]]:.4g} {where}, above train.max_loss "
+                f"({self.max_loss:g}; null: no limit)"
+            )
+            error: type[DivergedError] = LossLimitError
+        else:
+            terms = [n for n, v in zip(self.names, values, strict=True) if not math.isfinite(v)]
+            culprit, what = terms[0], f"its loss term{'s' * (len(terms) > 1)} {', '.join(map(repr, terms))} became "
+            what += f"{values[bad[1]]} {where}"
+            if before is not None and len(terms) > 1:  # several at once: the largest term of the step before
+                last = before.tolist()
+                culprit = self.names[max(range(len(last)), key=lambda k: abs(last[k]))]
+                what += f" (the step before, the largest was {culprit!r}: {max(map(abs, last)):.4g})"
+            error = NonFiniteLossError
+        weight = TERM_WEIGHTS.get(culprit)
+        keys = [f"method.inversion.{weight} (now {getattr(self.cfg, weight):g})"] if weight else []
+        keys.append(f"method.inversion.lr (now {self.cfg.lr:g})")
+        raise error(
+            f"model inversion diverged: {what}. Lower {' or '.join(keys)}; no checkpoint of the diverged generator "
+            f"was written"
+        )
 
     def _freeze(self) -> None:
         self.generator.eval()
@@ -186,6 +267,7 @@ class ModelInversion:
         """Training state (generator, Adam, steps done); only while :attr:`done` is False."""
         if self.done:
             raise RuntimeError("the generator is trained; save generator.state_dict() instead")
+        self.check()  # never a checkpoint of a diverged generator
         return {"generator": self.generator.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:

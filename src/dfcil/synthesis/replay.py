@@ -21,6 +21,7 @@ from torch import Tensor
 
 from dfcil.context import TaskContext
 from dfcil.distributed import Dist
+from dfcil.errors import DivergedError
 from dfcil.models.batchnorm import BNMode
 from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.progress import ProgressLog
@@ -76,7 +77,10 @@ class Replay:
                         lines.log(step, terms)
                 on_step()
 
-            synth.fit(after_step)
+            try:
+                synth.fit(after_step)
+            except DivergedError as err:  # the same error, saying which task's inversion
+                raise type(err)(f"task {ctx.task_id}: {err}") from None
         log.info("task %d: inversion done", ctx.task_id)
 
     def end(self) -> None:
