@@ -324,13 +324,13 @@ def test_a_milestone_past_its_phase_is_refused_and_the_dry_run_prints_every_sche
 
 
 def test_a_key_of_the_method_switched_away_from_is_named_as_such(capsys):
-    preset = str(CONFIGS / "cifar100" / "rdfcil_n5.yaml")
-    args = ["train", "--config", preset, "--method.name", "finetune", "--method.chr_epochs", "3", "--print-config"]
+    preset = ["--config", str(CONFIGS / "cifar100" / "n5.yaml"), "--config", str(CONFIGS / "cifar100" / "rdfcil.yaml")]
+    args = ["train", *preset, "--method.name", "finetune", "--method.chr_epochs", "3", "--print-config"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--method.chr_epochs: a setting of rdfcil, the method of the config files" in err
     assert "drop --method.chr_epochs" in err
-    assert main(["train", "--config", preset, "--method.name", "lwf", "--method.lambda_kd", "2", "--print-config"]) == 0
+    assert main(["train", *preset, "--method.name", "lwf", "--method.lambda_kd", "2", "--print-config"]) == 0
 
 
 # ------------------------------------------------------------------------------------ listing, pipes, --help

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import yaml
 
@@ -163,6 +165,9 @@ def test_configs_are_frozen():
 @pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_shipped_config_is_valid_and_states_its_command(path):
     base = [CONFIGS / "cifar100-mini.yaml"] if path.parent.name == "cifar100-mini" else []  # overlays: on their base
+    if first := re.search(r"dfcil train ((?:--config \S+ )+)", path.read_text()):  # an overlay: after what its
+        given = [CONFIGS.parent / f for f in first.group(1).split()[1::2]]  # command gives before it
+        base = given[: given.index(path)] if path in given else base
     cfg, _ = load_config([*base, path])
     from dfcil.methods import build_method
 
@@ -199,7 +204,7 @@ def test_the_paper_presets_give_every_plain_ce_first_task_the_same_schedule(sett
 
     first = {}
     for name in ("finetune", "lwf", "deepinversion", "abd", "rdfcil"):
-        cfg, _ = load_config([CONFIGS / "cifar100" / f"{name}_{setting}.yaml"])
+        cfg, _ = load_config([CONFIGS / "cifar100" / f"{setting}.yaml", CONFIGS / "cifar100" / f"{name}.yaml"])
         method = build_method(cfg.method, cfg.train)
         task0 = Task(task_id=0, n_old=0, n_new=50, num_tasks=5)
         train = config_to_dict(cfg)["train"]
@@ -271,15 +276,16 @@ def test_a_section_on_the_command_line_merges_as_a_files_would():
     assert cfg.method.inversion.lr == 0.002 and cfg.method.inversion.steps == 80  # the file's steps stay
 
 
+IMAGENET100_N5 = [CONFIGS / "imagenet100" / "n5.yaml", CONFIGS / "imagenet100" / "rdfcil.yaml"]
+
+
 def test_an_explicit_class_order_refuses_a_class_order_seed():
     """A preset with data.class_order (ImageNet-100's) trains that order whatever the seed: a sweep over seeds
     would give three identical runs, so a seed beside an explicit order is an error that says how to draw one."""
     with pytest.raises(ConfigError, match=r"data.class_order is given, so data.class_order_seed \(1\) would be "
                        r"ignored.*set data.class_order: null"):  # fmt: skip
-        load_config([CONFIGS / "imagenet100" / "rdfcil_n5.yaml"], [("data.class_order_seed", "1")])
-    cfg, _ = load_config(
-        [CONFIGS / "imagenet100" / "rdfcil_n5.yaml"], [("data.class_order", "null"), ("data.class_order_seed", "1")]
-    )
+        load_config(IMAGENET100_N5, [("data.class_order_seed", "1")])
+    cfg, _ = load_config(IMAGENET100_N5, [("data.class_order", "null"), ("data.class_order_seed", "1")])
     assert cfg.data.class_order is None and cfg.data.class_order_seed == 1
 
 
@@ -293,14 +299,14 @@ def test_non_finite_numbers_are_refused():
 def test_switching_method_notes_the_keys_kept_away_from_the_new_methods_defaults():
     """lwf_ldc's KD weight 10 stays 10 when the method is switched to DeepInversion (default 1): said, not silent;
     a value the switching source gives itself is its own choice and not noted."""
-    _, notes = load_config([CONFIGS / "cifar100" / "lwf_ldc_n5.yaml"], [("method.name", "deepinversion")])
+    lwf_ldc = [CONFIGS / "cifar100" / "n5.yaml", CONFIGS / "cifar100" / "lwf_ldc.yaml"]
+    _, notes = load_config(lwf_ldc, [("method.name", "deepinversion")])
     assert "method.lambda_kd kept at 10.0 (deepinversion's default: 1.0)" in notes
     assert "method.ldc dropped (not a key of deepinversion)" in notes
-    _, notes = load_config(
-        [CONFIGS / "cifar100" / "lwf_ldc_n5.yaml"], [("method.name", "deepinversion"), ("method.lambda_kd", "10")]
-    )
+    _, notes = load_config(lwf_ldc, [("method.name", "deepinversion"), ("method.lambda_kd", "10")])
     assert not any(n.startswith("method.lambda_kd") for n in notes)
-    _, notes = load_config([CONFIGS / "cifar100" / "abd_faithful_n5.yaml"], [("method.name", "rdfcil")])
+    faithful = [CONFIGS / "cifar100" / "n5.yaml", CONFIGS / "cifar100" / "abd_faithful.yaml"]
+    _, notes = load_config(faithful, [("method.name", "rdfcil")])
     assert "method.inversion.persistent kept at True (rdfcil's default: False)" in notes
 
 

@@ -154,7 +154,8 @@ SWEEP_EPILOG = """\
 Each --config is one row of runs (several files of one run: a.yaml+b.yaml, merged in order); each --grid multiplies
 the runs; other --section.key VALUE options apply to every run, as in dfcil train. Example, the three class orders of
 two presets:
-  dfcil sweep --config configs/cifar100/rdfcil_n5.yaml --config configs/cifar100/abd_n5.yaml \\
+  dfcil sweep --config configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml \\
+      --config configs/cifar100/n5.yaml+configs/cifar100/abd.yaml \\
       --grid data.class_order_seed=0,1,2 --data.root DATA --out runs/t1-n5
 Running the same command again skips finished runs, resumes unfinished ones and retries failed ones.
 """
