@@ -6,10 +6,11 @@
 
 Each configuration is one ``dfcil sweep`` of K runs (training seeds 1..K, so that they are distinct runs with the
 same work) with ``--jobs K`` into a fresh directory. Every run does the same steps: the default is CIFAR-100's
-R-DFCIL (``configs/cifar100/rdfcil_n5.yaml``'s model, batch and losses) on generated images of 40 classes in 2
-tasks, 3 epochs and 200 inversion steps, fp32 with channels_last and CUDA graphs. The table gives the sweep's wall
-time, the images trained per second by all runs together (the phases' images over the wall time), and the speed-up
-over one run: K runs in the time of ``K / speed-up`` runs. The sweep's log line on MPS is quoted.
+R-DFCIL (``configs/cifar100/n5.yaml`` then ``configs/cifar100/rdfcil.yaml``: its model, batch and losses) on
+generated images of 40 classes in 2 tasks, 3 epochs and 200 inversion steps, fp32 with channels_last and CUDA
+graphs. The table gives the sweep's wall time, the images trained per second by all runs together (the phases'
+images over the wall time), and the speed-up over one run: K runs in the time of ``K / speed-up`` runs. The sweep's
+log line on MPS is quoted.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = [
-    "--config", "configs/cifar100/rdfcil_n5.yaml", "--data.name", "fake", "--data.num_classes", "40",
+    "--config", "configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml", "--data.name", "fake",
+    "--data.num_classes", "40",
     "--data.num_tasks", "2", "--data.train_per_class", "500", "--train.epochs", "3", "--train.milestones", "[2]",
     "--method.chr_epochs", "1", "--method.inversion.steps", "200", "--engine.channels_last", "true",
     "--engine.cuda_graphs", "on",

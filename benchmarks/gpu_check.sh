@@ -24,7 +24,8 @@
 #                                        #   LwF + LDC, FeCAM, fine-tuning) on class orders 0, 1, 2, packed on the
 #                                        #   GPU; MINI_BUDGET seconds (540); the same command resumes it; records in
 #                                        #   $OUT/mini10-runs.tgz and the report in $OUT/mini10-report.md
-#   bash benchmarks/gpu_check.sh cell    # one table cell: CELL_CONFIG (configs/cifar100/rdfcil_n5.yaml) on class
+#   bash benchmarks/gpu_check.sh cell    # one table cell: CELL_CONFIG (the files of one run joined with +, default
+#                                        #   configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml) on class
 #                                        #   orders 0, 1, 2 at once on the card (static head, compiled and graphed
 #                                        #   steps, one compile cache) in $CELL (default $RUNS/cell); CELL_BUDGET
 #                                        #   seconds (540), then stopped with checkpoints; the same command resumes.
@@ -100,9 +101,10 @@ full)
   data
   rm -rf "$RUN"
   # --epoch_checkpoint_interval_s 60: a runtime key (results unchanged); an epoch of this protocol is ~0.8 s
-  timeout "${FULL_TIMEOUT:-0}" python3 -m dfcil train --config configs/cifar100/rdfcil_n5.yaml --data.root "$DATA" \
-    --data.class_order_seed "$ORDER" --device cuda --engine.precision "${PRECISION:-fp32}" --engine.channels_last true \
-    --engine.cuda_graphs "${GRAPHS:-on}" --engine.compile "${COMPILE:-none}" --epoch_checkpoint_interval_s 60 \
+  timeout "${FULL_TIMEOUT:-0}" python3 -m dfcil train --config configs/cifar100/n5.yaml \
+    --config configs/cifar100/rdfcil.yaml --data.root "$DATA" --data.class_order_seed "$ORDER" --device cuda \
+    --engine.precision "${PRECISION:-fp32}" --engine.channels_last true --engine.cuda_graphs "${GRAPHS:-on}" \
+    --engine.compile "${COMPILE:-none}" --epoch_checkpoint_interval_s 60 \
     --out "$RUN" --no-progress > "$OUT/full.log" 2>&1
   echo "full: exit $? (124: stopped by the timeout, checkpoint written; continue with resume)"
   bring_back
@@ -160,7 +162,7 @@ cell)
     mkdir -p "$CELL" && tar xzf "$from" -C "$CELL" || { echo "cell: cannot unpack $from into $CELL"; exit 4; }
     echo "cell: continuing the runs carried in $from"
   fi
-  sweep=(python3 -m dfcil sweep --config "${CELL_CONFIG:-configs/cifar100/rdfcil_n5.yaml}"
+  sweep=(python3 -m dfcil sweep --config "${CELL_CONFIG:-configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml}"
     --grid data.class_order_seed=0,1,2 --jobs 3 --data.root "$DATA" --device cuda --engine.channels_last true
     --engine.cuda_graphs on --model.static_head true --engine.compile step
     --engine.compile_cache "$CELL/.compile-cache" --out "$CELL")
@@ -201,12 +203,12 @@ round2)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
   fast=(--device cuda --engine.channels_last true --engine.cuda_graphs on)
   step=(--model.static_head true --engine.compile step)
-  # (1) the rdfcil_n5 schedule on 100 generated classes of 500 images: CIFAR-100's steps and shapes, for timing
+  # (1) the n5 + rdfcil schedule on 100 generated classes of 500 images: CIFAR-100's steps and shapes, for timing
   RUN=$RUNS/full-fake-step
   rm -rf "$RUN"
-  timeout -k 30 "${FULL_BUDGET:-270}" python3 -m dfcil train --config configs/cifar100/rdfcil_n5.yaml --data.name fake \
-    --data.num_classes 100 --data.train_per_class 500 "${fast[@]}" "${step[@]}" --epoch_checkpoint_interval_s 60 \
-    --out "$RUN" --no-progress > "$OUT/full-fake.log" 2>&1
+  timeout -k 30 "${FULL_BUDGET:-270}" python3 -m dfcil train --config configs/cifar100/n5.yaml \
+    --config configs/cifar100/rdfcil.yaml --data.name fake --data.num_classes 100 --data.train_per_class 500 \
+    "${fast[@]}" "${step[@]}" --epoch_checkpoint_interval_s 60 --out "$RUN" --no-progress > "$OUT/full-fake.log" 2>&1
   echo "full (generated images): exit $? (124: stopped by its budget, checkpoint written)"
   tail -5 "$OUT/full-fake.log"
   python3 benchmarks/full_time.py "$RUN" | tee "$OUT/full-fake-time.txt"

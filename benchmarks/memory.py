@@ -35,7 +35,7 @@ print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss 
 TRAIN = """
 import json, resource, sys
 from dfcil import load_config, train
-cfg, _ = load_config(["configs/imagenet100/finetune_n5.yaml"], [
+cfg, _ = load_config(["configs/imagenet100/n5.yaml", "configs/imagenet100/finetune.yaml"], [
     ("data.root", sys.argv[1]), ("data.cache", sys.argv[2]), ("data.num_tasks", "10"), ("data.num_classes", "20"),
     ("data.train_per_class", "10"), ("train.epochs", "1"), ("train.batch_size", "16"), ("train.milestones", "[]"),
     ("device", "cpu")])
