@@ -67,7 +67,7 @@ def main() -> None:
     snaps = Snapshots()
     protocol = prepare(cfg, make_progress(False))
     run(cfg, options=RunOptions(progress=False, callbacks=[snaps]), protocol=protocol)
-    norm = snaps.loop.test.normalizer
+    norm = snaps.loop.evaluator.test.normalizer
     device = torch.device("cpu")
     per_class = cfg.data.train_per_class
     kinds = variants(args.ldc_passes)

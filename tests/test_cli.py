@@ -78,17 +78,20 @@ def test_module_entry_point_and_method_list():
     assert "rdfcil" in names and "finetune" in names
 
 
-def test_every_listed_switch_is_a_config_key_of_the_methods_it_names():
-    from dfcil.catalogue import SWITCHES
+def test_every_declared_switch_is_a_config_key_that_changes_what_the_method_keeps():
+    from dfcil.catalogue import builtin_entries, switch_entries
     from dfcil.config import TrainConfig
     from dfcil.methods import METHODS, build_method
-    from dfcil.stores import STORES
+    from dfcil.stores import STORES, SWITCHES
 
-    for key, methods, stores, _ in SWITCHES:
-        assert stores in STORES
-        for name in methods:
-            cfg = METHODS.get(name).Config(**{key: True})
-            assert build_method(cfg, TrainConfig()).stores == stores, (key, name)
+    switches = switch_entries(builtin_entries())
+    assert [(s.key, s.methods) for s in switches] == [("ldc", ("lwf", "rdfcil"))]
+    for switch in switches:
+        assert switch.stores in STORES and switch.summary == SWITCHES[switch.key]
+        for name in switch.methods:
+            off = build_method(METHODS.get(name).Config(), TrainConfig())
+            on = build_method(METHODS.get(name).Config(**{switch.key: True}), TrainConfig())
+            assert (off.stores, on.stores) == (METHODS.get(name).info.stores, switch.stores), (switch.key, name)
 
 
 def test_the_dataset_listing_aligns_its_summaries_past_the_longest_name(capsys):
@@ -120,10 +123,10 @@ def test_a_method_that_says_it_stores_something_unknown_is_refused():
     from dfcil.methods import Method, register_method
 
     class Hoarder(Method):
-        stores = "exemplars"
+        pass
 
     with pytest.raises(RegistryError, match="method 'hoarder': stores = 'exemplars' is not one of 'nothing'"):
-        register_method("hoarder")(Hoarder)
+        register_method("hoarder", stores="exemplars")(Hoarder)
 
 
 def test_an_empty_out_is_refused_not_taken_for_the_current_directory(tmp_path, capsys, monkeypatch):
@@ -319,8 +322,9 @@ def test_a_milestone_past_its_phase_is_refused_and_the_dry_run_prints_every_sche
     assert "the base phase of task 0 lasts 8 epochs, but its lr milestones [6, 8]" in err and "below 8" in err
     assert main([*args, "--train.milestones", "[6, 7]"]) == 0
     out = capsys.readouterr().out
-    assert "base 8 ep, lr 0.1 ×0.1 at epochs 6, 7;" in out
-    assert "rrl 8 ep, lr 0.1 ×0.1 at epochs 6, 7; chr 2 ep, lr 0.005 constant, head only;" in out
+    assert "base 8 ep, lr 0.1 ×0.1 at epochs 6, 7, sgd momentum 0.9, wd 0.0005;" in out
+    rrl = "rrl 8 ep, lr 0.1 ×0.1 at epochs 6, 7, sgd momentum 0.9, wd 0.0005"
+    assert f"{rrl}; chr 2 ep, lr 0.005 constant, head only, sgd momentum 0.9, wd 0.0005;" in out
 
 
 def test_a_key_of_the_method_switched_away_from_is_named_as_such(capsys):
@@ -349,33 +353,50 @@ def test_the_method_listing_read_from_source_equals_the_registry():
 
 TOY_PACKAGE = {
     "__init__.py": "from dfcil.methods import kept, plain  # noqa: F401\nfrom dfcil.methods.base import Method\n",
-    "base.py": 'class Method:\n    """Base."""\n\n    stores: ClassVar[str] = "nothing"\n',
-    "shared.py": 'from dfcil.methods.base import Method\n\n\nclass Keeper(Method):\n    stores = "all data"\n',
     "kept.py": (
-        "from dfcil.methods.shared import Keeper as Stores\n\n\n"
-        '@register_method("kept")\nclass Kept(Stores):\n    """Keeps real data.\n\n    More text."""\n'
+        "from dfcil.methods.base import Method\n\n\n"
+        '@register_method("kept", stores="all data", graph_safe=True)\nclass Kept(Method):\n    """Keeps real data.\n\n'
+        '    More text."""\n'
     ),
     "plain.py": (
         "from dfcil.methods.base import Method\n\n\n"
-        '@register_method("plain")\nclass Plain(Method):\n    """Plain."""\n\n\n'
+        '@register_method("plain", switches={"ldc": "class statistics"})\nclass Plain(Method):\n    """Plain."""\n\n\n'
         "class NotRegistered(Method):\n    pass\n"
     ),
     "unlisted.py": '@register_method("unlisted")\nclass Unlisted:\n    """Not imported by __init__."""\n',
 }
 
 
-def test_the_source_reader_follows_base_classes_and_refuses_a_computed_fact(tmp_path):
+def test_the_source_reader_reads_the_registration_and_refuses_a_computed_fact(tmp_path):
     from dfcil.catalogue import MethodEntry, builtin_entries
 
     for name, text in TOY_PACKAGE.items():
         (tmp_path / name).write_text(text)
     assert builtin_entries(tmp_path) == [
-        MethodEntry("kept", "Keeps real data.", stores="all data"),  # from Keeper, imported under another name
-        MethodEntry("plain", "Plain.", stores="nothing"),  # the base's default
+        MethodEntry("kept", "Keeps real data.", stores="all data"),
+        MethodEntry("plain", "Plain.", stores="nothing", switches=(("ldc", "class statistics"),)),  # the default
     ]
-    (tmp_path / "plain.py").write_text(TOY_PACKAGE["plain.py"].replace('"""Plain."""', "stores = str(0)"))
-    with pytest.raises(ValueError, match=r"plain.py:6: Plain.stores must be a literal"):
+    (tmp_path / "plain.py").write_text(TOY_PACKAGE["plain.py"].replace('switches={"ldc": "class statistics"}',
+                                                                       "stores=str(0)"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"plain.py:4: stores of @register_method must be a literal"):
         builtin_entries(tmp_path)
+
+
+def test_a_fact_set_as_a_class_attribute_is_refused_with_where_to_declare_it():
+    """A method's facts are declared once, in its registration; a class attribute (a plugin written for an earlier
+    dfcil) would be a second source that the listing cannot read."""
+    from dfcil.errors import RegistryError
+    from dfcil.methods import METHODS, Method, register_method
+
+    class Old(Method):
+        stores = "all data"
+
+    said = r"Old sets stores as class attributes; declare them once, .*: @register_method\('old_style', stores='all dat"
+    with pytest.raises(RegistryError, match=said):
+        register_method("old_style")(Old)
+    with pytest.raises(RegistryError, match="unknown facts \\['graph_sfe'\\]"):
+        register_method("typo", graph_sfe=True)
+    assert "old_style" not in METHODS.names()
 
 
 def test_the_listing_commands_and_help_do_not_import_torch():

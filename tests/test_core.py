@@ -159,11 +159,10 @@ class ToyConfig(MethodConfig):
     scale: PositiveFloat = 1.0  # no name of its own: registering names it
 
 
-@register_method("toy")
+@register_method("toy", graph_safe=True)
 class Toy(Method):
     """A toy method: scaled CE on the task's data."""
 
-    graph_safe = True
     Config = ToyConfig
 
     def training_step(self, net, batch, ctx, phase):
@@ -303,3 +302,35 @@ def test_a_run_resumed_at_a_phase_end_finishes_the_task_as_an_uninterrupted_one(
     summary = resume(tmp_path / "b", options=RunOptions(progress=False, callbacks=[resumed]))
     assert plain.seen == [(True, True), (False, False)] and resumed.seen == [(False, False)]
     assert summary["correct_matrix"] == reference["correct_matrix"]
+
+
+def test_every_replaying_method_answers_with_its_synthesizer_and_the_others_with_none():
+    """One method-level answer (Method.synthesizer) for the grids, the diagnostics, inspect and the protocol."""
+    from dfcil.config import TrainConfig
+    from dfcil.methods import build_method
+    from dfcil.synthesis.replay import Replay
+
+    for name in METHODS.names():
+        method = build_method(METHODS.get(name).Config(), TrainConfig())
+        synthesizer = method.synthesizer()
+        inverts = hasattr(method.cfg, "inversion")
+        assert (synthesizer is not None) == inverts, name
+        if inverts:
+            assert isinstance(synthesizer, Replay) and synthesizer.cfg is method.cfg.inversion
+            assert synthesizer in method.components().values()
+
+
+def test_below_the_engines_build_nothing_holds_the_run_config():
+    """The config is resolved at the top (engine.build, the runner): the loop, its callbacks and the analysis of a
+    live run take values, never the RunConfig."""
+    import ast
+    import dataclasses
+
+    from conftest import REPO
+    from dfcil.loop import Loop
+
+    assert "cfg" not in {f.name for f in dataclasses.fields(Loop)}
+    for module in ("loop", "callbacks", "grid", "diagnose", "loggers", "guard"):
+        tree = ast.parse((REPO / "src" / "dfcil" / f"{module}.py").read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert "RunConfig" not in names, module

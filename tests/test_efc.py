@@ -13,9 +13,7 @@ import torch.nn.functional as F
 from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.engine import run
 from dfcil.loop import RunOptions
-from dfcil.losses.prototypes import balanced_labels, class_gaussians, sample_gaussians
-from dfcil.methods import Batch, TaskContext, build_method
-from dfcil.methods.efc import (
+from dfcil.losses.efc import (
     balanced_counts,
     drift_means,
     drift_weights,
@@ -23,6 +21,8 @@ from dfcil.methods.efc import (
     empirical_feature_matrix,
     rotation_batch,
 )
+from dfcil.losses.prototypes import balanced_labels, class_gaussians, sample_gaussians
+from dfcil.methods import Batch, TaskContext, build_method
 from dfcil.models.network import build_network
 from test_methods import Records, fit_phases, tiny_config
 
@@ -159,7 +159,7 @@ def test_the_buffer_joins_the_asymmetric_ce_from_the_second_step():
 
     def samples(n):
         labels = balanced_labels(3, 64, stream, "cpu")[:n]
-        return net.head(sample_gaussians(method.means, method.factors, labels, stream)), labels
+        return net.head(sample_gaussians(method.memory.means, method.memory.factors, labels, stream)), labels
 
     stream.set_state(ctx.rng.get_state())
     logits, labels = samples(64)
@@ -199,7 +199,7 @@ def test_task_end_drifts_old_means_with_the_previous_efm_then_replaces_it():
     """One augmented pass (drawn from the method's stream, model in eval mode): the old means move by the kernel
     drift under the EFM that regularised the task; then E is the new model's; the new classes' Gaussians follow."""
     cfg, method, net, ctx = _task1()
-    teacher, efm, means = method.teacher.net, method.efm.clone(), method.means.clone()
+    teacher, efm, means = method.teacher.net, method.efm.clone(), method.memory.means.clone()
     stream = torch.Generator()
     stream.set_state(ctx.rng.get_state())
     views = TrainBatches(ctx.data.x, ctx.data.y, 500, NORM, stream)
@@ -208,11 +208,11 @@ def test_task_end_drifts_old_means_with_the_previous_efm_then_replaces_it():
         out, old = net.eval()(x), teacher(x).features
     net.train()
     method.on_task_end(ctx)
-    torch.testing.assert_close(method.means[:3], drift_means(means, old, out.features, efm, 0.2))
+    torch.testing.assert_close(method.memory.means[:3], drift_means(means, old, out.features, efm, 0.2))
     torch.testing.assert_close(method.efm, empirical_feature_matrix(torch.softmax(out.logits, 1), net.head.weight()))
     new_means, new_covs = class_gaussians(out.features, y, range(3, 6))
-    torch.testing.assert_close(method.means[3:], new_means)
-    torch.testing.assert_close(method.covs[3:], new_covs)
+    torch.testing.assert_close(method.memory.means[3:], new_means)
+    torch.testing.assert_close(method.memory.covs[3:], new_covs)
     assert method.teacher.net is None and method.buffer is None
 
 
@@ -259,11 +259,14 @@ def test_a_run_stopped_inside_the_first_task_resumes_exactly(tmp_path):
     ],
 )
 def test_train_keys_efc_never_reads_are_refused(extra, refused):
+    """EFC's phases say they train with Adam at its own lr and weight decay: the train keys no phase reads are
+    found, as for every method, by the protocol's one check (dfcil.protocol.check_schedule_read)."""
     from dfcil.errors import ConfigError
+    from dfcil.protocol import prepare
 
     cfg = tiny_config("efc", extra)
     if refused is None:
-        build_method(cfg.method, cfg.train)
+        prepare(cfg)
         return
-    with pytest.raises(ConfigError, match=re.escape(refused) + ".* would change nothing: efc trains with Adam"):
-        build_method(cfg.method, cfg.train)
+    with pytest.raises(ConfigError, match=re.escape(refused) + " changes nothing: no phase of efc reads it"):
+        prepare(cfg)

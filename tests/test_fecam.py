@@ -108,7 +108,7 @@ def test_a_run_trains_task_0_only_and_classifies_by_mahalanobis_distance(tmp_pat
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {r["task"] for r in records if r["type"] == "epoch"} == {0}
     # the last accuracy row is the argmin of the Mahalanobis distances, recomputed here from the stored statistics
-    test, net = loop.test, loop.net.eval()
+    test, net = loop.evaluator.test, loop.net.eval()
     n = int(test.seen[-1])
     with torch.no_grad():
         x = torch.nn.functional.normalize(net(test.normalizer(test.x[:n])).features.clamp(min=0).sqrt(), dim=1)

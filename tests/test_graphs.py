@@ -276,10 +276,12 @@ def test_inversion_under_check_equals_the_eager_inversion():
 
 
 def test_a_method_not_marked_graph_safe_runs_eagerly_with_one_warning(caplog):
+    import dataclasses
+
     from dfcil.methods.finetune import Finetune
 
     class Unmarked(Finetune):
-        graph_safe = False
+        info = dataclasses.replace(Finetune.info, graph_safe=False)
 
     with METHODS.replaced("finetune", Unmarked):
         test_every_method_keeps_its_graph_promise("finetune", caplog)

@@ -13,7 +13,7 @@ from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.errors import ConfigError
 from dfcil.losses.prototypes import balanced_labels, ncm_scores, sample_gaussians
 from dfcil.methods import Batch, Phase, TaskContext
-from dfcil.methods.memory import ClassMemory, DriftConfig
+from dfcil.methods.memory import ClassMemory, DriftConfig, linear_drift
 from dfcil.models.network import NetOutput
 from test_methods import _task1_setup, tiny_config
 
@@ -42,7 +42,7 @@ def _ctx(net, task_id=1, n_old=2, n_new=2, n=64):
 def test_add_classes_keeps_the_plain_mean_of_each_new_class():
     net = LinearFeatures(torch.eye(4))
     ctx = _ctx(net, task_id=0, n_old=0)
-    memory = ClassMemory(DriftConfig(), covariances=True, augmented=False)
+    memory = ClassMemory(linear_drift(DriftConfig()), covariances=True, augmented=False)
     memory.add_classes(ctx)
     x = ctx.data.normalizer(ctx.data.x)[:, 0, 0, :4]
     for c in range(2):
@@ -56,7 +56,7 @@ def test_compensation_moves_stored_statistics_through_the_drift_it_fits(kind):
     drift = torch.tensor([[1.0, 0.2, 0.0, 0.0], [0.0, 0.9, 0.0, 0.1], [0.0, 0.0, 1.1, 0.0], [0.3, 0.0, 0.0, 1.0]])
     old, new = LinearFeatures(torch.eye(4)), LinearFeatures(drift)
     ctx = _ctx(new)
-    memory = ClassMemory(DriftConfig(kind=kind, epochs=300, lr=0.01, passes=2, ridge=1e-9), True, False)
+    memory = ClassMemory(linear_drift(DriftConfig(kind=kind, epochs=300, lr=0.01, passes=2, ridge=1e-9)), True, False)
     means, covs = torch.randn(2, 4), torch.eye(4).repeat(2, 1, 1)
     memory.load_state_dict({"means": means, "covs": covs})
     memory.compensate(ctx, old, None)
@@ -71,12 +71,12 @@ def test_compensation_moves_stored_statistics_through_the_drift_it_fits(kind):
 
 def test_drift_none_and_synthetic_pairs():
     ctx = _ctx(LinearFeatures(2 * torch.eye(4)))
-    memory = ClassMemory(DriftConfig(kind="none"), False, False)
+    memory = ClassMemory(linear_drift(DriftConfig(kind="none")), False, False)
     memory.load_state_dict({"means": torch.ones(2, 4)})
     memory.compensate(ctx, LinearFeatures(torch.eye(4)), None)
     assert torch.equal(memory.means, torch.ones(2, 4))
     calls = []
-    memory = ClassMemory(DriftConfig(kind="lstsq", synthetic=True), False, False)
+    memory = ClassMemory(linear_drift(DriftConfig(kind="lstsq", synthetic=True)), False, False)
     memory.load_state_dict({"means": torch.ones(2, 4)})
     memory.compensate(ctx, LinearFeatures(torch.eye(4)), lambda n: calls.append(n) or torch.randn(n, 3, 8, 8))
     assert calls == [16] * 4  # one synthetic batch per real batch
@@ -192,3 +192,56 @@ def test_rdfcil_plus_ncm_classifier_scores_by_the_stored_means():
     out = net(torch.randn(4, 3, 32, 32))
     assert torch.equal(method.eval_logits(out), ncm_scores(out.features, method.memory.means))
     assert set(method.eval_state()) == {"means"}
+
+
+# ---------------------------------------------------------------------- the parts, each on its own
+
+
+def test_the_memory_moves_its_means_with_efcs_kernel_drift_and_keeps_the_covariances():
+    """EFC's drift as a part of the one ClassMemory: the same numbers as its pure function, covariances kept."""
+    from dfcil.losses.efc import drift_means
+    from dfcil.methods.memory import KernelDrift
+
+    torch.manual_seed(0)
+    efm = torch.randn(4, 4)
+    efm = efm @ efm.T
+    memory = ClassMemory(KernelDrift(0.2, lambda: efm), covariances=True, augmented=True)
+    feats, labels = torch.randn(40, 4), torch.arange(40) % 2
+    memory.add(feats, labels, range(2))
+    covs = memory.covs.clone()
+    old, new = torch.randn(30, 4), torch.randn(30, 4)
+    expected = drift_means(memory.means, old, new, efm, 0.2)
+    memory.move([(old, new)], torch.Generator())
+    assert torch.equal(memory.means, expected) and torch.equal(memory.covs, covs)
+    assert memory.factors.shape == (2, 4, 4)
+    state = memory.state_dict()
+    again = ClassMemory(KernelDrift(0.2, lambda: efm), covariances=True, augmented=True)
+    again.load_state_dict(state)
+    assert torch.equal(again.means, memory.means) and torch.equal(again.factors, memory.factors)
+
+
+def test_the_nearest_mean_classifier_scores_by_the_memory_and_hands_its_means_to_model_pt():
+    from dfcil.methods.memory import NearestMeanClassifier
+    from dfcil.models.network import NetOutput
+
+    memory = ClassMemory(None, covariances=False, augmented=False)
+    classifier = NearestMeanClassifier(memory)
+    out = NetOutput(torch.zeros(2, 2), torch.tensor([[1.0, 0.1], [0.0, 2.0]]), ())
+    assert classifier.scores(out) is None  # no statistics yet: the network's logits decide
+    memory.load_state_dict({"means": torch.tensor([[3.0, 0.0], [0.0, 5.0]])})
+    assert classifier.scores(out).argmax(dim=1).tolist() == [0, 1]  # cosine: the scale of a mean does not count
+    fresh = NearestMeanClassifier(ClassMemory(None, False, False))
+    fresh.load_eval_state(classifier.eval_state())
+    assert torch.equal(fresh.scores(out), classifier.scores(out))
+
+
+def test_drift_settings_without_the_switch_are_refused_by_the_part():
+    from dfcil.errors import ConfigError
+
+    assert ClassMemory.for_switch(False, DriftConfig(), generator=False) is None
+    with pytest.raises(ConfigError, match="method.drift sets how LDC moves the stored class means"):
+        ClassMemory.for_switch(False, DriftConfig(kind="lstsq"), generator=False)
+    with pytest.raises(ConfigError, match="drift.synthetic fits the drift on synthetic images too"):
+        ClassMemory.for_switch(True, DriftConfig(synthetic=True), generator=False)
+    memory = ClassMemory.for_switch(True, DriftConfig(kind="lstsq"), generator=True)
+    assert memory is not None and memory.drift.passes == 1 and not memory.covariances

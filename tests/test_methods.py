@@ -122,7 +122,7 @@ def _task1_setup(extra=(), name="rdfcil", n=24, old=3, new=3):
 
 def fit_phases(cfg, method, ctx, phases, position=None):
     """``fit_task`` on its own: the phases of task 1 from their start (or from ``position``), no callbacks."""
-    loop = Loop(cfg=cfg, net=ctx.net, method=method, state=RunState.new(2, cfg.seed, ctx.device))
+    loop = Loop(net=ctx.net, method=method, state=RunState.new(2, cfg.seed, ctx.device))
     loop.state.position = position or Position(1, "train")
     fit_task(loop, ctx, phases)
 

@@ -164,7 +164,7 @@ def test_the_readme_names_one_placeholder_for_the_data_root(placeholder):
 def test_the_readme_table_of_what_each_method_keeps_matches_the_methods():
     """Each row of 'What each method keeps' lists exactly the built-in methods whose ``stores`` it names, and says
     data-free as :mod:`dfcil.stores` does."""
-    from dfcil.catalogue import SWITCHES, builtin_entries
+    from dfcil.catalogue import builtin_entries, switch_entries
     from dfcil.stores import STORES, is_data_free
 
     section = README.read_text().split("### What each method keeps", 1)[1].split("\n#", 1)[0]
@@ -174,7 +174,7 @@ def test_the_readme_table_of_what_each_method_keeps_matches_the_methods():
     for stores, (methods, free) in table.items():
         methods, _, switched = methods.partition(";")  # the methods, then those that keep it with a switch
         assert set(re.findall(r"`(\w+)`", methods)) == {e.name for e in builtin_entries() if e.stores == stores}
-        switches = {(m, key) for key, names, kept, _ in SWITCHES if kept == stores for m in names}
+        switches = {(m, s.key) for s in switch_entries(builtin_entries()) if s.stores == stores for m in s.methods}
         assert {(m, k) for m in re.findall(r"`(\w+)`", switched) for k in re.findall(r"--method\.(\w+)", switched)} == (
             switches
         ), stores

@@ -151,7 +151,7 @@ def test_sigterm_checkpoints_mid_epoch_and_says_how_to_resume(reference, tmp_pat
     pos = _position(out)
     assert pos["task"] == 1 and pos["stage"] == "train"
     payload = loads(Checkpointer(out).last.read_bytes())
-    kept, kept_task = payload["elapsed_s"], payload["task_timing"]
+    kept, kept_task = payload["elapsed_s"], payload["callbacks"]["timer"]["task"]  # the timer's own state
     assert kept > 0
     assert kept_task["task"] == 1 and kept_task["setup_s"] > 0 and 0 < kept_task["phases"]["rrl"]["images"] < 480
     assert main(["resume", str(out), "--no-progress"]) == 0
@@ -762,10 +762,11 @@ def test_a_checkpoint_written_before_a_config_key_existed_resumes(tmp_path):
     edited = dict(old, seed=old["seed"] + 1)
     with pytest.raises(ConfigError, match="seed: 2 in the checkpoint, 1 now|another config"):
         from dfcil.callbacks import Checkpointing
+        from dfcil.config import config_to_dict
 
         (tmp_path / "b" / "checkpoints").mkdir(parents=True)
         (tmp_path / "b" / "checkpoints" / "last.pt").write_bytes(dumps(payload | {"config": edited}))
-        Checkpointing(tmp_path / "b", cfg).load()
+        Checkpointing(tmp_path / "b", config_to_dict(cfg)).load()
 
 
 def test_a_run_is_not_resumed_on_other_data_than_it_started_on(tmp_path, caplog):
@@ -799,3 +800,51 @@ def test_a_run_is_not_resumed_on_other_data_than_it_started_on(tmp_path, caplog)
     del meta["data"]  # a run recorded before meta.json held its data: not checked
     (out / "meta.json").write_text(_json.dumps(meta))
     check_same_data(out, cfg, protocol)
+
+
+class EpochCounter(Callback):
+    """A callback with state of its own: the epochs trained over every process of a run."""
+
+    state_key = "epoch_counter"
+
+    def __init__(self):
+        self.epochs = 0
+
+    def state_dict(self):
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state):
+        self.epochs = state.get("epochs", 0)
+
+    def on_epoch_end(self, record):
+        self.epochs += 1
+
+    def task_fields(self, task):
+        return {"epochs_so_far": self.epochs}
+
+    def summary_fields(self):
+        return {"epochs_trained": self.epochs}
+
+
+def test_a_callback_keeps_its_own_state_under_its_key_across_a_resume(tmp_path):
+    """Lightning's Callback.state_dict: a callback's state goes into every checkpoint under its key and comes back
+    in the resumed process; it adds to each task's record and to the summary. The timer and the diagnostics do
+    the same (no field of the run state is theirs)."""
+    from dfcil.runner import resume
+
+    cfg, _ = load_config([CONFIGS / "smoke.yaml"])
+    interrupt = Interrupt()
+    first = EpochCounter()
+    with pytest.raises(RunInterrupted):
+        train(cfg, tmp_path / "run", RunOptions(progress=False, interrupt=interrupt,
+                                                 callbacks=[first, StopAfterEpochs(interrupt, 3)]))  # fmt: skip
+    payload = loads(Checkpointer(tmp_path / "run").last.read_bytes())
+    assert payload["callbacks"]["epoch_counter"] == {"epochs": 3}
+    assert set(payload["callbacks"]) == {"timer", "diagnostics", "epoch_counter"}
+    assert not {"timings", "task_timing", "diagnostics", "task_diagnostics"} & set(payload)
+    second = EpochCounter()
+    summary = resume(tmp_path / "run", options=RunOptions(progress=False, callbacks=[second]))
+    epochs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = sum(r["type"] == "epoch" for r in epochs)
+    assert second.epochs == trained and summary["epochs_trained"] == trained
+    assert [r["epochs_so_far"] for r in epochs if r["type"] == "task"] == [2, trained]

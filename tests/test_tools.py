@@ -517,3 +517,24 @@ def test_a_class_order_the_data_does_not_give_names_the_data_read_not_none(finis
     assert main(["eval", str(run)]) == 2
     err = capsys.readouterr().err
     assert "the data (generated) gives the class order" in err and "None" not in err, err
+
+
+def test_a_finished_run_evaluates_where_its_training_only_paths_cannot_be_created(finished, tmp_path, capsys):
+    """A run trained with a shared first-task cache and a compile cache, evaluated on a machine where neither
+    directory can be made: eval, export and inspect need neither (issue 47: eval failed with a ConfigError)."""
+    import yaml
+
+    run = tmp_path / "R"
+    shutil.copytree(finished, run, ignore=shutil.ignore_patterns("tensorboard", "inspect"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a file, where the caches' parent directory should be")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["task0_cache"] = str(blocker / "task0")
+    config["engine"] |= {"compile": "default", "compile_cache": str(blocker / "compiled")}
+    (run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    summary = json.loads((run / "summary.json").read_text())
+    assert main(["eval", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["acc"] == summary["last_acc"]
+    assert main(["export", str(run), "--out", str(tmp_path / "m.safetensors")]) == 0
+    assert main(["resume", str(run)]) == 2  # training is refused: finished (and its caches could not be made)
+    assert not (blocker.parent / "task0").exists()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from dfcil.checkpoint import Checkpointer
-from dfcil.config import RunConfig, check_unchanged, config_to_dict
+from dfcil.config import check_unchanged, config_to_dict
 from dfcil.context import Phase
 from dfcil.errors import CheckpointError
 from dfcil.graphs import StepGraph
@@ -172,9 +172,28 @@ class PhaseClock:
 
 
 class Timer(Callback):
-    """Each task's timings in ``loop.state.task_timing`` (kept across processes by the checkpoints, moved to
-    ``loop.state.timings`` once the task is evaluated): setup seconds, per phase time, images and images per
-    second, evaluation seconds, and peak memory (CUDA: since the task started; CPU: the process's)."""
+    """Each task's timings: setup seconds, per phase time, images and images per second, evaluation seconds, and
+    peak memory (CUDA: since the task started; CPU: the process's). Its own state, kept across processes by the
+    checkpoints: the finished tasks' timings and the running task's so far. Each task's record gets its
+    ``timing``, the summary every task's (``timings``)."""
+
+    state_key = "timer"
+
+    def __init__(self) -> None:
+        self.timings: list[dict[str, Any]] = []  # finished tasks'
+        self.timing: dict[str, Any] = {}  # the running task's, so far
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"timings": self.timings, "task": self.timing}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.timings, self.timing = list(state.get("timings", [])), dict(state.get("task", {}))
+
+    def task_fields(self, task: int) -> dict[str, Any]:
+        return {"timing": self.timings[task]}
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {"timings": self.timings}
 
     def on_run_start(self, loop: Loop) -> None:
         self.loop = loop
@@ -183,10 +202,6 @@ class Timer(Callback):
         self.compiled: tuple[tuple[int, float, int], tuple[int, float, int]] | None = None
         self.phase: PhaseClock | None = None
         self.eval_started = 0.0
-
-    @property
-    def timing(self) -> dict[str, Any]:
-        return self.loop.state.task_timing
 
     def _note_memory(self) -> None:
         peak = peak_memory_mb(self.loop.runtime.device)
@@ -214,8 +229,8 @@ class Timer(Callback):
 
     def on_task_start(self, info: dict[str, Any]) -> None:
         state, device = self.loop.state, self.loop.runtime.device
-        if state.task_timing.get("task") != info["task"]:  # else: what earlier processes spent on this task
-            state.task_timing = {"task": info["task"]}
+        if self.timing.get("task") != info["task"]:  # else: what earlier processes spent on this task
+            self.timing = {"task": info["task"]}
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         if state.position.stage == "setup":
@@ -266,8 +281,8 @@ class Timer(Callback):
     def on_eval_end(self) -> None:
         self.timing["eval_s"] = round(time.perf_counter() - self.eval_started, 3)
         self._note_memory()
-        self.loop.state.timings.append(self.timing)
-        self.loop.state.task_timing = {}
+        self.timings.append(self.timing)
+        self.timing = {}
 
 
 class Checkpointing(Callback):
@@ -278,10 +293,16 @@ class Checkpointing(Callback):
     stays here: the task's static-state file it refers to, and ``metrics.jsonl``, cut back to its length at that
     checkpoint."""
 
-    def __init__(self, run_dir: Path, cfg: RunConfig) -> None:
+    def __init__(
+        self, run_dir: Path, config: dict[str, Any], setup_interval_s: float = 60.0, epoch_interval_s: float = 0.0
+    ) -> None:
+        """``config``: the run's config as plain data (saved in every checkpoint, and compared with the one a
+        resumed checkpoint holds); ``setup_interval_s`` and ``epoch_interval_s``: ``checkpoint_interval_s`` and
+        ``epoch_checkpoint_interval_s``."""
         self.files = Checkpointer(run_dir)
         self.metrics = Path(run_dir) / "metrics.jsonl"
-        self.cfg = cfg
+        self.config = config
+        self.setup_interval_s, self.epoch_interval_s = setup_interval_s, epoch_interval_s
         self.static_ref: dict[str, Any] | None = None  # the running task's static state file and its digest
         self.resumed_bytes: int | None = None  # metrics.jsonl's length at the checkpoint resumed from
         self.last_save = time.monotonic()
@@ -292,15 +313,16 @@ class Checkpointing(Callback):
         # the checkpoint's plugins first, as plain data: building its config imports them, and only the run's own
         # (which the user allowed: dfcil.load.load_run_config) may be imported
         saved_plugins = payload["config"].get("plugins") if isinstance(payload["config"], dict) else None
-        if list(saved_plugins or ()) != list(self.cfg.plugins):
+        plugins = list(self.config.get("plugins") or ())
+        if list(saved_plugins or ()) != plugins:
             raise CheckpointError(
                 f"the newest checkpoint in {self.files.dir} names other plugins ({list(saved_plugins or ())}) "
-                f"than the run's config.yaml ({list(self.cfg.plugins)}): it is not this run's; restore the run's "
-                f"own checkpoints/, or start a new run"
+                f"than the run's config.yaml ({plugins}): it is not this run's; restore the run's own "
+                f"checkpoints/, or start a new run"
             )
         # the saved config as this version of dfcil reads it: keys added since it was written take their defaults
         # (which keep the behaviour of the version that wrote it) and are not changes
-        check_unchanged(config_to_dict(build_config(payload["config"])), self.cfg)
+        check_unchanged(config_to_dict(build_config(payload["config"])), self.config)
         self.static_ref, self.resumed_bytes = payload["static"], payload["metrics_bytes"]
         return payload
 
@@ -310,7 +332,7 @@ class Checkpointing(Callback):
             rewind_log(self.metrics, self.resumed_bytes)
 
     def save(self) -> None:
-        payload = self.loop.snapshot()
+        payload = self.loop.snapshot() | {"config": self.config}
         static = self.loop.method.static_state_dict()  # frozen teacher, trained generator: written once per task
         task = self.loop.state.position.task
         if static and (self.static_ref is None or self.static_ref["task"] != task):
@@ -324,7 +346,7 @@ class Checkpointing(Callback):
         return time.monotonic() - self.last_save >= every
 
     def on_setup_step(self) -> None:
-        if self._due(self.cfg.checkpoint_interval_s):
+        if self._due(self.setup_interval_s):
             self.save()
 
     def on_setup_end(self) -> None:
@@ -337,7 +359,7 @@ class Checkpointing(Callback):
         # the phase's last epoch is saved by on_phase_end, an interrupted one by on_interrupt
         self.trained = True
         last = record["epoch"] + 1 == record["epochs"]
-        if not last and not self.loop.interrupt.requested and self._due(self.cfg.epoch_checkpoint_interval_s):
+        if not last and not self.loop.interrupt.requested and self._due(self.epoch_interval_s):
             self.save()
 
     def on_phase_end(self, phase: Phase) -> None:

@@ -1,11 +1,12 @@
 """What ``dfcil methods`` prints about each method, without importing torch.
 
-A method's entry is its registered name, the first line of its class docstring and the class attributes listed as
-facts in :class:`MethodEntry`. The built-in methods' entries are read from their source with :mod:`ast`: the
-modules that ``dfcil/methods/__init__.py`` imports, the classes decorated ``@register_method("name")`` in them, and
-each fact as the literal the class (or the nearest base class in the methods package) assigns. Importing the
-methods would cost the whole of torch (seconds) for a few lines of text. ``tests/test_cli.py`` checks that these
-entries equal the ones :func:`entry_of` makes from the imported registry, so the two cannot drift apart.
+A method's entry is its registered name, the first line of its class docstring and what it declares where it is
+registered: ``@register_method("name", stores=..., switches={...}, ...)`` (:class:`dfcil.methods.base.MethodInfo`,
+the one place each fact is declared). The built-in methods' entries are read from that decorator call in their
+source with :mod:`ast`: the modules that ``dfcil/methods/__init__.py`` imports, the classes decorated in them, each
+fact the literal the decorator is given (its default where it is given none). Importing the methods would cost the
+whole of torch (seconds) for a few lines of text. ``tests/test_cli.py`` checks that these entries equal the ones
+:func:`entry_of` makes from the imported registry.
 
 Methods registered outside the package (a plugin, a test's toy method) are listed from their classes: once
 ``dfcil.methods`` is imported, :func:`method_entries` reads the registry itself. The methods that installed packages
@@ -23,20 +24,20 @@ from pathlib import Path
 from typing import Any
 
 from dfcil.plugins import entry_points, package_of
-from dfcil.stores import is_data_free
+from dfcil.stores import SWITCHES, is_data_free
 
 METHODS_PACKAGE = Path(__file__).resolve().parent / "methods"
-BASE = ("base", "Method")  # (module, class) where every fact has its default
+LISTED = {"stores": "nothing", "switches": {}}  # the facts dfcil methods lists, and their defaults (MethodInfo's)
 
 
 @dataclasses.dataclass(frozen=True)
 class MethodEntry:
-    """One line of ``dfcil methods``. The fields after ``summary`` are the facts: class attributes of the method,
-    each assigned a literal in its source."""
+    """One line of ``dfcil methods``: the method's name, summary and the facts it declares that the listing shows."""
 
     name: str
     summary: str  # the first line of the class docstring
     stores: str  # what it keeps between tasks besides the model: one of dfcil.stores.STORES
+    switches: tuple[tuple[str, str], ...] = ()  # (config key, what it keeps when the key is true), sorted
 
     @property
     def data_free(self) -> bool:
@@ -50,6 +51,16 @@ class PluginEntry:
     name: str
     package: str  # "mypkg 0.1"
     module: str  # the entry point's value: the module that registers the method
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchEntry:
+    """A config switch that changes what a method keeps: ``method.<key> true`` on ``methods`` keeps ``stores``."""
+
+    key: str
+    methods: tuple[str, ...]
+    stores: str
+    summary: str  # dfcil.stores.SWITCHES
 
 
 def plugin_of(entry: MethodEntry) -> str | None:
@@ -69,24 +80,21 @@ def plugin_entries(listed: Iterable[str]) -> list[PluginEntry]:
     return [entry for name, entry in sorted(found.items()) if name not in listed]
 
 
-# Config switches that change what a method keeps between tasks: (key, methods, stores, summary). dfcil methods
-# lists them under the methods; tests/test_cli.py checks that each method's config has the key.
-SWITCHES = (
-    (
-        "ldc",
-        ("lwf", "rdfcil"),
-        "class statistics",
-        "LDC (Gomez-Villa et al., 2024): class means moved by a learned projector after each task; nearest-mean "
-        "classifier",
-    ),
-)
-
-FACTS = tuple(f.name for f in dataclasses.fields(MethodEntry))[2:]
+def switch_entries(entries: Iterable[MethodEntry]) -> list[SwitchEntry]:
+    """The switches the methods of ``entries`` declare, each with the methods that have it, by key."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for entry in entries:
+        for key, stores in entry.switches:
+            found.setdefault((key, stores), []).append(entry.name)
+    return [
+        SwitchEntry(key, tuple(names), stores, SWITCHES.get(key, "")) for (key, stores), names in sorted(found.items())
+    ]
 
 
 def entry_of(cls: Any) -> MethodEntry:
     """The entry of an imported, registered method class."""
-    return MethodEntry(cls.name, _first_line(cls.__doc__), **{fact: getattr(cls, fact) for fact in FACTS})
+    info = cls.info
+    return MethodEntry(cls.name, _first_line(cls.__doc__), info.stores, tuple(sorted(info.switches.items())))
 
 
 def method_entries() -> list[MethodEntry]:
@@ -101,20 +109,32 @@ def method_entries() -> list[MethodEntry]:
 
 def builtin_entries(package: Path = METHODS_PACKAGE) -> list[MethodEntry]:
     """The entries of the methods registered by the modules that ``package/__init__.py`` imports, read from their
-    source, sorted by name.
+    ``@register_method(...)`` calls, sorted by name.
 
     Raises:
-        ValueError: a fact assigned something other than a literal, or assigned nowhere up to the base class.
+        ValueError: a listed fact given something other than a literal.
     """
-    source = _PackageSource(package)
     entries = []
-    for module in source.imported_modules():
-        for node in source.tree(module).body:
-            name = _registered_name(node)
-            if name is not None:
-                assert isinstance(node, ast.ClassDef)
-                facts = {fact: source.fact(module, node.name, fact) for fact in FACTS}
-                entries.append(MethodEntry(name, _first_line(ast.get_docstring(node)), **facts))
+    for module in _imported_modules(package):
+        path = package / f"{module}.py"
+        for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+            call = _registration(node)
+            if call is None:
+                continue
+            assert isinstance(node, ast.ClassDef)
+            facts = dict(LISTED)
+            for keyword in call.keywords:
+                if keyword.arg in LISTED:
+                    try:
+                        facts[keyword.arg] = ast.literal_eval(keyword.value)
+                    except ValueError:
+                        raise ValueError(
+                            f"{path}:{keyword.lineno}: {keyword.arg} of @register_method must be a literal for "
+                            f"`dfcil methods` to read it without importing the method (dfcil.catalogue)"
+                        ) from None
+            name = call.args[0].value  # _registration checked it is a string
+            switches = tuple(sorted(facts["switches"].items()))
+            entries.append(MethodEntry(name, _first_line(ast.get_docstring(node)), facts["stores"], switches))
     return sorted(entries, key=lambda e: e.name)
 
 
@@ -123,83 +143,23 @@ def _first_line(doc: str | None) -> str:
     return lines[0].strip() if lines else ""
 
 
-def _registered_name(node: ast.stmt) -> str | None:
-    """``"abd"`` for a class decorated ``@register_method("abd")``, else None."""
+def _registration(node: ast.stmt) -> ast.Call | None:
+    """The ``register_method("abd", ...)`` call decorating a class, else None."""
     if not isinstance(node, ast.ClassDef):
         return None
     for deco in node.decorator_list:
         if isinstance(deco, ast.Call) and isinstance(deco.func, ast.Name) and deco.func.id == "register_method":
             arg = deco.args[0] if deco.args else None
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                return arg.value
+                return deco
     return None
 
 
-class _PackageSource:
-    """The parsed modules of the methods package, and class attributes looked up through their base classes."""
-
-    def __init__(self, package: Path) -> None:
-        self.package = package
-        self._trees: dict[str, ast.Module] = {}
-
-    def tree(self, module: str) -> ast.Module:
-        if module not in self._trees:
-            path = self.package / f"{module}.py"
-            self._trees[module] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        return self._trees[module]
-
-    def imported_modules(self) -> list[str]:
-        """The package's modules that its ``__init__.py`` imports (``from dfcil.methods import abd, ...``)."""
-        found = []
-        for node in self.tree("__init__").body:
-            if isinstance(node, ast.ImportFrom) and node.module == "dfcil.methods":
-                found += [alias.name for alias in node.names if (self.package / f"{alias.name}.py").is_file()]
-        return found
-
-    def fact(self, module: str, cls: str, fact: str) -> Any:
-        """The literal that class ``cls`` of ``module``, or its nearest base in the package, assigns to ``fact``."""
-        for where, node in self._lineage(module, cls):
-            for stmt in node.body:
-                target, value = _assignment(stmt)
-                if target != fact:
-                    continue
-                try:
-                    return ast.literal_eval(value)
-                except ValueError:
-                    raise ValueError(
-                        f"{self.package / where}.py:{stmt.lineno}: {cls}.{fact} must be a literal for `dfcil "
-                        f"methods` to read it without importing the method (dfcil.catalogue)"
-                    ) from None
-        raise ValueError(f"{cls} in {self.package / module}.py: no class up to Method assigns {fact!r}")
-
-    def _lineage(self, module: str, cls: str) -> Iterable[tuple[str, ast.ClassDef]]:
-        """``cls`` and its bases that the package defines, depth first in the order they are named (single
-        inheritance, which is all the methods use, makes this the MRO)."""
-        node = next((n for n in self.tree(module).body if isinstance(n, ast.ClassDef) and n.name == cls), None)
-        if node is None:
-            return
-        yield module, node
-        if (module, cls) == BASE:
-            return
-        for base in node.bases:
-            if isinstance(base, ast.Name):
-                yield from self._lineage(*self._resolve(module, base.id))
-
-    def _resolve(self, module: str, name: str) -> tuple[str, str]:
-        """Where the name ``name`` used in ``module`` is defined: ``from dfcil.methods.base import Method`` in
-        ``module`` gives ``("base", "Method")``; a name defined in ``module`` itself stays there."""
-        for node in self.tree(module).body:
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dfcil.methods."):
-                for alias in node.names:
-                    if (alias.asname or alias.name) == name:
-                        return node.module.removeprefix("dfcil.methods."), alias.name
-        return module, name
-
-
-def _assignment(stmt: ast.stmt) -> tuple[str | None, ast.expr | None]:
-    """``("stores", <"all data">)`` for ``stores = "all data"`` or ``stores: ClassVar[str] = "all data"``."""
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-        return stmt.targets[0].id, stmt.value
-    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-        return stmt.target.id, stmt.value
-    return None, None
+def _imported_modules(package: Path) -> list[str]:
+    """The package's modules that its ``__init__.py`` imports (``from dfcil.methods import abd, ...``)."""
+    path = package / "__init__.py"
+    found = []
+    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+        if isinstance(node, ast.ImportFrom) and node.module == "dfcil.methods":
+            found += [alias.name for alias in node.names if (package / f"{alias.name}.py").is_file()]
+    return found

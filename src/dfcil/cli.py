@@ -331,7 +331,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _methods(args: argparse.Namespace) -> int:
-    from dfcil.catalogue import method_entries, plugin_entries, plugin_of
+    from dfcil.catalogue import method_entries, plugin_entries, plugin_of, switch_entries
 
     if args.plugin:  # their methods are listed from the registry, which importing them fills (and torch)
         from dfcil.methods import METHODS  # noqa: F401 - the built-in methods first: a plugin may build on them
@@ -351,11 +351,9 @@ def _methods(args: argparse.Namespace) -> int:
     for plugin in plugins:
         what = f"(imported when a config names it; dfcil methods --plugin {plugin.module} describes it)"
         print(f"{plugin.name:{width}s}  {'?':{keeps}s}  {what}  [plugin: {plugin.package}]")
-    from dfcil.catalogue import SWITCHES
-
     print("\nswitches that change what a method keeps:")
-    for key, methods, stores, summary in SWITCHES:
-        print(f"  method.{key} true ({', '.join(methods)}): keeps {stores}. {summary}")
+    for switch in switch_entries(entries):
+        print(f"  method.{switch.key} true ({', '.join(switch.methods)}): keeps {switch.stores}. {switch.summary}")
     print("\ndata-free: nothing kept between tasks holds or generates earlier images (README: What each method keeps)")
     return 0
 
@@ -386,7 +384,7 @@ def _print_protocol(cfg: RunConfig) -> None:
     print(f"class order: {list(split.class_order)}")
     for t, classes in enumerate(split.tasks):
         task = Task(task_id=t, n_old=split.offsets[t], n_new=len(classes), num_tasks=split.num_tasks)
-        phases = "; ".join(_schedule(p, cfg.train.gamma) for p in method.phases(task)) or "no training"
+        phases = "; ".join(p.describe() for p in method.phases(task)) or "no training"
         named = (
             f" ({', '.join(ds.classes[c] for c in classes[:5])}{', ...' * (len(classes) > 5)})" if ds.classes else ""
         )
@@ -395,15 +393,6 @@ def _print_protocol(cfg: RunConfig) -> None:
             f"  task {t}: {count}, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
             f"images; {phases}; classes {classes}{named}"
         )
-
-
-def _schedule(phase: Any, gamma: float) -> str:
-    """A phase's lr schedule in words: ``rrl 160 ep, lr 0.1 ×0.1 at epochs 80, 120``."""
-    drops = f" ×{gamma:g} at epochs {', '.join(map(str, phase.milestones))}" if phase.milestones else " constant"
-    head = {"head": ", head only", "frozen_bn": ", BN frozen"}.get(phase.trainable, "")
-    optimizer = f", {phase.optimizer}" if phase.optimizer != "sgd" else ""
-    wd = f", wd {phase.weight_decay:g}" if phase.weight_decay is not None else ""
-    return f"{phase.name} {phase.epochs} ep, lr {phase.lr:g}{drops}{head}{optimizer}{wd}"
 
 
 def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:

@@ -581,10 +581,9 @@ def changed_keys(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     return [k for k in config_diff(saved, now) if k not in RUNTIME_KEYS]
 
 
-def check_unchanged(saved: Mapping[str, Any], cfg: RunConfig) -> None:
-    """Refuse to continue a checkpoint written under a config (``saved``, plain data) that differs from ``cfg``
-    except in runtime keys: an edited ``config.yaml`` would silently give a mixed run."""
-    now = config_to_dict(cfg)
+def check_unchanged(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:
+    """Refuse to continue a checkpoint written under a config (``saved``, plain data) that differs from the run's
+    (``now``, plain data) except in runtime keys: an edited ``config.yaml`` would silently give a mixed run."""
     changed = changed_keys(saved, now)
     if not changed:
         return

@@ -5,19 +5,26 @@ batch of real images (:class:`Batch`) and the phases a method trains a task in (
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from dfcil.config import TrainConfig
 from dfcil.data.device import TrainBatches
 from dfcil.models.network import IncrementalNet
 from dfcil.runtime import Runtime
 
+_TRAIN = TrainConfig()  # the train section's defaults, which a phase's own defaults are
+
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-    """A stretch of epochs of one task with its own lr schedule and set of trained parameters."""
+    """A stretch of epochs of one task with its whole schedule: the optimiser and its settings, the lr schedule and
+    the set of trained parameters; the engine reads nothing else. :meth:`from_train` fills the schedule from the
+    run's ``train`` section, which a method's phases normally do; a method with optimisers of its own says so in
+    its phases (EFC's Adam). The defaults are the train section's defaults: a phase that keeps one where the run
+    set another value leaves that train key unread, which the protocol's checks refuse."""
 
     name: str  # "base", "rrl", "chr", ...
     epochs: int
@@ -28,7 +35,34 @@ class Phase:
     trainable: Literal["all", "head", "frozen_bn"] = "all"
     reset_optimizer: bool = False  # default: one optimiser per task, so momentum carries over between phases
     optimizer: Literal["sgd", "adam"] = "sgd"  # "adam": Adam (betas 0.9, 0.999) with coupled weight decay
-    weight_decay: float | None = None  # None: train.weight_decay
+    weight_decay: float = _TRAIN.weight_decay  # L2 on every trained parameter, added to the gradient
+    gamma: float = _TRAIN.gamma  # the lr's factor at each milestone
+    momentum: float = _TRAIN.momentum  # SGD's momentum (Adam has none: not read)
+
+    @classmethod
+    def from_train(cls, name: str, train: TrainConfig, **changes: Any) -> Phase:
+        """A phase on the run's schedule: ``train``'s epochs, lr, milestones, gamma and SGD with its momentum and
+        weight decay; ``changes`` replace any of them (``epochs=40, lr=0.005, milestones=(), trainable="head"``)."""
+        schedule = {
+            "epochs": train.epochs, "lr": train.lr, "milestones": tuple(train.milestones), "gamma": train.gamma,
+            "optimizer": "sgd", "momentum": train.momentum, "weight_decay": train.weight_decay,
+        }  # fmt: skip
+        return cls(name=name, **(schedule | changes))
+
+    def describe(self) -> str:
+        """The schedule in words: ``rrl 160 ep, lr 0.1 ×0.1 at epochs 80, 120, sgd momentum 0.9, wd 0.0005``."""
+        drops = f" ×{self.gamma:g} at epochs {', '.join(map(str, self.milestones))}" if self.milestones else " constant"
+        trains = {"head": ", head only", "frozen_bn": ", BN frozen"}.get(self.trainable, "")
+        momentum = f" momentum {self.momentum:g}" if self.optimizer == "sgd" else ""
+        reset = ", new optimiser" if self.reset_optimizer else ""
+        return (
+            f"{self.name} {self.epochs} ep, lr {self.lr:g}{drops}{trains}, {self.optimizer}{momentum}, "
+            f"wd {self.weight_decay:g}{reset}"
+        )
+
+    def lr_at(self, epoch: int) -> float:
+        """The lr of epoch ``epoch`` (from the phase's start): ``lr`` times ``gamma`` per milestone passed."""
+        return self.lr * self.gamma ** sum(epoch >= m for m in self.milestones)
 
 
 @dataclasses.dataclass(frozen=True)

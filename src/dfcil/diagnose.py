@@ -34,7 +34,6 @@ from dfcil.grid import synthetic_images_path
 from dfcil.io import read_regular_text
 from dfcil.loop import Callback, Loop
 from dfcil.synthesis.diagnostics import class_mean_gap, pixel_statistics, prediction_spread, top1_confidence
-from dfcil.synthesis.replay import Replay
 
 log = logging.getLogger("dfcil")
 
@@ -70,10 +69,10 @@ def _synthetic(generator: torch.nn.Module, n: int, seed: int, batch: int) -> Ten
 def _teacher_outputs(loop: Loop, teacher: torch.nn.Module, x: Tensor, uint8: bool = False) -> tuple[Tensor, Tensor]:
     """The teacher's logits and features of ``x`` (normalised images on the CPU, or the test set's uint8 images
     on the device, normalised here), in the run's evaluation batches and precision."""
-    logits, features, batch, device = [], [], loop.cfg.train.eval_batch_size, loop.runtime.device
+    logits, features, batch, device = [], [], loop.evaluator.batch_size, loop.runtime.device
     with loop.runtime.autocast():
         for i in range(0, len(x), batch):
-            part = loop.test.normalizer(x[i : i + batch]) if uint8 else x[i : i + batch].to(device)
+            part = loop.evaluator.test.normalizer(x[i : i + batch]) if uint8 else x[i : i + batch].to(device)
             out = teacher(part)
             logits.append(out.logits.float().cpu())
             features.append(out.features.float().cpu())
@@ -82,7 +81,7 @@ def _teacher_outputs(loop: Loop, teacher: torch.nn.Module, x: Tensor, uint8: boo
 
 def _real_old_classes(loop: Loop, n_old: int) -> tuple[Tensor, Tensor]:
     """The test set's uint8 images of the old classes (at most :data:`REAL_PER_CLASS` each) and their labels."""
-    test = loop.test
+    test = loop.evaluator.test
     y = test.y[: int(test.seen[loop.state.position.task - 1])]  # sorted by label: the old classes' images first
     first = torch.searchsorted(y, torch.arange(n_old, device=y.device))
     rank = torch.arange(len(y), device=y.device) - first[y]
@@ -90,14 +89,16 @@ def _real_old_classes(loop: Loop, n_old: int) -> tuple[Tensor, Tensor]:
     return test.x[keep], y[keep].cpu()
 
 
-def inversion_report(loop: Loop) -> dict[str, Any] | None:
-    """The running task's inversion statistics, or None where the method inverted no generator for it."""
-    replay = next((p for p in loop.method.components().values() if isinstance(p, Replay)), None)
-    if replay is None or replay.synth is None or not replay.synth.done or loop.ctx is None:
+def inversion_report(loop: Loop, seed: int) -> dict[str, Any] | None:
+    """The running task's inversion statistics (its synthetic batch drawn from a stream of the run's ``seed``), or
+    None where the method inverted no generator for it."""
+    replay = loop.method.synthesizer()
+    generator = replay.trained_generator if replay is not None else None
+    if generator is None or loop.ctx is None:
         return None
-    n_old, dataset, batch = loop.ctx.n_old, loop.protocol.dataset, loop.cfg.train.eval_batch_size
-    n, seed = synthetic_batch_size(n_old, dataset.image_size), diagnostics_seed(loop.cfg.seed, loop.ctx.task_id)
-    x = _synthetic(replay.synth.generator, n, seed, batch)
+    n_old, dataset, batch = loop.ctx.n_old, loop.protocol.dataset, loop.evaluator.batch_size
+    n = synthetic_batch_size(n_old, dataset.image_size)
+    x = _synthetic(generator, n, diagnostics_seed(seed, loop.ctx.task_id), batch)
     logits, features = _teacher_outputs(loop, replay.teacher, x)
     for values, what in ((x, "images"), (logits, "logits"), (features, "features")):
         if not bool(torch.isfinite(values).all()):  # a generator no step should train on: stop, as a loss would
@@ -113,7 +114,7 @@ def inversion_report(loop: Loop) -> dict[str, Any] | None:
         "old_classes": n_old,
         "confidence": round(top1_confidence(logits), 4),
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in prediction_spread(pred, n_old).items()},
-        "loss_terms": replay.synth.final_terms,
+        "loss_terms": replay.final_terms,
         "pixels": pixel_statistics(x, dataset.mean, dataset.std),
         "data_pixels": {"mean": [round(v, 4) for v in dataset.mean], "std": [round(v, 4) for v in dataset.std]},
         "feature_gap": {
@@ -124,17 +125,46 @@ def inversion_report(loop: Loop) -> dict[str, Any] | None:
 
 
 class InversionDiagnostics(Callback):
-    """Records :func:`inversion_report` in the task's diagnostics when its inversion ends (``on_setup_end``), and
-    logs it in one line. Runs before the checkpoint of that point, which keeps it for a resumed run."""
+    """Measures :func:`inversion_report` when a task's inversion ends (``on_setup_end``) and logs it in one line.
+    Its own state, which the checkpoint of that point keeps for a resumed run: every finished task's diagnostics
+    and the running task's. Each task's record gets its ``diagnostics`` (``{}`` without an inversion), the summary
+    every task's.
+
+    Args:
+        seed: the run's, from which each task's synthetic batch is drawn (a stream of its own).
+    """
+
+    state_key = "diagnostics"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.tasks: list[dict[str, Any]] = []  # finished tasks' diagnostics
+        self.task: dict[str, Any] = {}  # the running task's
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tasks": self.tasks, "task": self.task}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tasks, self.task = list(state.get("tasks", [])), dict(state.get("task", {}))
+
+    def on_eval_end(self) -> None:
+        self.tasks.append(self.task)  # the task is trained: what was measured of it is final
+        self.task = {}
+
+    def task_fields(self, task: int) -> dict[str, Any]:
+        return {"diagnostics": self.tasks[task]} if task < len(self.tasks) else {}
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {"diagnostics": self.tasks}
 
     def on_run_start(self, loop: Loop) -> None:
         self.loop = loop
 
     def on_setup_end(self) -> None:
-        report = inversion_report(self.loop)
+        report = inversion_report(self.loop, self.seed)
         if report is None:
             return
-        self.loop.state.task_diagnostics["inversion"] = report
+        self.task["inversion"] = report
         gap = report["feature_gap"]
         log.info(
             "task %d inversion: teacher confidence %.2f, %d of %d old classes predicted (entropy %.2f), synthetic "

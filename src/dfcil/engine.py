@@ -28,16 +28,23 @@ from torch import Tensor, nn
 
 from dfcil import distributed
 from dfcil.callbacks import Checkpointing, Timer
-from dfcil.config import RunConfig
-from dfcil.data.device import Normalizer, TrainBatches
-from dfcil.errors import LossLimitError, NonFiniteLossError, RunInterrupted
+from dfcil.config import RunConfig, config_to_dict
+from dfcil.data.device import Normalizer
+from dfcil.errors import RunInterrupted
 from dfcil.graphs import StepGraph
+from dfcil.guard import LossGuard
 from dfcil.loop import Loop, RunOptions
 from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
 from dfcil.models.network import backbone_for, build_network
-from dfcil.optim import OPTIMIZER_KINDS, fill_momentum, load_optimizer_state, phase_optimizer
+from dfcil.optim import (
+    OPTIMIZER_KINDS,
+    fill_momentum,
+    load_optimizer_state,
+    phase_optimizer,
+    set_hyperparameters,
+)
 from dfcil.progress import make_progress
-from dfcil.protocol import Protocol, TestSet, prepare
+from dfcil.protocol import Evaluator, Protocol, TaskBatches, TestSet, prepare
 from dfcil.runtime import Runtime, compile_cache, process_state_kept, resolve_device, seed_everything
 from dfcil.state import EpochProgress, Position, RunState
 from dfcil.task0 import Task0Cache
@@ -86,7 +93,8 @@ def run(
             kept = stack.enter_context(compile_cache(cfg.engine.compile_cache))
             log.info("compile cache: %s", kept or "off (every graph compiled, nothing kept)")
         loop = build(cfg, protocol, options)
-        saver = Checkpointing(run_dir, cfg) if run_dir is not None else None
+        intervals = (cfg.checkpoint_interval_s, cfg.epoch_checkpoint_interval_s)
+        saver = Checkpointing(run_dir, config_to_dict(cfg), *intervals) if run_dir is not None else None
         cache = Task0Cache(cfg, protocol, loop.method) if cfg.task0_cache else None
         writers = (saver, cache) if loop.runtime.dist.main else ()  # one process writes the run's files
         loop.callbacks = [Timer(), *options.callbacks, *(c for c in writers if c is not None)]
@@ -100,7 +108,8 @@ def run(
         loop.emit("on_run_start", loop)
         state = loop.state
         if cache is not None and cache.loaded:
-            loop.emit("on_task_end", state.task_record(0, protocol.split) | {"shared_task0": str(cache.path)})
+            record = state.task_record(0, protocol.split) | loop.fields("task_fields", 0)
+            loop.emit("on_task_end", record | {"shared_task0": str(cache.path)})
         for task in range(state.position.task, protocol.split.num_tasks):
             run_task(loop, ctx if ctx is not None and ctx.task_id == task else task_context(loop, task))
         split = protocol.split
@@ -108,10 +117,10 @@ def run(
             "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "stores": loop.method.stores,
             "dataset": protocol.dataset.name,
             "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
-            **state.acc.summary(), "timings": state.timings, "wall_time_s": round(time.perf_counter() - started, 2),
+            **state.acc.summary(), "wall_time_s": round(time.perf_counter() - started, 2),
             "total_time_s": round(state.elapsed_s(), 2), "resumed": resume, "device": str(loop.runtime.device),
-            "diagnostics": state.diagnostics,
             "seed": cfg.seed, **({"class_names": list(protocol.dataset.classes)} if protocol.dataset.classes else {}),
+            **loop.fields("summary_fields"),  # the timings, the inversion diagnostics
         }  # fmt: skip
         loop.emit("on_run_end", summary)
         return summary
@@ -135,15 +144,20 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
         torch.backends.cudnn.benchmark = cfg.engine.cudnn_benchmark
     if cfg.engine.compile not in ("none", "step"):  # step: Runtime.compiler compiles the steps instead
         net.compile_backbone(mode=None if cfg.engine.compile == "default" else cfg.engine.compile)
-    if cfg.engine.cuda_graphs == "on" and not method.graph_safe:
+    if cfg.engine.cuda_graphs == "on" and not method.info.graph_safe:
         log.warning("%s is not marked graph_safe: its steps run eagerly (try cuda_graphs: check)", method.name)
     state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
     runtime = Runtime.from_config(cfg.engine, device, make_progress(options.progress), dist, cfg.train.max_loss)
-    loop = Loop(cfg=cfg, net=net, method=method, state=state, runtime=runtime, protocol=protocol,
-                interrupt=options.interrupt)  # fmt: skip
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device, cfg.engine.channels_last)
-    loop.test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device)
-    return loop
+    test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device)
+    # what the engine reads of the config, resolved here once: nothing below reads the config itself
+    seen = method.info.train_data == "seen"
+    batches = TaskBatches(protocol, cfg.data.train_per_class, cfg.train.batch_size, normalizer, device, seen, dist)
+    return Loop(
+        net=net, method=method, state=state, runtime=runtime, protocol=protocol, batches=batches,
+        evaluator=Evaluator(test, cfg.train.eval_batch_size), guard=LossGuard(cfg.train.max_loss),
+        interrupt=options.interrupt,
+    )  # fmt: skip
 
 
 def restore(loop: Loop, payload: dict[str, Any]) -> TaskContext | None:
@@ -156,15 +170,15 @@ def restore(loop: Loop, payload: dict[str, Any]) -> TaskContext | None:
     if task < loop.protocol.split.num_tasks:  # the last checkpoint of a finished run has no task left to continue
         ctx = task_context(loop, task)
         loop.method.load_state_dict(payload["method"], ctx, payload.get("static_state") or None)
+    loop.restore_callbacks(payload)
     loop.state.load_state_dict(payload)  # last: building the network and the method consumed random numbers
     return ctx
 
 
 def task_context(loop: Loop, task: int) -> TaskContext:
     """Task ``task``'s context: its classes and its training images on the device."""
-    split, cfg, device = loop.protocol.split, loop.cfg, loop.runtime.device
-    x, y = loop.protocol.train_tensors(task, type(loop.method).train_data == "seen", cfg.data.train_per_class, device)
-    data = TrainBatches(x, y, cfg.train.batch_size, loop.test.normalizer, loop.state.rngs["data"], loop.runtime.dist)
+    split = loop.protocol.split
+    data = loop.batches(task, loop.state.rngs["data"])
     return TaskContext(
         task_id=task, n_old=split.offsets[task], n_new=split.task_sizes[task], num_tasks=split.num_tasks,
         net=loop.net, data=data, rng=loop.state.rngs["method"], runtime=loop.runtime,
@@ -201,15 +215,13 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
             raise RunInterrupted(f"interrupted after the setup of task {task}")
     fit_task(loop, ctx, phases)
     method.on_task_end(ctx)
-    batch, test = loop.cfg.train.eval_batch_size, loop.test
+    evaluator = loop.evaluator
     loop.emit("on_eval_start")
-    with ctx.runtime.progress(total=test.batches(task, batch), desc=f"task {task} eval") as bar, ctx.runtime.autocast():
-        state.acc.record(task, *test.evaluate(loop.net, task, batch, bar, ctx.runtime.dist, method.eval_logits))
+    with ctx.runtime.progress(total=evaluator.batches(task), desc=f"task {task} eval") as bar, ctx.runtime.autocast():
+        state.acc.record(task, *evaluator.evaluate(loop.net, task, bar, ctx.runtime.dist, method.eval_logits))
     loop.emit("on_eval_end")
-    state.diagnostics.append(state.task_diagnostics)  # what callbacks measured of the task (dfcil.diagnose)
-    state.task_diagnostics = {}
     state.position = Position(task + 1, "start")
-    loop.emit("on_task_end", state.task_record(task, loop.protocol.split))
+    loop.emit("on_task_end", state.task_record(task, loop.protocol.split) | loop.fields("task_fields", task))
     loop.ctx = None
     if stopping(loop) and task + 1 < ctx.num_tasks:
         raise RunInterrupted(f"interrupted after task {task}")
@@ -218,27 +230,26 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
 def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
     """Run the phases of one task with one SGD optimiser (momentum carries over unless a phase resets it),
     from ``loop.state.position`` on (a resumed task continues where its checkpoint stood)."""
-    state, method, train = loop.state, loop.method, loop.cfg.train
+    state, method = loop.state, loop.method
     extra = method.extra_modules(ctx)
     params = [p for m in (ctx.net, *extra) for p in m.parameters()]
     start = state.position if state.position.stage == "train" else Position(ctx.task_id, "train")
     for index, phase in enumerate(phases[start.phase :], start=start.phase):
         first_epoch = start.epoch if index == start.phase else 0
-        wd = train.weight_decay if phase.weight_decay is None else phase.weight_decay
         other_kind = state.optimizer is not None and OPTIMIZER_KINDS[type(state.optimizer)] != phase.optimizer
         if state.optimizer is None or other_kind or (phase.reset_optimizer and first_epoch == 0):
-            state.optimizer = phase_optimizer(phase.optimizer, params, phase.lr, train.momentum, wd, ctx.runtime.fused)
+            kind, fused = phase.optimizer, ctx.runtime.fused
+            state.optimizer = phase_optimizer(kind, params, phase.lr, phase.momentum, phase.weight_decay, fused)
             if state.optimizer_handoff is not None:  # a checkpoint's optimiser state, for this optimiser
                 load_optimizer_state(state.optimizer, state.optimizer_handoff)
                 state.optimizer_handoff = None
-        for group in state.optimizer.param_groups:  # a phase may decay otherwise than the one before it
-            group["weight_decay"] = wd
+        set_hyperparameters(state.optimizer, phase.weight_decay, phase.momentum)  # a phase's own, optimiser kept
         ctx.net.set_trainable(phase.trainable, extra)  # "head": the backbone frozen in eval mode
         for part in method.frozen(ctx, phase):  # e.g. UCIR's and PODNet's old classifier blocks
             part.requires_grad_(False)
         fill_momentum(state.optimizer)
         step = TrainStep(method, ctx, phase, state.optimizer)
-        graphs = ctx.runtime.graphs if method.graph_safe or ctx.runtime.graphs == "check" else "off"
+        graphs = ctx.runtime.graphs if method.info.graph_safe or ctx.runtime.graphs == "check" else "off"
         if graphs != "off":  # the step body captured and replayed (on), or checked for it (check)
             loop.graph = StepGraph(step, state.optimizer, graphs, ctx.device, (ctx.rng, ctx.data.generator))
         state.position = Position(ctx.task_id, "train", index, first_epoch, start.step if index == start.phase else 0)
@@ -249,9 +260,8 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
         )
         with bar:
             for epoch in range(first_epoch, phase.epochs):
-                lr = phase.lr * train.gamma ** sum(epoch >= m for m in phase.milestones)
                 for group in state.optimizer.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = phase.lr_at(epoch)
                 train_epoch(loop, ctx, phase, step, bar)
                 if stopping(loop) and epoch + 1 < phase.epochs:
                     stop(loop, f"in task {ctx.task_id}, phase {phase.name}, after epoch {epoch}")
@@ -286,8 +296,8 @@ class TrainStep:
         losses = torch.stack([v.float() for v in terms.values()])
         losses.sum().backward()
         ctx.runtime.dist.average_gradients(self.params)  # several processes: the global batch's gradient
-        if self.method.grad_clip_value is not None:
-            nn.utils.clip_grad_value_(ctx.net.parameters(), self.method.grad_clip_value)
+        if (clip := self.method.info.grad_clip_value) is not None:
+            nn.utils.clip_grad_value_(ctx.net.parameters(), clip)
         optimizer.step()
         ctx.runtime.dist.share_buffers(ctx.net)  # engine.sync_bn false: the first process's BN statistics
         return ctx.runtime.dist.mean(losses.detach())  # the global batch's terms (each process has its share's)
@@ -315,19 +325,7 @@ def train_epoch(loop: Loop, ctx: TaskContext, phase: Phase, step: TrainStep, bar
         if stopping(loop) and ep.step < len(data):
             state.position = dataclasses.replace(state.position, step=ep.step)
             stop(loop, f"in task {ctx.task_id}, phase {phase.name}, epoch {epoch}")
-    bad = ep.first_non_finite()  # (step, term): later ones usually follow from it
-    fix = "Lower the learning rate or this term's weight; the run directory keeps the checkpoint of the last good epoch"
-    if bad is not None:
-        raise NonFiniteLossError(
-            f"loss term {bad[1]!r} became non-finite in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, step "
-            f"{bad[0]}. {fix}."
-        )
-    means, limit = ep.means(), loop.cfg.train.max_loss
-    if limit is not None and (big := next(((k, v) for k, v in means.items() if v > limit), None)):
-        raise LossLimitError(
-            f"loss term {big[0]!r} averaged {big[1]:.4g} in task {ctx.task_id}, phase {phase.name}, epoch {epoch}, "
-            f"above train.max_loss ({limit:g}): the training diverged. {fix} (train.max_loss null: no limit)."
-        )
+    means = loop.guard.check(ep, f"task {ctx.task_id}, phase {phase.name}, epoch {epoch}")  # diverged: stop
     loop.method.on_epoch_end(ctx, phase)
     state.epoch, state.position = None, dataclasses.replace(state.position, epoch=epoch + 1, step=0)
     dt = time.perf_counter() - t0

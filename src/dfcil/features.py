@@ -28,6 +28,7 @@ from dfcil.data.device import Normalizer, class_indices, to_device
 from dfcil.extras import require
 from dfcil.grid import sample_images
 from dfcil.io import write_atomic
+from dfcil.methods import build_method
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet, build_network
 from dfcil.plugins import Consent
@@ -45,20 +46,23 @@ class Synthetic:
 
 
 def stored_generator(run: FinishedRun, device: torch.device) -> tuple[torch.nn.Module, IncrementalNet, str] | None:
-    """The last task's trained generator and teacher from its static checkpoint file, or None if it has none."""
+    """The last task's trained generator and teacher from its static checkpoint file, or None if the run's method
+    inverts none (:meth:`~dfcil.methods.Method.synthesizer`) or the file is gone."""
+    method = build_method(run.cfg.method, run.cfg.train)
+    synthesizer = method.synthesizer()
     sizes = list(run.model["head_sizes"])
     path = run.dir / "checkpoints" / f"task{len(sizes) - 1}-static.pt"
-    if not path.exists():
+    if synthesizer is None or not path.exists():
         return None
-    static = loads(path.read_bytes(), str(path))
-    parts = [v for v in static.values() if isinstance(v, dict) and {"generator", "teacher"} <= set(v)]
-    if not parts:
+    name = next(k for k, part in method.components().items() if part is synthesizer)  # its checkpoint key
+    part = loads(path.read_bytes(), str(path)).get(name)
+    if not isinstance(part, dict) or not {"generator", "teacher"} <= set(part):
         return None
     teacher = build_network(run.model["backbone"], run.model["head"])
     for n in sizes[:-1]:
         teacher.expand(n)
-    teacher.load_state_dict(parts[0]["teacher"])
-    state = parts[0]["generator"]
+    teacher.load_state_dict(part["teacher"])
+    state = part["generator"]
     generator = build_generator(run.description()["inputs"]["image_size"], zdim=state["fc.weight"].shape[1])
     generator.load_state_dict(state)
     return generator.to(device).eval(), teacher.to(device).eval(), f"the last task's generator ({path.name})"
@@ -69,7 +73,8 @@ def fresh_generator(
 ) -> tuple[torch.nn.Module, IncrementalNet, str]:
     """A generator inverted from the final network ``net`` in ``steps`` Adam steps, with the run's inversion
     settings where its method has them (the defaults otherwise)."""
-    cfg = dataclasses.replace(getattr(run.cfg.method, "inversion", None) or InversionConfig(), steps=steps)
+    synthesizer = build_method(run.cfg.method, run.cfg.train).synthesizer()
+    cfg = dataclasses.replace(synthesizer.cfg if synthesizer is not None else InversionConfig(), steps=steps)
     cfg = dataclasses.replace(cfg, persistent=False)
     # minutes on a CPU at the default 200 steps: said before it starts
     print(f"dfcil inspect: {run.dir} kept no generator; inverting its final model ({steps} steps, --inversion-steps "

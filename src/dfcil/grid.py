@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from dfcil.io import write_atomic
 from dfcil.loop import Callback, Loop
 from dfcil.methods import Method
-from dfcil.synthesis.replay import Replay
 
 GRID_IMAGES = 64  # images per grid, 8 × 8
 GRID_ROW = 8  # images per row
@@ -70,11 +69,9 @@ def png_bytes(picture: np.ndarray) -> bytes:
 
 def trained_generator(method: Method) -> nn.Module | None:
     """The generator the method inverted for the running task, once trained; None for a method without one (or
-    before its inversion ends). Every synthetic-replay method keeps it in a :class:`Replay` component."""
-    for part in method.components().values():
-        if isinstance(part, Replay) and part.synth is not None and part.synth.done:
-            return part.synth.generator
-    return None
+    before its inversion ends)."""
+    synthesizer = method.synthesizer()
+    return synthesizer.trained_generator if synthesizer is not None else None
 
 
 @torch.no_grad()
@@ -91,13 +88,13 @@ def sample_images(generator: nn.Module, n: int, seed: int) -> Tensor:
         generator.train(was_training)
 
 
-def synthetic_grid(loop: Loop, task: int, n: int = GRID_IMAGES) -> np.ndarray | None:
-    """Task ``task``'s grid of ``n`` synthetic images, de-normalised with the dataset's mean and std, or None
-    when the method holds no trained generator."""
+def synthetic_grid(loop: Loop, task: int, seed: int, n: int = GRID_IMAGES) -> np.ndarray | None:
+    """Task ``task``'s grid of ``n`` synthetic images of a run seeded ``seed``, de-normalised with the dataset's
+    mean and std, or None when the method holds no trained generator."""
     generator = trained_generator(loop.method)
     if generator is None:
         return None
-    x = sample_images(generator, n, grid_seed(loop.cfg.seed, task))
+    x = sample_images(generator, n, grid_seed(seed, task))
     if x.shape[-1] > MAX_TILE:
         x = F.interpolate(x, size=(MAX_TILE, MAX_TILE), mode="bilinear", antialias=True)
     dataset = loop.protocol.dataset
@@ -109,8 +106,9 @@ class SyntheticGrid(Callback):
     atomically. A run resumed past a task's inversion writes the grid again if it is missing: the checkpoint
     restored the trained generator."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.dir = Path(run_dir)
+    def __init__(self, run_dir: Path, seed: int) -> None:
+        """``seed``: the run's, from which each grid's latent codes are drawn (a stream of their own)."""
+        self.dir, self.seed = Path(run_dir), seed
 
     def path(self, task: int) -> Path:
         return synthetic_images_path(self.dir, task)
@@ -120,7 +118,7 @@ class SyntheticGrid(Callback):
 
     def _write(self) -> None:
         task = self.loop.state.position.task
-        grid = synthetic_grid(self.loop, task)
+        grid = synthetic_grid(self.loop, task, self.seed)
         if grid is not None:
             write_atomic(self.path(task), png_bytes(grid))
 

@@ -22,11 +22,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dfcil.extras import require
-from dfcil.grid import synthetic_grid
+from dfcil.grid import synthetic_images_path
 from dfcil.io import write_atomic
 from dfcil.loop import Callback, Loop
-from dfcil.methods import Task
+from dfcil.protocol import tasks_of
 from dfcil.registry import Registry
 from dfcil.state import Position
 
@@ -153,12 +155,7 @@ class StepAxis:
 
     @classmethod
     def of(cls, loop: Loop) -> StepAxis:
-        split = loop.protocol.split
-        tasks = [
-            Task(task_id=t, n_old=split.offsets[t], n_new=split.task_sizes[t], num_tasks=split.num_tasks)
-            for t in range(split.num_tasks)
-        ]
-        return cls(tuple(tuple(p.epochs for p in loop.method.phases(task)) for task in tasks))
+        return cls(tuple(tuple(p.epochs for p in loop.method.phases(task)) for task in tasks_of(loop.protocol.split)))
 
     def setup(self, task: int) -> int:
         return sum(sum(e) + 2 for e in self.epochs[:task])
@@ -185,7 +182,7 @@ class TensorBoardLogger(Callback):
     def __init__(self, run_dir: Path) -> None:
         tensorboard = require("torch.utils.tensorboard", "tensorboard", "--log tensorboard", "tensorboard")
         self.summary_writer = tensorboard.SummaryWriter
-        self.dir = run_dir / "tensorboard"
+        self.run_dir, self.dir = Path(run_dir), Path(run_dir) / "tensorboard"
 
     def on_run_start(self, loop: Loop) -> None:
         self.loop, self.steps = loop, StepAxis.of(loop)
@@ -193,8 +190,12 @@ class TensorBoardLogger(Callback):
 
     def on_setup_end(self) -> None:
         task = self.loop.state.position.task
-        grid = synthetic_grid(self.loop, task)
-        if grid is not None:
+        path = synthetic_images_path(self.run_dir, task)  # the grid the run directory holds (dfcil.grid), if any
+        if path.exists():
+            from PIL import Image
+
+            with Image.open(path) as image:
+                grid = np.asarray(image.convert("RGB"))
             self.writer.add_image(f"synthetic/task{task}", grid, self.steps.setup(task), dataformats="HWC")
             self.writer.flush()
 

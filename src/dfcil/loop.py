@@ -10,19 +10,39 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from dfcil.config import RunConfig, config_to_dict
 from dfcil.graphs import StepGraph
+from dfcil.guard import LossGuard
 from dfcil.methods import Method, Phase, TaskContext
 from dfcil.models.network import IncrementalNet
-from dfcil.protocol import Protocol, TestSet
+from dfcil.protocol import Evaluator, Protocol, TaskBatches
 from dfcil.runtime import Runtime
 from dfcil.state import Interrupt, RunState
 
 
 class Callback:
-    """The engine's hook points, in the order a task meets them."""
+    """The engine's hook points, in the order a task meets them, and what a callback owns: its state, saved under
+    :attr:`state_key` in every checkpoint (as Lightning's callbacks do), and what it adds to each task's record
+    (:meth:`task_fields`) and to the run's summary (:meth:`summary_fields`)."""
+
+    # a callback whose state a resumed run needs (a timer's seconds so far) saves it under this key; None: none
+    state_key: ClassVar[str | None] = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this callback (under :attr:`state_key`)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (before ``on_run_start``; ``{}`` from a checkpoint that has none)."""
+
+    def task_fields(self, task: int) -> dict[str, Any]:
+        """What this callback adds to finished task ``task``'s record (its ``metrics.jsonl`` line)."""
+        return {}
+
+    def summary_fields(self) -> dict[str, Any]:
+        """What this callback adds to the run's summary (``summary.json``)."""
+        return {}
 
     def on_run_start(self, loop: Loop) -> None:
         """The run is built (and restored, when resuming); ``loop`` holds its live parts for the other hooks."""
@@ -64,15 +84,18 @@ class Callback:
 
 @dataclasses.dataclass(kw_only=True)
 class Loop:
-    """The live parts of one run, shared by the engine's functions; callbacks get it in ``on_run_start``."""
+    """The live parts of one run, shared by the engine's functions; callbacks get it in ``on_run_start``. What the
+    engine reads of the run's config is resolved into these parts by :func:`dfcil.engine.build`; nothing below it
+    reads the config."""
 
-    cfg: RunConfig
     net: IncrementalNet
     method: Method
     state: RunState
     runtime: Runtime = Runtime()  # engine.build() sets the run's; the default computes eagerly on the CPU
     protocol: Protocol | None = None  # set by engine.build(): run_task and restore need them, fit_task does not
-    test: TestSet | None = None
+    batches: TaskBatches | None = None  # each task's training batches
+    evaluator: Evaluator | None = None  # the test set and its batch
+    guard: LossGuard = LossGuard()  # what stops a diverged training (train.max_loss)
     callbacks: Sequence[Callback] = ()
     interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)
     ctx: TaskContext | None = None  # the running task's
@@ -90,13 +113,32 @@ class Loop:
         if error is not None:
             raise error
 
+    def fields(self, hook: str, *args: Any) -> dict[str, Any]:
+        """What the callbacks add to a record (``hook`` ``"task_fields"`` or ``"summary_fields"``), merged in order."""
+        out: dict[str, Any] = {}
+        for callback in self.callbacks:
+            out |= getattr(callback, hook)(*args)
+        return out
+
     def snapshot(self) -> dict[str, Any]:
-        """What a checkpoint holds, besides the method's static state: :func:`dfcil.engine.restore` continues from
-        it."""
+        """What a checkpoint holds of the live run, besides the method's static state: :func:`dfcil.engine.restore`
+        continues from it. The callbacks' states go under their keys."""
+        kept = {c.state_key: c.state_dict() for c in self.callbacks if c.state_key is not None}
         return {
             **self.state.state_dict(), "head_sizes": self.net.head.sizes, "net": self.net.state_dict(),
-            "method": self.method.state_dict(), "config": config_to_dict(self.cfg),
+            "method": self.method.state_dict(), "callbacks": kept,
         }  # fmt: skip
+
+    def restore_callbacks(self, payload: dict[str, Any]) -> None:
+        """Give each callback with a :attr:`~Callback.state_key` its state from a checkpoint's ``payload``."""
+        kept = payload.get("callbacks")
+        if kept is None:  # a checkpoint written before callbacks kept their own state: the run state held it
+            kept = {"timer": {"timings": payload.get("timings", []), "task": payload.get("task_timing", {})},
+                    "diagnostics": {"tasks": payload.get("diagnostics", []),
+                                    "task": payload.get("task_diagnostics", {})}}  # fmt: skip
+        for callback in self.callbacks:
+            if callback.state_key is not None:
+                callback.load_state_dict(kept.get(callback.state_key, {}))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -36,12 +36,22 @@ OPTIMIZER_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam"}  # Phase.op
 def phase_optimizer(
     kind: str, params: Sequence[torch.Tensor], lr: float, momentum: float, weight_decay: float, fused: bool
 ) -> torch.optim.Optimizer:
-    """The optimiser a phase asks for (``Phase.optimizer``): ``"sgd"`` with the run's momentum, or ``"adam"``."""
+    """The optimiser a phase asks for (``Phase.optimizer``): ``"sgd"`` with its ``momentum``, or ``"adam"`` (which
+    has none: ``momentum`` is not read)."""
     if kind == "sgd":
         return sgd(params, lr, momentum, weight_decay, fused)
     if kind == "adam":
         return adam(params, lr, weight_decay, fused)
     raise ValueError(f"unknown optimiser {kind!r}: use 'sgd' or 'adam'")
+
+
+def set_hyperparameters(optimizer: torch.optim.Optimizer, weight_decay: float, momentum: float) -> None:
+    """Give an optimiser carried over from a task's previous phase the next phase's weight decay and, for SGD,
+    momentum: one optimiser per task keeps its moments, each phase its own settings."""
+    for group in optimizer.param_groups:
+        group["weight_decay"] = weight_decay
+        if "momentum" in group and isinstance(optimizer, torch.optim.SGD):
+            group["momentum"] = momentum
 
 
 def fill_momentum(optimizer: torch.optim.SGD) -> None:

@@ -1,7 +1,15 @@
 """The protocol of a run: the dataset, how it is cut into tasks, and the test set evaluated after every task.
 
-:func:`prepare` validates everything that can be checked before a run starts (config across sections, data,
-protocol, device), so that bad input is refused before a run directory exists.
+Three separate jobs, so that each command does only those it needs:
+
+* :func:`validate`: the config across its sections (the method's own checks, the backbone and head names, engine
+  switches the method or the launch cannot use); no data, no file system;
+* :func:`check_environment`: what training writes or compiles beside the run (the shared first-task models'
+  directory, the compile cache, the compiler): only a run that trains needs them;
+* :func:`load_protocol`: the data read (decoded and cached the first time) and cut into tasks, for training and
+  for evaluating a finished run alike; :func:`check_training` then refuses a protocol the method cannot train.
+
+:func:`prepare` does all four before a run starts, so that bad input is refused before a run directory exists.
 """
 
 from __future__ import annotations
@@ -16,9 +24,9 @@ import torch
 from torch import Tensor
 
 from dfcil import distributed
-from dfcil.config import RunConfig
+from dfcil.config import RunConfig, TrainConfig
 from dfcil.data.datasets import ImageDataset, build_dataset
-from dfcil.data.device import Normalizer, class_indices, to_device
+from dfcil.data.device import Normalizer, TrainBatches, class_indices, to_device
 from dfcil.data.splits import ClassIncrementalSplit
 from dfcil.distributed import Dist
 from dfcil.errors import ConfigError, SplitError
@@ -73,8 +81,8 @@ class Protocol:
 def check_engine(cfg: RunConfig, method: Any) -> None:
     """Refuse engine and model switches that ``method`` or this launch cannot use: a static head, compiled steps,
     several processes (:mod:`dfcil.distributed`)."""
-    if cfg.model.static_head and not type(method).static_head:
-        able = ", ".join(n for n in METHODS.names() if METHODS.get(n).static_head)
+    if cfg.model.static_head and not method.info.static_head:
+        able = ", ".join(n for n in METHODS.names() if METHODS.get(n).info.static_head)
         raise ConfigError(
             f"model.static_head: {method.name} compares logit columns by slicing with the task's class counts, "
             f"which a static head's fixed width does not allow; the methods that support it: {able}. Set "
@@ -82,8 +90,8 @@ def check_engine(cfg: RunConfig, method: Any) -> None:
         )
     dist = distributed.current()
     if dist.active:
-        able = ", ".join(n for n in METHODS.names() if METHODS.get(n).distributed)
-        if not type(method).distributed:
+        able = ", ".join(n for n in METHODS.names() if METHODS.get(n).info.distributed)
+        if not method.info.distributed:
             raise ConfigError(
                 f"{method.name} does not train over several processes yet (its batch-level terms are computed per "
                 f"process); the methods that do: {able}. Run it as one process"
@@ -104,18 +112,25 @@ def check_engine(cfg: RunConfig, method: Any) -> None:
         )
 
 
-def prepare(cfg: RunConfig, progress: ProgressFactory | None = None, training: bool = True) -> Protocol:
-    """Load the data (decoding and caching image files the first time, with ``progress`` bars) and build the
-    protocol, raising a clear error for anything that cannot run. ``training`` False: for a finished run's
-    evaluation, whose training schedule is not checked again."""
+def validate(cfg: RunConfig) -> Method:
+    """Refuse a config that cannot run, across its sections: the method's own cross-field checks (building it),
+    an unknown backbone or head, engine and model switches the method or this launch cannot use. Reads no data and
+    touches no file. Returns the method built (unused but for its checks and what it declares)."""
+    resolve_device(cfg.device)  # a device this machine has
     method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
     if cfg.model.backbone != "auto":
         BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
     HEADS.get(method.head)
     check_engine(cfg, method)
-    device = resolve_device(cfg.device)
+    return method
+
+
+def check_environment(cfg: RunConfig) -> None:
+    """Refuse what only training needs and this machine cannot give: a compiler for ``engine.compile``, and the
+    directories ``task0_cache`` and ``engine.compile_cache`` name, which must be creatable. Evaluating a finished
+    run needs none of them."""
     if cfg.engine.compile != "none" and cfg.engine.compile_backend == "inductor":
-        check_compiler(device)
+        check_compiler(resolve_device(cfg.device))
     kept = compile_cache_dir(cfg.engine.compile_cache) if cfg.engine.compile != "none" else None
     for path, what, fix in (
         (cfg.task0_cache, "task0_cache", "set it to a directory or leave it unset"),
@@ -126,41 +141,104 @@ def prepare(cfg: RunConfig, progress: ProgressFactory | None = None, training: b
                 check_creatable_dir(path, what, fix)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+
+
+def load_protocol(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
+    """Load the data (decoding and caching image files the first time, with ``progress`` bars) and cut it into the
+    config's tasks: what training and the evaluation of a finished run both read.
+
+    Raises:
+        DatasetError: the data is missing or cannot be read.
+        SplitError: the tasks cannot be built, or one has no test images.
+    """
     d = cfg.data
     dataset = build_dataset(d, progress=progress)
     split = ClassIncrementalSplit.build(
         dataset.num_classes, d.num_tasks, d.base_classes, d.class_order, d.class_order_seed, d.num_classes
     )
-    if training:
-        check_phases(method, split)
     lut, offsets = split.label_map(dataset.num_classes), split.offsets
     train_n, test_n = [], []
     for t in range(split.num_tasks):
         labels = range(offsets[t], offsets[t + 1])
         train_n.append(len(class_indices(dataset.train, lut, labels, d.train_per_class)))
         test_n.append(len(class_indices(dataset.test, lut, labels, d.test_per_class)))
-    for t, n in enumerate(train_n):
+    if min(test_n) == 0:
+        raise SplitError(f"a task has no test images (per task: {test_n}); check data.test_per_class")
+    backbone_for(cfg.model.backbone, dataset.image_size)
+    return Protocol(dataset, split, tuple(train_n), tuple(test_n))
+
+
+def check_training(cfg: RunConfig, method: Method, protocol: Protocol) -> None:
+    """Refuse a protocol that ``method`` cannot train: a task with fewer images than a batch (it would never train),
+    lr milestones outside their phase, an image size no synthesizer is built for (methods that invert one)."""
+    for t, n in enumerate(protocol.train_images):
         if n < cfg.train.batch_size:
             raise SplitError(
                 f"task {t} has {n} training images, fewer than train.batch_size={cfg.train.batch_size}; with drop_last "
                 f"it would never train. Use fewer tasks, more images per class or a smaller batch"
             )
-    if min(test_n) == 0:
-        raise SplitError(f"a task has no test images (per task: {test_n}); check data.test_per_class")
-    backbone_for(cfg.model.backbone, dataset.image_size)
-    if hasattr(cfg.method, "inversion"):  # a synthesizer for this image size (refused with the sizes it takes)
+    check_phases(method, protocol.split)
+    check_schedule_read(cfg, method, protocol.split)
+    if method.synthesizer() is not None:  # a synthesizer for this image size (refused with the sizes it takes)
         try:
-            generator_layout(dataset.image_size)
+            generator_layout(protocol.dataset.image_size)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-    return Protocol(dataset, split, tuple(train_n), tuple(test_n))
+
+
+def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
+    """Everything a run checks before it starts (:func:`validate`, :func:`check_environment`,
+    :func:`load_protocol`, :func:`check_training`), raising a clear error for anything that cannot run; returns
+    the protocol."""
+    method = validate(cfg)
+    check_environment(cfg)
+    protocol = load_protocol(cfg, progress)
+    check_training(cfg, method, protocol)
+    return protocol
+
+
+SCHEDULE_KEYS = ("lr", "momentum", "weight_decay", "gamma", "milestones")  # train keys only phases read
+
+
+def tasks_of(split: ClassIncrementalSplit) -> list[Task]:
+    return [
+        Task(task_id=t, n_old=split.offsets[t], n_new=split.task_sizes[t], num_tasks=split.num_tasks)
+        for t in range(split.num_tasks)
+    ]
+
+
+def check_schedule_read(cfg: RunConfig, method: Method, split: ClassIncrementalSplit) -> None:
+    """Refuse a schedule key of ``train`` (:data:`SCHEDULE_KEYS`) set away from its default that no phase of any
+    task reads: the method's phases stay the same when the key takes another value (EFC's Adam phases read neither
+    ``train.lr`` nor ``train.momentum``). A value that some phase uses anyway (a preset repeating a method's own
+    lr there) is accepted: it changes nothing, and says nothing false."""
+    tasks, defaults = tasks_of(split), TrainConfig()
+    phases = [method.phases(task) for task in tasks]
+    for key in SCHEDULE_KEYS:
+        value = getattr(cfg.train, key)
+        if value == getattr(defaults, key) or value == ():
+            continue
+        another = () if key == "milestones" else value * 2 if value else 0.5  # any other valid value
+        try:
+            other = build_method(cfg.method, dataclasses.replace(cfg.train, **{key: another}))
+        except (ConfigError, ValueError):  # the method, or the train section, refuses it: the key is read
+            continue
+        if [other.phases(task) for task in tasks] != phases:
+            continue
+        if value in {getattr(p, key) for task_phases in phases for p in task_phases}:
+            continue
+        described = "; ".join(dict.fromkeys(p.describe() for task_phases in phases for p in task_phases))
+        raise ConfigError(
+            f"train.{key} ({list(value) if isinstance(value, tuple) else value}) changes nothing: no phase of "
+            f"{method.name} reads it (its phases: {described or 'none'}); drop it, or set the method's own keys "
+            f"(dfcil train --print-config lists them)"
+        )
 
 
 def check_phases(method: Method, split: ClassIncrementalSplit) -> None:
     """Refuse a phase whose lr milestones (counted from the phase's start) do not fall inside it: such a milestone
     never lowers the lr, silently (R-DFCIL's RRL phase, for one, is ``train.epochs - method.chr_epochs`` long)."""
-    for t in range(split.num_tasks):
-        task = Task(task_id=t, n_old=split.offsets[t], n_new=split.task_sizes[t], num_tasks=split.num_tasks)
+    for t, task in enumerate(tasks_of(split)):
         for phase in method.phases(task):
             late = [m for m in phase.milestones if m >= phase.epochs]
             if late:
@@ -234,3 +312,44 @@ class TestSet:
         dist.sum_(correct)
         dist.sum_(count)
         return correct.cpu().numpy(), count.cpu().numpy()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskBatches:
+    """The batches factory of a run: each task's training images on the device, cut into its batches; resolved
+    from the config once, when the run is built."""
+
+    protocol: Protocol
+    per_class: int | None  # data.train_per_class
+    batch_size: int  # train.batch_size: real images per step
+    normalizer: Normalizer
+    device: torch.device
+    seen: bool = False  # every task so far (joint training), not only the task's own
+    dist: Dist = Dist()  # several processes: each loads its share of every batch
+
+    def __call__(self, task: int, rng: torch.Generator) -> TrainBatches:
+        """Task ``task``'s batches, shuffled and augmented with ``rng`` (the run's data stream)."""
+        x, y = self.protocol.train_tensors(task, self.seen, self.per_class, self.device)
+        return TrainBatches(x, y, self.batch_size, self.normalizer, rng, self.dist)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluator:
+    """The test set evaluated after every task and the batch it is evaluated in (train.eval_batch_size)."""
+
+    test: TestSet
+    batch_size: int
+
+    def batches(self, task: int) -> int:
+        return self.test.batches(task, self.batch_size)
+
+    def evaluate(
+        self,
+        net: IncrementalNet,
+        task: int,
+        bar: Any = None,
+        dist: Dist = Dist(),  # noqa: B008
+        scores: Callable[[NetOutput], Tensor] | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        """(correct, count) per task 0..task after ``task`` (:meth:`TestSet.evaluate`)."""
+        return self.test.evaluate(net, task, self.batch_size, bar, dist, scores)

@@ -379,12 +379,12 @@ def _execute(cfg: RunConfig, out: Path, protocol: Protocol, resuming: bool, opti
             list(split.task_sizes),
             list(split.class_order),
         )
-        callbacks = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl"), SyntheticGrid(out), InversionDiagnostics()]
-        callbacks += options.callbacks
-        identity = run_id(out)
-        callbacks.append(SaveModel(out / "model.pt", cfg, identity))
+        logs = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl")]
+        callbacks = [*logs, SyntheticGrid(out, cfg.seed), InversionDiagnostics(cfg.seed), *options.callbacks]
+        about_run = {"id": run_id(out), "dir": str(out.absolute()), "method": cfg.method.name, "dataset": cfg.data.name}
+        callbacks.append(SaveModel(out / "model.pt", cfg.model.backbone, about_run))
         summary = run(cfg, out, resuming, dataclasses.replace(options, callbacks=callbacks), protocol)
-        summary["run_id"] = identity  # what model.pt carries too
+        summary["run_id"] = about_run["id"]  # what model.pt carries too
         write_json(out / "summary.json", summary)  # last: a run directory with a summary is complete
         return summary
     except RunInterrupted:
@@ -422,25 +422,29 @@ def stop_on_signals(interrupt: Interrupt) -> Iterator[None]:
 
 class SaveModel(Callback):
     """Writes the final network to ``path`` when the run ends (:func:`dfcil.model_file.save_model`), with the
-    method's :meth:`~dfcil.methods.Method.eval_state` where it has one (FeCAM's class statistics)."""
+    method's :meth:`~dfcil.methods.Method.eval_state` where it has one (FeCAM's class statistics).
 
-    def __init__(self, path: Path, cfg: RunConfig, run: str = "") -> None:
-        self.path, self.cfg, self.run = path, cfg, run
+    Args:
+        path: the file (``RUN/model.pt``).
+        backbone: ``model.backbone`` (``"auto"``: the one the image size selects).
+        run: which run writes it: its id, directory, method and dataset (``model.pt``'s ``run``).
+    """
+
+    def __init__(self, path: Path, backbone: str, run: dict[str, Any]) -> None:
+        self.path, self.backbone, self.run = path, backbone, run
 
     def on_run_start(self, loop: Loop) -> None:
         self.loop = loop
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
         dataset, split = self.loop.protocol.dataset, self.loop.protocol.split
-        backbone = backbone_for(self.cfg.model.backbone, dataset.image_size)
+        backbone = backbone_for(self.backbone, dataset.image_size)
         about = {
             "inputs": {"image_size": dataset.image_size, "mean": list(dataset.mean), "std": list(dataset.std)},
             "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
             "class_names": [dataset.classes[c] for c in split.class_order] if dataset.classes else [],
         }  # fmt: skip
-        # which run wrote the file: its id (as in meta.json and summary.json), directory, method and dataset
-        about["run"] = {"id": self.run, "dir": str(self.path.parent.absolute()), "method": self.cfg.method.name,
-                        "dataset": self.cfg.data.name}  # fmt: skip
+        about["run"] = self.run  # which run wrote the file: its id (as meta.json's and summary.json's), ...
         if method_state := self.loop.method.eval_state():  # what the method classifies with besides the network
             about["method_state"] = method_state
         save_model(self.path, self.loop.net, self.loop.method.head, backbone, about)

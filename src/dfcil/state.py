@@ -94,11 +94,6 @@ class RunState:
     acc: AccuracyMatrix
     rngs: dict[str, torch.Generator]  # "data": shuffling and augmentation; "method": the method's latent codes
     position: Position = dataclasses.field(default_factory=Position)
-    timings: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # finished tasks'
-    task_timing: dict[str, Any] = dataclasses.field(default_factory=dict)  # the running task's, so far
-    # what callbacks measured of each finished task, beside its timings (the inversion's statistics: dfcil.diagnose)
-    diagnostics: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    task_diagnostics: dict[str, Any] = dataclasses.field(default_factory=dict)  # the running task's, so far
     epoch: EpochProgress | None = None  # the running epoch, while one runs
     optimizer: torch.optim.Optimizer | None = None  # the running task's, once its training began
     # hand-off: a checkpoint's optimiser state, loaded into the optimiser fit_task builds next (then None)
@@ -119,15 +114,15 @@ class RunState:
         return self.elapsed_before + time.monotonic() - self.started
 
     def task_record(self, task: int, split: ClassIncrementalSplit) -> dict[str, Any]:
-        """What a finished task's line of ``metrics.jsonl`` holds: its accuracy row and its timings."""
+        """What a finished task's line of ``metrics.jsonl`` holds of the run state: its accuracy row (the callbacks
+        add theirs: timings, diagnostics)."""
         row = self.acc.summary()
         return {
             "task": task, "n_seen": split.offsets[task + 1], "classes": split.tasks[task],
             "acc": row["acc_per_task"][task], "acc_task_avg": row["acc_per_task_task_avg"][task],
             "acc_row": row["accuracy_matrix"][task][: task + 1], "new_acc": row["new_acc"][task],
             "old_acc": row["old_acc"][task], "correct_row": row["correct_matrix"][task][: task + 1],
-            "count_row": row["count_matrix"][task][: task + 1], "timing": self.timings[task],
-            **({"diagnostics": self.diagnostics[task]} if task < len(self.diagnostics) else {}),
+            "count_row": row["count_matrix"][task][: task + 1],
         }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
@@ -136,10 +131,6 @@ class RunState:
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "epoch_progress": self.epoch.state_dict() if self.epoch is not None else None,
             "acc": self.acc.state_dict(),
-            "timings": self.timings,
-            "task_timing": self.task_timing,
-            "diagnostics": self.diagnostics,
-            "task_diagnostics": self.task_diagnostics,
             "elapsed_s": self.elapsed_s(),
             "rng": capture_rng(self.rngs),
         }
@@ -149,10 +140,6 @@ class RunState:
         device = self.rngs["data"].device
         self.position = Position(**state["position"])
         self.acc.load_state_dict(state["acc"])
-        self.timings = list(state["timings"])
-        self.task_timing = dict(state["task_timing"])
-        self.diagnostics = list(state.get("diagnostics", []))  # absent from checkpoints written before them
-        self.task_diagnostics = dict(state.get("task_diagnostics", {}))
         self.elapsed_before = float(state["elapsed_s"])
         self.epoch = EpochProgress.from_state(state["epoch_progress"], device) if state["epoch_progress"] else None
         self.optimizer, self.optimizer_handoff = None, state["optimizer"]

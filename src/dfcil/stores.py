@@ -20,6 +20,13 @@ STORES: dict[str, str] = {
 }
 DATA_FREE = frozenset({"nothing", "synthesizer per task", "class statistics"})
 
+# the config switches that change what a method keeps (each method declares which it has, and what it then keeps:
+# ``@register_method(..., switches={"ldc": "class statistics"})``), and what each does, for ``dfcil methods``
+SWITCHES: dict[str, str] = {
+    "ldc": "LDC (Gomez-Villa et al., 2024): class means moved by a learned projector after each task; nearest-mean "
+    "classifier",
+}
+
 
 def is_data_free(stores: str) -> bool:
     """Whether a method that keeps ``stores`` between tasks is data-free (module docstring)."""

@@ -66,6 +66,7 @@ class Task0Cache(Callback):
 
     def __init__(self, cfg: RunConfig, protocol: Protocol, method: Method) -> None:
         key = task0_key(cfg, protocol, method) if cfg.task0_cache else None
+        self.config = config_to_dict(cfg)  # kept with the model, as a checkpoint keeps it
         self.path = Path(cfg.task0_cache) / f"task0-{key}.pt" if key else None
         self.loaded = False  # this run starts from the shared model
         self.unusable = False  # the shared model exists but could not be read: replace it
@@ -104,5 +105,5 @@ class Task0Cache(Callback):
         if self.loop.method.state_dict():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = self.loop.snapshot() | {"static": None, "metrics_bytes": 0}
+        payload = self.loop.snapshot() | {"config": self.config, "static": None, "metrics_bytes": 0}
         write_atomic(path, dumps({"format": FORMAT, **payload}))

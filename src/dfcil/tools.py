@@ -29,7 +29,7 @@ from dfcil.model_file import check_model, network_from
 from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.plugins import Consent
 from dfcil.progress import make_progress
-from dfcil.protocol import Protocol, TestSet, prepare
+from dfcil.protocol import Protocol, TestSet, load_protocol, validate
 from dfcil.registry import Registry
 from dfcil.runtime import Runtime, resolve_device
 from dfcil.version import __version__
@@ -91,7 +91,8 @@ class FinishedRun:
 
     def protocol(self) -> Protocol:
         """The run's dataset and tasks, read from its data root; refused if the class order is not the run's."""
-        protocol = prepare(self.cfg, make_progress(False), training=False)
+        validate(self.cfg)  # what training writes beside the run (task0_cache, compile_cache) is not needed here
+        protocol = load_protocol(self.cfg, make_progress(False))
         order = list(protocol.split.class_order)
         saved = self.model.get("class_order") or (self.summary or {}).get("class_order")
         if saved is not None and order != saved:

@@ -28,7 +28,11 @@ class ABDConfig(MethodConfig):
     inversion: InversionConfig = dataclasses.field(default_factory=lambda: InversionConfig(persistent=True))
 
 
-@register_method("abd")
+@register_method(
+    "abd",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    stores="synthesizer per task",
+)
 class ABD(ReplayMethod):
     """ABD (Smith et al., 2021): local CE, task-balanced head CE, feature KD through the old head.
 
@@ -37,8 +41,6 @@ class ABD(ReplayMethod):
 
     Not replicated: ABD's first-task and head CE run over all C outputs of a pre-allocated head, unseen classes
     included; here they run over the classes seen so far."""
-
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = ABDConfig
 

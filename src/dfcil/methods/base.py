@@ -4,7 +4,7 @@ decides *how* to optimise (optimiser, schedule, freezing, backward, logging, che
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 from torch import Tensor, nn
@@ -12,9 +12,40 @@ from torch import Tensor, nn
 from dfcil.config import MethodConfig, TrainConfig, configclass
 from dfcil.context import Batch, Phase, Task, TaskContext
 from dfcil.errors import RegistryError
+from dfcil.methods.memory import NearestMeanClassifier
 from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.registry import Registry
 from dfcil.stores import check_stores
+from dfcil.synthesis.replay import Replay
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodInfo:
+    """What a method declares about itself, once, where it is registered (``@register_method(name, **facts)``):
+    what ``dfcil methods`` lists (read from the decorator's source without importing torch, :mod:`dfcil.catalogue`)
+    and what the engine asks of it."""
+
+    # What it keeps from one task to the next besides the model: one of dfcil.stores.STORES, which also says which
+    # methods are data-free
+    stores: str = "nothing"
+    # Config switches that change what it keeps: {"ldc": "class statistics"}, a true method.ldc keeps that instead
+    # (each switch is described in dfcil.stores.SWITCHES)
+    switches: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    head: str = "linear"  # the head IncrementalNet builds (an instance may choose another from its config: LwF)
+    train_data: Literal["task", "seen"] = "task"  # "seen": real data of every task so far (joint only)
+    grad_clip_value: float | None = None  # clamp every gradient to [-v, v] (PODNet: 5)
+    # Its training_step may be replayed as a CUDA graph (engine.cuda_graphs: on): verified under "check" by
+    # tests/test_graphs.py. False: the engine runs the method's steps eagerly even when graphs are on.
+    graph_safe: bool = False
+    # Its losses work on a static head's full-width logits (model.static_head): unseen columns are masked, and it
+    # compares old or new columns through the head's masks, never by slicing with the task's class counts.
+    static_head: bool = False
+    # It trains over several processes (torchrun): every loss term is a mean over samples, or computed over the
+    # global batch through ctx.runtime.dist (dfcil.distributed).
+    distributed: bool = False
+
+
+FACTS = tuple(f.name for f in dataclasses.fields(MethodInfo))
 
 
 class Method:
@@ -22,35 +53,36 @@ class Method:
 
     Per task the engine calls :meth:`on_task_start` once, then :meth:`synthesize`, then trains the :meth:`phases`
     (:meth:`training_step` per batch, :meth:`on_epoch_end` per epoch), then :meth:`on_task_end`. A resumed run
-    restores the method with :meth:`load_state_dict` instead of calling :meth:`on_task_start` again.
+    restores the method with :meth:`load_state_dict` instead of calling :meth:`on_task_start` again. What it
+    declares about itself is :attr:`info`, set by :func:`register_method`.
     """
 
     name: ClassVar[str]
-    head: str = "linear"  # which head IncrementalNet must build (an instance may choose its own from its config)
-    train_data: ClassVar[Literal["task", "seen"]] = "task"  # "seen": real data of every task so far (joint only)
-    # What it keeps from one task to the next besides the model: one of dfcil.stores.STORES, which also says
-    # which methods are data-free
-    stores: ClassVar[str] = "nothing"
-    grad_clip_value: ClassVar[float | None] = None  # clamp every gradient to [-v, v] (PODNet: 5)
-    # Its training_step may be replayed as a CUDA graph (engine.cuda_graphs: on): verified under "check" by
-    # tests/test_graphs.py. False: the engine runs the method's steps eagerly even when graphs are on.
-    graph_safe: ClassVar[bool] = False
-    # Its losses work on a static head's full-width logits (model.static_head): unseen columns are masked, and it
-    # compares old or new columns through the head's masks, never by slicing with the task's class counts.
-    static_head: ClassVar[bool] = False
-    # It trains over several processes (torchrun): every loss term is a mean over samples, or computed over the
-    # global batch through ctx.runtime.dist (dfcil.distributed).
-    distributed: ClassVar[bool] = False
+    info: ClassVar[MethodInfo] = MethodInfo()
     Config: ClassVar[type[MethodConfig]] = MethodConfig
 
     def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:
         self.cfg = cfg
         self.train = train
+        # a part that classifies at evaluation instead of the network's logits (LDC's nearest class mean), or None
+        self.classifier: NearestMeanClassifier | None = None
+
+    @property
+    def stores(self) -> str:
+        """What this run's method keeps between tasks: its declared ``stores``, or a switch's that its config turns
+        on (``method.ldc: true`` on LwF: class statistics)."""
+        on = [stores for key, stores in self.info.switches.items() if getattr(self.cfg, key, False)]
+        return on[0] if on else self.info.stores
+
+    @property
+    def head(self) -> str:
+        """The head the network is built with: the declared one (a method may choose from its config)."""
+        return self.info.head
 
     def phases(self, task: Task) -> list[Phase]:
-        """The phases of task ``task.task_id``; default: one phase with the train schedule."""
-        t = self.train
-        return [Phase("train", epochs=t.epochs, lr=t.lr, milestones=t.milestones)]
+        """The phases of task ``task.task_id``, each with its whole schedule and optimiser; default: one phase on
+        the run's ``train`` schedule (:meth:`Phase.from_train`)."""
+        return [Phase.from_train("train", self.train)]
 
     def on_task_start(self, ctx: TaskContext) -> None:
         """Called once per task, after the head grew, before training: teacher snapshot, imprinting, new modules."""
@@ -89,17 +121,27 @@ class Method:
 
     def eval_logits(self, out: NetOutput) -> Tensor:
         """The class scores (B, n_seen) whose argmax is the prediction when the engine evaluates; default: the
-        network's logits. A method that classifies otherwise (FeCAM: Mahalanobis distances to stored class
-        statistics) overrides it and keeps what it needs in :meth:`eval_state`."""
-        return out.logits
+        :attr:`classifier`'s where the method has one (and its statistics), else the network's logits. A method
+        that classifies otherwise (FeCAM: Mahalanobis distances to stored class statistics) overrides it and keeps
+        what it needs in :meth:`eval_state`."""
+        scores = self.classifier.scores(out) if self.classifier is not None else None
+        return out.logits if scores is None else scores
 
     def eval_state(self) -> dict[str, Any]:
         """What :meth:`eval_logits` needs besides the network after the last task (e.g. class statistics): the
-        final model file keeps it, so that ``dfcil eval`` predicts as the run did. Default: nothing."""
-        return {}
+        final model file keeps it, so that ``dfcil eval`` predicts as the run did. Default: the classifier's."""
+        return self.classifier.eval_state() if self.classifier is not None else {}
 
     def load_eval_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`eval_state` into a freshly built method (``dfcil eval``)."""
+        if self.classifier is not None:
+            self.classifier.load_eval_state(state)
+
+    def synthesizer(self) -> Replay | None:
+        """The synthetic replay the method inverts from the old model at each task (its teacher snapshot, generator
+        and their state), or None for a method without one: what the inversion diagnostics, the synthetic grids,
+        ``dfcil inspect`` and the protocol's checks read. Default: None."""
+        return None
 
     def components(self) -> dict[str, Any]:
         """Named stateful parts saved and restored by the default state methods below, e.g. ``{"replay":
@@ -148,21 +190,40 @@ def loss_terms(
 METHODS: Registry[type[Method]] = Registry("method", group="dfcil.methods")
 
 
-def register_method(name: str) -> Callable[[type[Method]], type[Method]]:
-    """Class decorator: register a :class:`Method` subclass under ``name`` and set its ``name``.
+def register_method(name: str, **facts: Any) -> Callable[[type[Method]], type[Method]]:
+    """Class decorator: register a :class:`Method` subclass under ``name``, with what it declares about itself
+    (``facts``: the fields of :class:`MethodInfo`, e.g. ``stores="class statistics", graph_safe=True``), and set
+    its ``name`` and ``info``. Each fact is declared here and nowhere else: a class attribute of the same name is
+    refused, and a subclass declares its own (nothing is inherited, so what ``dfcil methods`` reads from this call
+    is the whole truth).
 
     Its ``Config`` then names it: ``Config.name`` defaults to ``name``, so a config built from the class's defaults
-    (``Config()``, the generated presets) selects this method. A method that reuses another's ``Config`` (or the
-    bare :class:`MethodConfig`) gets a subclass of it that only sets the name; one whose own ``Config`` names
-    another method is refused.
+    (``Config()``) selects this method. A method that reuses another's ``Config`` (or the bare
+    :class:`MethodConfig`) gets a subclass of it that only sets the name; one whose own ``Config`` names another
+    method is refused.
     """
+    unknown = sorted(set(facts) - set(FACTS))
+    if unknown:
+        raise RegistryError(f"method {name!r}: unknown facts {unknown}; a method declares {', '.join(FACTS)}")
+    info = MethodInfo(**facts)
+    try:
+        check_stores(info.stores, name)
+        for stores in info.switches.values():
+            check_stores(stores, name)
+    except ValueError as err:
+        raise RegistryError(str(err)) from None
 
     def decorator(cls: type[Method]) -> type[Method]:
-        try:
-            check_stores(cls.stores, name)
-        except ValueError as err:
-            raise RegistryError(str(err)) from None
+        for klass in cls.__mro__[: cls.__mro__.index(Method)]:
+            shadowed = sorted(f for f in FACTS if f in vars(klass) and not isinstance(vars(klass)[f], property))
+            if shadowed:
+                shown = ", ".join(f"{f}={vars(klass)[f]!r}" for f in shadowed)
+                raise RegistryError(
+                    f"method {name!r}: {klass.__name__} sets {', '.join(shadowed)} as class attributes; declare them "
+                    f"once, where the method is registered: @register_method({name!r}, {shown})"
+                )
         cls.name = name
+        cls.info = info
         cls.Config = _named_config(cls, name)
         return METHODS.register(name)(cls)
 

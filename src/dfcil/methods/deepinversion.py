@@ -29,14 +29,16 @@ class DeepInversionConfig(MethodConfig):
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
 
 
-@register_method("deepinversion")
+@register_method(
+    "deepinversion",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    stores="synthesizer per task",
+)
 class DeepInversion(ReplayMethod):
     """DeepInversion (Yin et al., 2020) for DFCIL: CE on real data, soft KD on real and synthetic data.
 
     CE over the seen classes on real data, KD of the old outputs on real data, and KD on synthetic data against
     the old model's outputs padded with zeros for the new classes."""
-
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = DeepInversionConfig
 

@@ -69,14 +69,15 @@ class VAE(nn.Module):
         return self.decode(z)
 
 
-@register_method("dgr")
+@register_method(
+    "dgr",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    stores="generator",
+)
 class DGR(Method):
     """DGR (Shin et al., 2017): replay from a VAE trained alongside the classifier."""
 
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
-
     Config = DGRConfig
-    stores = "generator"
 
     def __init__(self, cfg: DGRConfig, train) -> None:
         super().__init__(cfg, train)

@@ -90,7 +90,12 @@ def class_statistics(features: Tensor, cfg: FeCAMConfig) -> tuple[Tensor, Tensor
     return centre.float(), torch.linalg.pinv(correlation(cov)).float()
 
 
-@register_method("fecam")
+@register_method(
+    "fecam",
+    head="cosine",
+    stores="class statistics",
+    graph_safe=True,  # its only step, the first task's CE, replays as a CUDA graph (tests/test_graphs.py)
+)
 class FeCAM(Method):
     """FeCAM (Goswami et al., 2023): the first task's backbone, frozen; a Mahalanobis classifier per class.
 
@@ -99,9 +104,6 @@ class FeCAM(Method):
     class of least Mahalanobis distance; after the first, to the cosine classifier's class."""
 
     Config = FeCAMConfig
-    head = "cosine"
-    stores = "class statistics"
-    graph_safe = True  # its only step, the first task's CE, replays as a CUDA graph (tests/test_graphs.py)
 
     def __init__(self, cfg: FeCAMConfig, train: TrainConfig) -> None:
         super().__init__(cfg, train)

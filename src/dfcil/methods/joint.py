@@ -17,17 +17,18 @@ class JointConfig(MethodConfig):
     last_only: bool = False  # train only in the last task, on all classes (A_N only; earlier rows are untrained)
 
 
-@register_method("joint")
+@register_method(
+    "joint",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    static_head=True,  # plain CE over all columns: the masked ones add nothing
+    distributed=True,  # a mean over samples: the processes' mean is the global batch's
+    train_data="seen",
+    stores="all data",
+)
 class Joint(Method):
     """Joint training, the upper bound: CE on the real data of all tasks so far."""
 
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
-    static_head = True  # plain CE over all columns: the masked ones add nothing
-    distributed = True  # a mean over samples: the processes' mean is the global batch's
-
     Config = JointConfig
-    train_data = "seen"
-    stores = "all data"
 
     def phases(self, task: Task) -> list[Phase]:
         if self.cfg.last_only and task.task_id < task.num_tasks - 1:

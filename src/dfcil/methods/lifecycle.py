@@ -83,8 +83,6 @@ class ReplayMethod(Method):
     every task but the first. Its config has an ``inversion`` section (:class:`~dfcil.synthesis.inversion.
     InversionConfig`)."""
 
-    stores = "synthesizer per task"
-
     def __init__(self, cfg: MethodConfig, train: TrainConfig) -> None:
         super().__init__(cfg, train)
         self.replay = Replay(cfg.inversion)
@@ -97,6 +95,9 @@ class ReplayMethod(Method):
     def on_task_start(self, ctx: TaskContext) -> None:
         if ctx.task_id > 0:
             self.replay.begin(ctx)  # the old model's snapshot and the task's generator
+
+    def synthesizer(self) -> Replay:
+        return self.replay
 
     def synthesize(self, ctx: TaskContext, on_step: Callable[[], None]) -> None:
         self.replay.fit(ctx, on_step)  # the generator, trained against the frozen old model

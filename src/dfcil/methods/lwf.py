@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 import torch.nn.functional as F
 from torch import Tensor
@@ -14,7 +14,7 @@ from dfcil.losses.classification import local_ce
 from dfcil.losses.distillation import kd_soft_ce
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
 from dfcil.methods.lifecycle import TeacherMethod
-from dfcil.methods.memory import ClassMemory, DriftConfig, NCMClassifier, check_drift_used
+from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier
 from dfcil.models.network import IncrementalNet
 
 
@@ -33,26 +33,30 @@ class LwFConfig(MethodConfig):
     drift: DriftConfig = dataclasses.field(default_factory=DriftConfig)  # the projector's fit (with ldc)
 
 
-@register_method("lwf")
-class LwF(NCMClassifier, TeacherMethod):
+@register_method(
+    "lwf",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    switches={"ldc": "class statistics"},  # method.ldc: true keeps LDC's class means
+)
+class LwF(TeacherMethod):
     """LwF (Li & Hoiem, 2017): CE on the new data plus soft KD of the old model's outputs.
 
     With ``ldc``: class means, moved by a projector fitted after each task, and nearest-mean classification (LDC).
     """
 
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
-
     Config = LwFConfig
 
     def __init__(self, cfg: LwFConfig, train) -> None:
-        check_drift_used(cfg.drift, cfg.ldc, generator=False)
         super().__init__(cfg, train)
-        self.memory = ClassMemory(cfg.drift, covariances=False, augmented=False) if cfg.ldc else None
-        self.classify_by_means = cfg.ldc
-        if cfg.head != "linear":  # the network the engine builds for this run (a subclass's own head otherwise)
-            self.head = cfg.head
-        if cfg.ldc:
-            self.stores = "class statistics"
+        self.memory = ClassMemory.for_switch(cfg.ldc, cfg.drift, generator=False)  # LDC's class means, or None
+        self.classifier = NearestMeanClassifier(self.memory) if self.memory is not None else None
+
+    @property
+    def head(self) -> str:
+        return self.cfg.head  # ABD's linear head, or LDC's cosine one
+
+    def components(self) -> dict[str, Any]:
+        return super().components() | ({"memory": self.memory} if self.memory is not None else {})
 
     def on_phase_end(self, ctx: TaskContext, phase: Phase) -> None:
         if self.memory is not None and self.teacher.net is not None:  # after training, with the old model

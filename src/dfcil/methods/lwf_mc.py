@@ -17,15 +17,16 @@ class LwFMCConfig(MethodConfig):
     name: str = "lwf_mc"  # no hyper-parameters: ABD's LWF_MC has neither a KD weight nor a temperature
 
 
-@register_method("lwf_mc")
+@register_method(
+    "lwf_mc",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+)
 class LwFMC(TeacherMethod):
     """LwF.MC (Rebuffi et al., 2017): per-class sigmoid BCE, the old classes' targets from the old model.
 
     The target is the one-hot label with its old-class entries replaced by the old model's sigmoid outputs; binary
     CE over the seen classes (ABD's ``LWF_MC``; docs/reference.md, LwF and LwF.MC).
     """
-
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 
     Config = LwFMCConfig
 

@@ -1,17 +1,22 @@
-"""Per-class feature statistics kept across tasks, and their drift compensation: LDC's learnable drift compensation
-(Gomez-Villa et al., ECCV 2024) as a switch of LwF and R-DFCIL, and the class Gaussians of R-DFCIL+
-(docs/baselines.md, LDC; docs/rdfcil-plus.md).
+"""Class statistics as parts a method composes (as composer's algorithms attach to any model): a
+:class:`ClassMemory` of per-class feature means (and covariances) with a pluggable :class:`Drift` that moves them
+into each new feature space, and a :class:`NearestMeanClassifier` that classifies by them.
 
-After a task's backbone training, the old model's and the new model's features of the task's own images (both in
-eval mode) fit a linear map P with P·f_old ≈ f_new; every stored class mean moves through it (μ ← Pμ; with
-covariances, Σ ← PΣPᵀ, our extension). At the task's end the new classes' statistics are computed with the final
-backbone. Classification by nearest class mean on the unit sphere (LDC) reads them.
+* LDC (Gomez-Villa et al., ECCV 2024) on LwF and R-DFCIL (``method.ldc``): means, a linear drift map fitted after
+  each later task's training (:class:`LinearDrift`, LDC's Adam fit or the closed form), nearest-mean classification;
+* R-DFCIL+ (docs/rdfcil-plus.md): Gaussians of one augmented pass, moved by the closed-form map, replayed to the
+  head;
+* EFC (Magistri et al., ICLR 2024): Gaussians of one augmented pass, moved by EFC's kernel drift weighted by the
+  Empirical Feature Matrix (:class:`KernelDrift`), sampled in the asymmetric CE.
+
+Each part checkpoints itself (``state_dict`` / ``load_state_dict``, as :meth:`dfcil.methods.Method.components`
+expects); the maths is in :mod:`dfcil.losses.prototypes` and :mod:`dfcil.losses.efc`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -19,6 +24,7 @@ from torch import Tensor
 from dfcil.config import PositiveFloat, PositiveInt, configclass
 from dfcil.context import TaskContext
 from dfcil.errors import ConfigError
+from dfcil.losses.efc import drift_means
 from dfcil.losses.prototypes import (
     class_gaussians,
     fit_projector,
@@ -27,7 +33,7 @@ from dfcil.losses.prototypes import (
     ncm_scores,
     project_statistics,
 )
-from dfcil.models.network import IncrementalNet
+from dfcil.models.network import IncrementalNet, NetOutput
 
 
 @configclass
@@ -49,19 +55,68 @@ class DriftConfig:
     synthetic: bool = False
 
 
-def check_drift_used(drift: DriftConfig, ldc: bool, generator: bool) -> None:
-    """Refuse ``method.drift`` settings that a method would ignore: any, without the ``ldc`` switch that keeps
-    class means to move; ``synthetic`` on a method with no generator to draw images from."""
-    if not ldc and drift != DriftConfig():
-        raise ConfigError(
-            "method.drift sets how LDC moves the stored class means, and method.ldc is false, so there are none: "
-            "set method.ldc: true, or drop method.drift"
-        )
-    if drift.synthetic and not generator:
-        raise ConfigError(
-            "method.drift.synthetic fits the drift on synthetic images too, and this method has no generator to "
-            "draw them: drop method.drift.synthetic (rdfcil and rdfcil_plus have one)"
-        )
+# ---------------------------------------------------------------------------------------------------- drifts
+
+
+class Drift(Protocol):
+    """How a :class:`ClassMemory`'s statistics move into the current feature space after a task: from feature
+    pairs (the old model's, the new model's) of the same images, one pair of (N, d) matrices per augmented pass."""
+
+    passes: int  # augmented passes of feature pairs the move needs
+    synthetic: bool  # whether synthetic images of the old classes join the task's own in those passes
+
+    def move(
+        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator
+    ) -> tuple[Tensor, Tensor | None]:
+        """The statistics carried into the new feature space."""
+        ...
+
+
+class LinearDrift:
+    """A linear map P with P·f_old ≈ f_new, fitted on the pairs; μ ← Pμ and Σ ← PΣPᵀ (LDC moves only means; the
+    covariances are our extension). ``kind`` "ldc": LDC's Adam fit over ``passes`` passes; "lstsq": the closed
+    form on one."""
+
+    def __init__(self, cfg: DriftConfig) -> None:
+        self.cfg = cfg
+        self.passes = cfg.passes if cfg.kind == "ldc" else 1
+        self.synthetic = cfg.synthetic
+
+    def move(
+        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator
+    ) -> tuple[Tensor, Tensor | None]:
+        d = self.cfg
+        if d.kind == "ldc":
+            projector = fit_projector(pairs, d.epochs, d.lr, d.batch_size, rng)
+        else:
+            projector = lstsq_projector(pairs[0][0], pairs[0][1], d.ridge)
+        return project_statistics(means, covs, projector.to(means.device))
+
+
+class KernelDrift:
+    """EFC's prototype drift: each old mean moves by the feature shifts of the images nearest to it in the metric
+    of the Empirical Feature Matrix (:func:`dfcil.losses.efc.drift_means`); covariances stay. ``efm()``: the EFM
+    that regularised the task just trained (its method holds it)."""
+
+    passes = 1
+    synthetic = False
+
+    def __init__(self, sigma: float, efm: Callable[[], Tensor]) -> None:
+        self.sigma, self.efm = sigma, efm
+
+    def move(
+        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator
+    ) -> tuple[Tensor, Tensor | None]:
+        old, new = pairs[0]
+        return drift_means(means, old, new, self.efm(), self.sigma), covs
+
+
+def linear_drift(cfg: DriftConfig) -> LinearDrift | None:
+    """The drift a :class:`DriftConfig` names; None for kind "none" (the statistics stay)."""
+    return None if cfg.kind == "none" else LinearDrift(cfg)
+
+
+# ------------------------------------------------------------------------------------------------- the memory
 
 
 class ClassMemory:
@@ -69,56 +124,86 @@ class ClassMemory:
 
     A component of its method (:meth:`dfcil.methods.Method.components`): saved at every checkpoint, with the task
     whose drift it last compensated so that a resumed run does not compensate twice.
+
+    Args:
+        drift: how the statistics follow the backbone (None: they stay where they were computed).
+        covariances: keep a covariance per class (Gaussian replay), not only a mean.
+        augmented: statistics of one augmented pass (EFC, R-DFCIL+) or of the plain images (LDC).
+        jitter: added to each covariance's diagonal for sampling (:attr:`factors`).
     """
 
-    def __init__(self, drift: DriftConfig, covariances: bool, augmented: bool) -> None:
+    def __init__(self, drift: Drift | None, covariances: bool, augmented: bool, jitter: float = 1e-5) -> None:
         self.drift = drift
-        self.covariances = covariances  # keep a covariance per class (Gaussian replay), not only a mean
-        self.augmented = augmented  # statistics of one augmented pass (EFC) or of the plain images (LDC)
+        self.covariances = covariances
+        self.augmented = augmented
+        self.jitter = jitter
         self.means = torch.zeros(0, 0)  # (n_classes, d)
         self.covs: Tensor | None = None  # (n_classes, d, d) when covariances
-        self.factors: Tensor | None = None  # Cholesky factors of covs + 1e-5·I, derived, for sampling
+        self.factors: Tensor | None = None  # Cholesky factors of covs + jitter·I, derived, for sampling
         self.compensated = -1  # the last task whose drift moved the statistics
 
     def __len__(self) -> int:
         return len(self.means)
 
+    @classmethod
+    def for_switch(cls, on: bool, drift: DriftConfig, generator: bool) -> ClassMemory | None:
+        """LDC's memory behind a method's ``ldc`` switch (means of the plain images, :class:`LinearDrift`), or None
+        when it is off; a ``method.drift`` set with the switch off, or ``drift.synthetic`` without a generator
+        (``generator``: the method has one), is refused as a setting the method would ignore."""
+        if not on and drift != DriftConfig():
+            raise ConfigError(
+                "method.drift sets how LDC moves the stored class means, and method.ldc is false, so there are none: "
+                "set method.ldc: true, or drop method.drift"
+            )
+        if drift.synthetic and not generator:
+            raise ConfigError(
+                "method.drift.synthetic fits the drift on synthetic images too, and this method has no generator to "
+                "draw them: drop method.drift.synthetic (rdfcil and rdfcil_plus have one)"
+            )
+        return cls(linear_drift(drift), covariances=False, augmented=False) if on else None
+
     # -- the task's work -------------------------------------------------------------------------------------
+
+    def add(self, features: Tensor, labels: Tensor, classes: range) -> None:
+        """Append the statistics of ``classes`` from their features (N, d) and labels (N,)."""
+        means, covs = class_gaussians(features, labels, classes)
+        device = means.device
+        self.means = torch.cat([self.means.to(device), means]) if len(self) else means
+        if self.covariances:
+            self.covs = torch.cat([self.covs.to(device), covs]) if self.covs is not None else covs
+            self.factors = gaussian_factors(self.covs, self.jitter)
 
     @torch.no_grad()
     def add_classes(self, ctx: TaskContext) -> None:
         """The statistics of the task's classes, from the network as it is now, in eval mode."""
         feats, labels = features_of(ctx.net, self._images(ctx))
-        means, covs = class_gaussians(feats, labels, range(ctx.n_old, ctx.n_seen))
-        device = means.device
-        self.means = torch.cat([self.means.to(device), means]) if len(self) else means
-        if self.covariances:
-            self.covs = torch.cat([self.covs.to(device), covs]) if self.covs is not None else covs
-            self.factors = gaussian_factors(self.covs)
+        self.add(feats, labels, range(ctx.n_old, ctx.n_seen))
+
+    def move(self, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator) -> None:
+        """Carry the stored statistics into the new feature space with :attr:`drift`, from feature pairs of the
+        same images (the method's own pass: EFC's)."""
+        if self.drift is None or not len(self):
+            return
+        self.means, self.covs = self.drift.move(self.means, self.covs, pairs, rng)
+        if self.covs is not None:
+            self.factors = gaussian_factors(self.covs, self.jitter)
 
     @torch.no_grad()
     def compensate(self, ctx: TaskContext, old: IncrementalNet, synthetic: Callable[[int], Tensor] | None) -> None:
         """Move the stored statistics into the current feature space (once per task; again after a resume does
-        nothing). ``old``: the frozen old model; ``synthetic(n)``: n synthetic images, used when
-        ``drift.synthetic``."""
-        d = self.drift
-        if ctx.task_id <= self.compensated or not len(self) or d.kind == "none":
+        nothing), from :attr:`drift`'s passes over the task's augmented images through ``old`` (the frozen old
+        model) and the network; ``synthetic(n)``: n synthetic images, added where the drift asks for them."""
+        if ctx.task_id <= self.compensated or not len(self) or self.drift is None:
             return
         pairs = []
-        for _ in range(d.passes if d.kind == "ldc" else 1):
+        for _ in range(self.drift.passes):
             batches = list(ctx.data)  # one augmented pass (full batches, shuffled)
-            if d.synthetic and synthetic is not None:
+            if self.drift.synthetic and synthetic is not None:
                 batches += [(synthetic(len(x)), None) for x, _ in batches]
             old_f, _ = features_of(old, batches)
             new_f, _ = features_of(ctx.net, batches)
             pairs.append((old_f, new_f))
-        if d.kind == "ldc":
-            projector = fit_projector(pairs, d.epochs, d.lr, d.batch_size, ctx.rng)
-        else:
-            projector = lstsq_projector(pairs[0][0], pairs[0][1], d.ridge)
-        self.means, self.covs = project_statistics(self.means, self.covs, projector.to(self.means.device))
-        if self.covs is not None:
-            self.factors = gaussian_factors(self.covs)
+        self.move(pairs, ctx.rng)
         self.compensated = ctx.task_id
 
     def ncm(self, features: Tensor) -> Tensor:
@@ -140,9 +225,13 @@ class ClassMemory:
         return {}
 
     def load_state_dict(self, state: dict[str, Any], ctx: TaskContext | None = None, static: Any = None) -> None:
+        device = ctx.device if ctx is not None else None
         self.means = state.get("means", torch.zeros(0, 0))
         self.covs = state.get("covs")
-        self.factors = gaussian_factors(self.covs) if self.covs is not None else None
+        if device is not None:
+            self.means = self.means.to(device)
+            self.covs = self.covs.to(device) if self.covs is not None else None
+        self.factors = gaussian_factors(self.covs, self.jitter) if self.covs is not None else None
         self.compensated = int(state.get("compensated", -1))
 
 
@@ -160,25 +249,24 @@ def features_of(net: IncrementalNet, batches: Any) -> tuple[Tensor, Tensor | Non
     return torch.cat(feats), (torch.cat(labels) if all(y is not None for y in labels) else None)
 
 
-class NCMClassifier:
-    """What a method that classifies by nearest class mean adds to itself (LwF and R-DFCIL with ``ldc``): the
-    memory as a component, NCM scores at evaluation, and the means in ``model.pt`` for ``dfcil eval``. The method
-    sets ``self.memory`` (a :class:`ClassMemory` or None) and ``self.classify_by_means`` in its ``__init__``."""
+# --------------------------------------------------------------------------------------------- the classifier
 
-    memory: ClassMemory | None
-    classify_by_means: bool
 
-    def components(self) -> dict[str, Any]:
-        return super().components() | ({"memory": self.memory} if self.memory is not None else {})
+class NearestMeanClassifier:
+    """Classification by the nearest stored class mean on the unit sphere (LDC's), from a :class:`ClassMemory`:
+    the scores at evaluation, and the means ``model.pt`` keeps for ``dfcil eval`` (a method's ``eval_logits``,
+    ``eval_state`` and ``load_eval_state`` hand over to it)."""
 
-    def eval_logits(self, out: Any) -> Tensor:
-        if self.classify_by_means and self.memory is not None and len(self.memory):
-            return self.memory.ncm(out.features)
-        return super().eval_logits(out)
+    def __init__(self, memory: ClassMemory) -> None:
+        self.memory = memory
+
+    def scores(self, out: NetOutput) -> Tensor | None:
+        """(B, n_classes) scores of the network's output; None before any class has statistics."""
+        return self.memory.ncm(out.features) if len(self.memory) else None
 
     def eval_state(self) -> dict[str, Any]:
-        return {"means": self.memory.means} if self.classify_by_means and self.memory is not None else {}
+        return {"means": self.memory.means}
 
     def load_eval_state(self, state: dict[str, Any]) -> None:
-        if self.memory is not None and "means" in state:
+        if "means" in state:
             self.memory.means = state["means"]

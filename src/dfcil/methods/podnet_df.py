@@ -52,18 +52,20 @@ def kmeans(x: Tensor, k: int, generator: torch.Generator, iters: int = 20) -> Te
     return centres
 
 
-@register_method("podnet_df")
+@register_method(
+    "podnet_df",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    head="lsc",
+    grad_clip_value=5.0,  # PODNet clamps every gradient to [-5, 5]
+    stores="synthesizer per task",
+)
 class PODNetDF(ReplayMethod):
     """PODNet-DF: PODNet (Douillard et al., 2020) with synthetic instead of stored exemplars.
 
     LSC classifier with NCA loss, POD-spatial on stage outputs and POD-flat on features against the old model,
     on real + synthetic data; new proxies imprinted by k-means; then class-balanced head finetuning."""
 
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
-
     Config = PODNetDFConfig
-    head = "lsc"
-    grad_clip_value = 5.0  # PODNet clamps every gradient to [-5, 5]
 
     def __init__(self, cfg: PODNetDFConfig, train) -> None:
         super().__init__(cfg, train)
@@ -76,11 +78,12 @@ class PODNetDF(ReplayMethod):
 
     def phases(self, task: Task) -> list[Phase]:
         c, t = self.cfg, self.train
-        main = Phase("train", epochs=t.epochs - c.ft_epochs, lr=t.lr, milestones=t.milestones)
+        main = Phase.from_train("train", t, epochs=t.epochs - c.ft_epochs)
         if task.task_id == 0 or not c.ft_epochs:
             return [main]
         # PODNet's finetuning builds a new optimiser over the classifier's weights (not η, which it keeps apart)
-        return [main, Phase("ft", epochs=c.ft_epochs, lr=c.ft_lr, trainable="head", reset_optimizer=True)]
+        ft = {"epochs": c.ft_epochs, "lr": c.ft_lr, "milestones": (), "trainable": "head", "reset_optimizer": True}
+        return [main, Phase.from_train("ft", t, **ft)]
 
     @torch.no_grad()
     def _imprint(self, ctx: TaskContext) -> None:

@@ -22,7 +22,7 @@ from dfcil.losses.classification import balanced_class_weights, class_histogram,
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Phase, Task, TaskContext, register_method
 from dfcil.methods.lifecycle import ReplayMethod
-from dfcil.methods.memory import ClassMemory, DriftConfig, NCMClassifier, check_drift_used
+from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
 from dfcil.synthesis.replay import frozen_student_pass, student_pass, teacher_pass
@@ -81,16 +81,19 @@ def weighted_ce(logits: Tensor, y: Tensor, weight: Tensor, dist: Dist) -> Tensor
     return F.cross_entropy(logits.float(), y, weight=weight, reduction="sum") * dist.world / total
 
 
-@register_method("rdfcil")
-class RDFCIL(NCMClassifier, ReplayMethod):
+@register_method(
+    "rdfcil",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    static_head=True,  # old and new columns through the head's masks when it is static
+    distributed=True,  # its batch-level terms (RKD, weighted CE, label counts) over the global batch
+    stores="synthesizer per task",
+    switches={"ldc": "class statistics"},  # method.ldc: true keeps LDC's class means
+)
+class RDFCIL(ReplayMethod):
     """R-DFCIL (Gao et al., 2022): relation-guided representation learning, then head refinement.
 
     Task 0: CE for ``epochs - chr_epochs`` epochs (the reference's remaining task-0 epochs are no-ops, skipped).
     Task t ≥ 1: invert the old model into a fresh generator, then RRL (LCE + HKD + RKD), then CHR."""
-
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
-    static_head = True  # old and new columns through the head's masks when it is static
-    distributed = True  # its batch-level terms (RKD, weighted CE, label counts) over the global batch
 
     Config = RDFCILConfig
 
@@ -104,11 +107,7 @@ class RDFCIL(NCMClassifier, ReplayMethod):
             )
         self.task_id: int | None = None  # the task the state below belongs to
         self.memory = self.build_memory(cfg)
-        if self.memory is None:
-            check_drift_used(cfg.drift, cfg.ldc, generator=True)
-        self.classify_by_means = cfg.ldc
-        if self.memory is not None:
-            self.stores = "class statistics"
+        self.classifier = NearestMeanClassifier(self.memory) if cfg.ldc else None
         self.projector: RelationProjector | None = None
         self.weights: LossWeights | None = None
         self.term_weights: Tensor | None = None  # (lce, hkd, rkd) of self.weights
@@ -119,9 +118,12 @@ class RDFCIL(NCMClassifier, ReplayMethod):
         c, t = self.cfg, self.train
         rrl_epochs = t.epochs - c.chr_epochs
         if task.task_id == 0:
-            return [Phase("base", epochs=rrl_epochs, lr=t.lr, milestones=t.milestones)]
-        rrl = Phase("rrl", epochs=rrl_epochs, lr=t.lr, milestones=t.milestones)
-        return [rrl, Phase("chr", epochs=c.chr_epochs, lr=c.chr_lr, trainable="head")] if c.chr_epochs else [rrl]
+            return [Phase.from_train("base", t, epochs=rrl_epochs)]
+        rrl = Phase.from_train("rrl", t, epochs=rrl_epochs)
+        if not c.chr_epochs:
+            return [rrl]
+        # the same SGD as RRL, momentum carried over (the reference), at CHR's constant lr
+        return [rrl, Phase.from_train("chr", t, epochs=c.chr_epochs, lr=c.chr_lr, milestones=(), trainable="head")]
 
     def _build_task_state(self, ctx: TaskContext) -> None:
         c = self.cfg
@@ -142,7 +144,10 @@ class RDFCIL(NCMClassifier, ReplayMethod):
 
     def build_memory(self, cfg: RDFCILConfig) -> ClassMemory | None:
         """The class statistics it keeps: LDC's class means (``ldc``), else none."""
-        return ClassMemory(cfg.drift, covariances=False, augmented=False) if cfg.ldc else None
+        return ClassMemory.for_switch(cfg.ldc, cfg.drift, generator=True)
+
+    def components(self) -> dict[str, Any]:
+        return super().components() | ({"memory": self.memory} if self.memory is not None else {})
 
     def on_phase_end(self, ctx: TaskContext, phase: Phase) -> None:
         if phase.name == "rrl" and self.memory is not None:  # the backbone is final: CHR trains the head only

@@ -14,7 +14,7 @@ from dfcil.config import NonNegativeFloat, configclass
 from dfcil.errors import ConfigError
 from dfcil.losses.prototypes import balanced_labels, sample_gaussians
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
-from dfcil.methods.memory import ClassMemory, DriftConfig
+from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier, linear_drift
 from dfcil.methods.rdfcil import RDFCIL, RDFCILConfig
 from dfcil.models.network import IncrementalNet
 
@@ -35,7 +35,13 @@ class RDFCILPlusConfig(RDFCILConfig):
     classifier: Literal["head", "ncm"] = "head"
 
 
-@register_method("rdfcil_plus")
+@register_method(
+    "rdfcil_plus",
+    stores="class statistics",  # and, as R-DFCIL, a synthesizer per task, dropped after it
+    static_head=False,  # the replayed features go through the growing head
+    distributed=False,  # the statistics are computed by one process
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+)
 class RDFCILPlus(RDFCIL):
     """R-DFCIL+ (dfcil's): R-DFCIL plus class Gaussians, moved with the features and replayed to the head in CHR.
 
@@ -43,9 +49,6 @@ class RDFCILPlus(RDFCIL):
     each new feature space at the end of RRL, and replayed as sampled features to the head during CHR."""
 
     Config = RDFCILPlusConfig
-    stores = "class statistics"  # and, as R-DFCIL, a synthesizer per task, dropped after it
-    static_head = False  # the replayed features go through the growing head
-    distributed = False  # the statistics are computed by one process
 
     def __init__(self, cfg: RDFCILPlusConfig, train) -> None:
         if cfg.ldc:
@@ -59,10 +62,10 @@ class RDFCILPlus(RDFCIL):
                 "used. Give CHR epochs, classify by the means (method.classifier: ncm), or train rdfcil"
             )
         super().__init__(cfg, train)
-        self.classify_by_means = cfg.classifier == "ncm"
+        self.classifier = NearestMeanClassifier(self.memory) if cfg.classifier == "ncm" else None
 
     def build_memory(self, cfg: RDFCILPlusConfig) -> ClassMemory:
-        return ClassMemory(cfg.drift, covariances=True, augmented=True)
+        return ClassMemory(linear_drift(cfg.drift), covariances=True, augmented=True)  # Gaussians, always
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         terms = super().training_step(net, batch, ctx, phase)

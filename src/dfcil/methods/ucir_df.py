@@ -46,17 +46,19 @@ def class_mean_features(net: IncrementalNet, ctx: TaskContext) -> Tensor:
     return sums
 
 
-@register_method("ucir_df")
+@register_method(
+    "ucir_df",
+    graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    head="cosine",
+    stores="synthesizer per task",
+)
 class UCIRDF(ReplayMethod):
     """UCIR-DF: UCIR (Hou et al., 2019) with synthetic instead of stored exemplars.
 
     Cosine classifier; CE over the seen classes on real + synthetic data, less-forget constraint on the features,
     margin ranking on the synthetic (old-class) samples; new weights imprinted, old weights frozen."""
 
-    graph_safe = True  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
-
     Config = UCIRDFConfig
-    head = "cosine"
 
     def on_task_start(self, ctx: TaskContext) -> None:
         if ctx.task_id > 0:  # imprint the new classes' weights: their mean features, at the old weights' mean norm

@@ -40,6 +40,17 @@ class Replay:
         self.synth: ModelInversion | None = None
         self.carried: dict[str, Any] | None = None  # persistent generator + Adam state from the previous task
 
+    @property
+    def trained_generator(self) -> torch.nn.Module | None:
+        """The running task's generator once its inversion is done (eval mode, frozen); None before, or between
+        tasks."""
+        return self.synth.generator if self.synth is not None and self.synth.done else None
+
+    @property
+    def final_terms(self) -> dict[str, float] | None:
+        """The running task's inversion loss terms at its last step (weighted), once it ran one."""
+        return self.synth.final_terms if self.synth is not None else None
+
     def _build(self, ctx: TaskContext) -> None:
         self.task_id = ctx.task_id
         self.teacher = ctx.net.frozen_copy(n_classes=ctx.n_old)

@@ -25,11 +25,11 @@ class CosineLwFConfig(MethodConfig):
     temperature: PositiveFloat = 2.0  # T of the softened outputs (no T² factor, as dfcil's LwF)
 
 
-@register_method("cosine_lwf")
+# head: logits = σ · cos(f, w_c), one learned scale σ (dfcil.models.heads); what it keeps: the defaults (nothing)
+@register_method("cosine_lwf", head="cosine")
 class CosineLwF(TeacherMethod):
     """LwF with a cosine classifier (UCIR's head): CE on the new data plus soft KD of the old model's outputs."""
 
-    head = "cosine"  # logits = σ · cos(f, w_c), one learned scale σ (dfcil.models.heads)
     Config = CosineLwFConfig
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
