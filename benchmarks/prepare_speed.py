@@ -2,7 +2,7 @@
 
     python benchmarks/prepare_speed.py --source DATA/tiny-imagenet-200-sub100.zip
 
-A (dfcil): ``dfcil.data.images.prepare_cache`` with one worker per core into a fresh cache directory (decoding,
+A (dfcil): ``dfcil.data.cache.prepare_cache`` with one worker per core into a fresh cache directory (decoding,
 the memory-mapped writes, the statistics pass, fsync and the rename), and its decoding stage alone, into memory.
 B (the baselines): ``Image.open(...).convert("RGB")`` of every image in a ``ProcessPoolExecutor.map`` over the
 same cores (chunks of 64, each opening the zip; and again with each worker keeping the zip open, as dfcil's do),
@@ -51,7 +51,8 @@ def baseline(archive: Path, names: list[str], workers: int, keep: bool) -> int:
 
 
 def dfcil_prepare(archive: Path, names: list[str], workers: int, where: Path) -> int:
-    from dfcil.data.images import BaseTransform, ImageFile, Split, prepare_cache
+    from dfcil.data.cache import Split, prepare_cache
+    from dfcil.data.decode import BaseTransform, ImageFile
 
     split = Split([ImageFile(n, str(archive)) for n in names], np.zeros(len(names), dtype=np.int64))
     path = where / f"cache-{time.monotonic_ns()}"
@@ -62,7 +63,8 @@ def dfcil_prepare(archive: Path, names: list[str], workers: int, where: Path) ->
 
 def dfcil_decode(archive: Path, names: list[str], workers: int) -> int:
     """dfcil's decoding stage alone: the same pool and chunks, into an array in memory (no cache written)."""
-    from dfcil.data.images import CHUNK, BaseTransform, ImageFile, Split, _decode_all
+    from dfcil.data.cache import Split, _decode_all
+    from dfcil.data.decode import CHUNK, BaseTransform, ImageFile
 
     split = Split([ImageFile(n, str(archive)) for n in names], np.zeros(len(names), dtype=np.int64))
     x = np.zeros((len(names), 64, 64, 3), dtype=np.uint8)

@@ -12,9 +12,9 @@ from PIL import Image
 
 from conftest import REPO
 from dfcil.config import DataConfig
-from dfcil.data import images as img
+from dfcil.data import decode as img
 from dfcil.data.datasets import build_dataset
-from dfcil.data.images import BaseTransform, decode
+from dfcil.data.decode import BaseTransform, decode
 from dfcil.errors import DatasetError
 
 TINY_SUBSET = REPO.parent / "shared" / "data" / "tiny-imagenet-200" / "tiny-imagenet-200-sub100.zip"
@@ -329,7 +329,7 @@ KILLED_REBUILD = """
 import sys, time
 from pathlib import Path
 from dfcil.config import DataConfig
-from dfcil.data import images as img
+from dfcil.data import decode as img
 from dfcil.data.datasets import build_dataset
 
 root, cache, marker = sys.argv[1:]
@@ -728,7 +728,7 @@ def test_a_damaged_imagenet_folder_is_named_and_nothing_is_cached(tmp_path, dama
 LOCK_HOLDER = """
 import signal, sys, time
 from pathlib import Path
-from dfcil.data.images import load_or_prepare
+from dfcil.data.cache import load_or_prepare
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises, even where the parent ignores SIGINT
 log = Path(sys.argv[2])
 
@@ -780,7 +780,7 @@ def test_a_process_stopped_while_waiting_for_the_cache_lock_leaves_it_to_its_hol
 PROBER = """
 import sys
 from pathlib import Path
-from dfcil.data.images import check_writable
+from dfcil.data.cache import check_writable
 for _ in range(int(sys.argv[2])):
     check_writable(Path(sys.argv[1]))
 """
@@ -806,7 +806,7 @@ def test_the_cache_writer_finishes_short_writes_and_never_hides_a_failed_sync(tm
     import os
     import time
 
-    from dfcil.data import images as mod
+    from dfcil.data import cache as mod
 
     path = tmp_path / "x.npy"
     np.save(path, np.zeros((4, 2, 2, 3), dtype=np.uint8))

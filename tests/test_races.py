@@ -194,15 +194,16 @@ PREPARE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     import numpy as np
-    import dfcil.data.images as images
+    import dfcil.data.cache as images
+    import dfcil.data.decode as decode
 
     def slow_chunk(files, transform):  # a decoding task that outlasts the test: the workers are busy when killed
         time.sleep(300)
 
-    images.decode_chunk = slow_chunk  # the forked workers run it
-    files = [images.ImageFile(f"img{i}.png") for i in range(4 * images.CHUNK)]
+    decode.decode_chunk = slow_chunk  # the forked workers run it
+    files = [decode.ImageFile(f"img{i}.png") for i in range(4 * decode.CHUNK)]
     split = images.Split(files, np.zeros(len(files), dtype=np.int64))
-    transform = images.BaseTransform(8, 8)
+    transform = decode.BaseTransform(8, 8)
     images.prepare_cache(Path(sys.argv[1]) / "cache", {"train": split}, transform, {"source": "test"}, workers=2)
 """)
 

@@ -1,7 +1,7 @@
 """Datasets as uint8 arrays, behind a registry.
 
 Every dataset is a pair of arrays per split: images ``x`` uint8 ``[N, H, W, 3]`` (HWC, RGB; in memory, or
-memory-mapped from a decoded cache, :mod:`dfcil.data.images`) and labels ``y`` int64 ``[N]``, plus the
+memory-mapped from a decoded cache, :mod:`dfcil.data.cache`) and labels ``y`` int64 ``[N]``, plus the
 normalisation constants of the reference code. A builder is registered by name and called with the data root and
 the ``data`` section of the config; official formats are read (or downloaded) where a dataset has one.
 """

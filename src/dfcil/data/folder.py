@@ -3,7 +3,7 @@
 ``folder``: ``<root>/train/<class>/<image>`` and ``<root>/test/<class>/<image>`` (or ``val/``), the ImageFolder
 convention. Classes are the training folder's subfolders in sorted order (their names are saved with the run);
 images are the files with an image suffix, in sorted order. They are resized (shorter side) and centre-cropped
-to ``data.image_size``, decoded once into the cache (:mod:`dfcil.data.images`); the normalisation is the
+to ``data.image_size``, decoded once into the cache (:mod:`dfcil.data.cache`); the normalisation is the
 training images' per-channel mean and std unless the config gives it.
 
 The image size: an explicit ``data.image_size`` refuses images smaller than it (they would be enlarged), read
@@ -25,19 +25,10 @@ from typing import Any
 import numpy as np
 
 from dfcil.config import DataConfig
+from dfcil.data.cache import Preparation, Split, cache_dir, channel_stats, load_or_prepare
 from dfcil.data.datasets import DATASETS, ImageArrays, ImageDataset, read_arrays
-from dfcil.data.images import (
-    IMAGE_SUFFIXES,
-    BaseTransform,
-    ImageFile,
-    Preparation,
-    Split,
-    cache_dir,
-    channel_stats,
-    fingerprint_files,
-    image_sizes,
-    load_or_prepare,
-)
+from dfcil.data.decode import IMAGE_SUFFIXES, BaseTransform, ImageFile, image_sizes
+from dfcil.data.fingerprint import fingerprint_files
 from dfcil.errors import DatasetError
 
 log = logging.getLogger("dfcil")

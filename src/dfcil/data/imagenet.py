@@ -6,7 +6,7 @@ The data root is a standard ILSVRC-2012 folder, ``train/<wnid>/*.JPEG`` and ``va
 classes, or only these 100), or holds the split files ``train_100.txt`` and ``val_100.txt`` (lines
 ``<path relative to the root> <label>``), which are then read instead. Images are decoded once, as the reference
 transforms them (shorter side to 256, centre crop 224), into a memory-mapped cache of about 19 GB
-(:mod:`dfcil.data.images`); a task reads only its own classes from it. ``data.image_size`` scales both sizes
+(:mod:`dfcil.data.cache`); a task reads only its own classes from it. ``data.image_size`` scales both sizes
 (e.g. 32: shorter side 36, crop 32) for quick runs.
 
 The reference's class order is ``np.random.seed(1993); np.random.shuffle``: :func:`reference_class_order`.
@@ -20,17 +20,10 @@ from typing import Any
 import numpy as np
 
 from dfcil.config import DataConfig
+from dfcil.data.cache import Preparation, Split, cache_dir, load_or_prepare
 from dfcil.data.datasets import DATASETS, ImageArrays, ImageDataset
-from dfcil.data.images import (
-    IMAGE_SUFFIXES,
-    BaseTransform,
-    ImageFile,
-    Preparation,
-    Split,
-    cache_dir,
-    fingerprint_files,
-    load_or_prepare,
-)
+from dfcil.data.decode import IMAGE_SUFFIXES, BaseTransform, ImageFile
+from dfcil.data.fingerprint import fingerprint_files
 from dfcil.errors import DatasetError
 
 FIRST, LAST, COUNT = "n01440764", "n01855672", 100  # the subset: the first 100 wnids in sorted order

@@ -6,7 +6,7 @@ such as a subset in the same layout) or its extracted ``tiny-imagenet-200/`` fol
 and checks the zip. Inside: ``wnids.txt`` (the class ids), ``train/<wnid>/images/<wnid>_<i>.JPEG`` and
 ``val/images/val_<i>.JPEG`` with ``val/val_annotations.txt`` (``file<TAB>wnid<TAB>box``); ``test/`` has no labels and
 is not read. Labels are the wnids in sorted order (ImageFolder's convention); images are decoded once into the
-cache (:mod:`dfcil.data.images`), resized to 64 as the reference does (``Resize(64)`` leaves 64-pixel images as
+cache (:mod:`dfcil.data.cache`), resized to 64 as the reference does (``Resize(64)`` leaves 64-pixel images as
 they are).
 """
 
@@ -20,17 +20,10 @@ import numpy as np
 
 from dfcil.config import DataConfig
 from dfcil.data.archive import Downloader, fetch
+from dfcil.data.cache import Preparation, Split, cache_dir, load_or_prepare
 from dfcil.data.datasets import DATASETS, ImageArrays, ImageDataset
-from dfcil.data.images import (
-    BaseTransform,
-    ImageFile,
-    Preparation,
-    Split,
-    cache_dir,
-    fingerprint_file,
-    fingerprint_files,
-    load_or_prepare,
-)
+from dfcil.data.decode import BaseTransform, ImageFile
+from dfcil.data.fingerprint import fingerprint_file, fingerprint_files
 from dfcil.errors import DatasetError
 
 TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
