@@ -25,7 +25,7 @@ import torch
 
 
 def worker(args: argparse.Namespace) -> None:
-    from dfcil import distributed
+    from dfcil.compute import distributed
     from dfcil.models.batchnorm import BNMode
     from dfcil.models.network import build_network
 
@@ -47,7 +47,7 @@ def worker(args: argparse.Namespace) -> None:
             torch.cuda.synchronize(device)
 
     if args.phase == "inversion":  # the generator's steps, split over the processes or the same on each
-        from dfcil.runtime import Runtime
+        from dfcil.compute.runtime import Runtime
         from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 
         runtime = Runtime(device=device, dist=dist, split_inversion=args.sync_bn == 1, fused=device.type == "cuda")

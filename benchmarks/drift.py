@@ -23,14 +23,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dfcil.callbacks import Callback
 from dfcil.data.device import crop_flip
-from dfcil.engine import run
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
 from dfcil.losses.prototypes import fit_projector, lstsq_projector
 from dfcil.progress import make_progress
-from dfcil.protocol import prepare
+from dfcil.training.callbacks import Callback
+from dfcil.training.engine import run
+from dfcil.training.loop import RunOptions
+from dfcil.training.protocol import prepare
 
 
 def variants(ldc_passes: int) -> dict[str, tuple[str, int]]:

@@ -8,8 +8,8 @@ and prints per policy the number of checkpoints written, the median time of one 
 SHA-256, write, fsync, rename), and the time between epochs: each phase's wall time minus the sum of its epochs'
 own times, per epoch boundary. On a GPU whose epochs take a tenth of a second this between-epochs time is what a
 5-task CIFAR-100 run pays 960 times (its epochs: 160 in task 0, 200 in each later task). Then it times one
-epoch-end checkpoint's serialisation (``dfcil.checkpoint.dumps``: the tensors' bytes in one block) against a plain
-``torch.save`` of the same payload (~300 tensors), to bytes and back.
+epoch-end checkpoint's serialisation (``dfcil.checkpoint.dumps``: the tensors' bytes in one block) against a
+plain ``torch.save`` of the same payload (~300 tensors), to bytes and back.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from dfcil.callbacks import Checkpointing
 from dfcil.checkpoint import dumps, loads
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
-from dfcil.runner import train
+from dfcil.runs.runner import train
+from dfcil.training.callbacks import Checkpointing
+from dfcil.training.loop import RunOptions
 
 
 def serialisation(path: Path, reps: int = 30) -> list[tuple[str, float, float]]:

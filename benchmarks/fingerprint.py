@@ -4,7 +4,7 @@
     python benchmarks/fingerprint.py --out after.json --compare before.json
 
 Each method runs ``configs/smoke.yaml`` (plus ``configs/smoke/<method>.yaml`` where a method needs one) through
-``dfcil.runner.train``. The fingerprint holds, per method: the summary without its timings, every metrics.jsonl
+``dfcil.runs.runner.train``. The fingerprint holds, per method: the summary without its timings, every metrics.jsonl
 record without its times, the SHA-256 of every final weight tensor, and the layout of the last checkpoint (keys,
 tensor dtypes and shapes). ``--compare`` prints what differs and exits 1 if anything does.
 """
@@ -53,16 +53,16 @@ def fingerprint(name: str, out: Path) -> dict[str, Any]:
         from dfcil.load import load_config
     except ImportError:  # before dfcil.load existed
         from dfcil.config import load_config
-    from dfcil.runner import train
+    from dfcil.runs.runner import train
 
     try:
         from dfcil.checkpoint import loads
     except ImportError:  # the layout before dfcil.checkpoint existed
-        from dfcil.state import loads
+        from dfcil.training.state import loads
 
     cfg, _ = load_config(smoke_configs(name), [("method.name", name)])
     try:
-        from dfcil.loop import RunOptions
+        from dfcil.training.loop import RunOptions
     except ImportError:  # before run options were one object
         train(cfg, out, progress=False)
     else:

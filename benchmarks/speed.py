@@ -27,7 +27,7 @@ profiles N eager steps of each phase with B's settings and prints where the devi
 a GPU; the CPU's operators on a CPU) by share of the step, grouped into convolutions, batch norm, elementwise,
 reductions, optimiser, copies and the rest. The engine's ``cudnn_benchmark`` default (on) applies on CUDA.
 
-With ``--ab graphs`` both sides take the fast path; B replays each step as one CUDA graph (``dfcil.graphs``).
+With ``--ab graphs`` both sides take the fast path; B replays each step as one CUDA graph (``dfcil.compute.graphs``).
 With ``--ab compile`` both sides replay graphs (eager steps on a CPU); B compiles the student's and the teacher's
 backbones with ``torch.compile``, as ``engine.compile: default`` does (fused kernels; the compile time is in the
 untimed warm-up). ``--ab compile-step`` compiles each step's whole forward and loss terms instead (generator,
@@ -49,14 +49,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from dfcil.compute.graphs import StepGraph
+from dfcil.compute.optim import fill_momentum
+from dfcil.compute.runtime import Runtime
 from dfcil.data.device import Normalizer, TrainBatches
-from dfcil.graphs import StepGraph
 from dfcil.load import load_config
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.batchnorm import BNStats
 from dfcil.models.network import build_network
-from dfcil.optim import fill_momentum
-from dfcil.runtime import Runtime
 from dfcil.synthesis.regularizers import bn_kl, content_loss, diversity_loss, smoothness_prior
 
 

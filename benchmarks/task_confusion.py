@@ -20,11 +20,11 @@ import argparse
 
 import torch
 
+from dfcil.analysis.tools import FinishedRun
+from dfcil.compute.runtime import Runtime, resolve_device
 from dfcil.data.device import Normalizer
 from dfcil.progress import make_progress
-from dfcil.protocol import TestSet
-from dfcil.runtime import Runtime, resolve_device
-from dfcil.tools import FinishedRun
+from dfcil.training.protocol import TestSet
 
 
 @torch.no_grad()

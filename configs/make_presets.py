@@ -1,16 +1,15 @@
 """Write the paper presets' commands and numbers: in the header of each method file (and R-DFCIL ablation), the
-command of every setting it runs and the paper's number for it, from dfcil.paper.
+command of every setting it runs and the paper's number for it, from dfcil.analysis.paper.
 
     python configs/make_presets.py        # rewrites those lines in configs/{cifar100,tiny_imagenet200,imagenet100}/
 
 A paper preset is two files given in order: a setting file, ``<dataset>/<setting>.yaml`` (named as
-dfcil.paper.protocol_name names its protocol: the data, the backbone, the schedule every approach shares), then a
-method file, ``<dataset>/<method>.yaml`` (the method section and the schedule keys its recipe changes). An R-DFCIL
-ablation (``cifar100/ablations/``) is a third file, after R-DFCIL's. The files are written by hand, all but one block
-of each method file's header, from its line ``# Paper (`` to the next ``#`` line, which this script writes.
-tests/test_presets.py checks that the committed files are what it writes, and that each number is the paper row a
-report finds for the run that command trains.
-"""
+dfcil.analysis.paper.protocol_name names its protocol: the data, the backbone, the schedule every approach shares), then
+a method file, ``<dataset>/<method>.yaml`` (the method section and the schedule keys its recipe changes). An R-DFCIL
+ablation (``cifar100/ablations/``) is a third file, after R-DFCIL's. The files are written by hand, all but one block of
+each method file's header, from its line ``# Paper (`` to the next ``#`` line, which this script writes.
+tests/test_presets.py checks that the committed files are what it writes, and that each number is the paper row a report
+finds for the run that command trains."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from dfcil.paper import DATASETS, PROTOCOLS, UNVERIFIED, PaperRow, find_row, protocol_name, variant_of
+from dfcil.analysis.paper import DATASETS, PROTOCOLS, UNVERIFIED, PaperRow, find_row, protocol_name, variant_of
 
 HERE = Path(__file__).parent
 # dataset: (how the paper's numbers are taken, the class order the command trains, --out of a run)
@@ -48,7 +47,8 @@ ONLY = {
     "tiny_imagenet200/lwf_ldc.yaml": ("n10",),
     "cifar100/ablations": ("n20",),
 }
-# rows of another paper than R-DFCIL's: (method, variant) → (its source in dfcil.paper, the row the preset runs)
+# rows of another paper than R-DFCIL's: (method, variant) → (its source in dfcil.analysis.paper, the row the preset
+# runs)
 OTHER_PAPERS = {
     ("efc", ""): ("EFC paper", "the EFC paper's cold-start row of EFC"),
     ("lwf", "ldc"): ("LDC paper", "the LDC paper's row of LwF + LDC"),

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dfcil.callbacks import Callback
+from dfcil.training.callbacks import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"

@@ -13,7 +13,7 @@ import yaml
 from conftest import CONFIGS
 from dfcil.cli import main
 from dfcil.load import build_config, load_config
-from dfcil.loop import RunOptions
+from dfcil.training.loop import RunOptions
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 
@@ -226,9 +226,9 @@ def test_compile_without_a_compiler_for_the_device_is_refused_before_the_run_sta
 
 
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path):
-    from dfcil.callbacks import Callback
     from dfcil.load import load_config
-    from dfcil.runner import train
+    from dfcil.runs.runner import train
+    from dfcil.training.callbacks import Callback
 
     class Fails(Callback):
         def on_task_start(self, info):
@@ -269,7 +269,7 @@ def test_the_saved_model_reproduces_the_last_accuracy_row(smoke_run):
     the seen classes, normalised by hand) gives the summary's last row of correct counts."""
     from dfcil.load import load_config
     from dfcil.model_file import load_model
-    from dfcil.protocol import prepare
+    from dfcil.training.protocol import prepare
 
     cfg = load_config([smoke_run / "config.yaml"])[0]
     protocol = prepare(cfg)
@@ -433,17 +433,19 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(command):
 
 
 def test_inspect_without_a_mode_plots_the_features(monkeypatch, capsys):
-    import dfcil.features
+    import dfcil.analysis.features
 
     calls = []
-    monkeypatch.setattr(dfcil.features, "inspect_features", lambda *args, **_: calls.append(args) or ["plot.png"])
+    monkeypatch.setattr(
+        dfcil.analysis.features, "inspect_features", lambda *args, **_: calls.append(args) or ["plot.png"]
+    )
     assert main(["inspect", "RUN", "--per-class", "3"]) == 0
     assert calls and calls[0][:2] == ("RUN", None) and calls[0][4] == 3
     assert capsys.readouterr().out == "plot.png\n"
 
 
 def test_export_lists_its_formats_from_the_export_registry(capsys):
-    from dfcil.tools import EXPORT_FORMATS
+    from dfcil.analysis.tools import EXPORT_FORMATS
 
     with pytest.raises(SystemExit, match="0"):
         main(["export", "--help"])

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch._inductor.config as inductor
 
+from dfcil.compute.runtime import compile_cache, compile_cache_dir
 from dfcil.errors import ConfigError
 from dfcil.load import load_config
-from dfcil.runtime import compile_cache, compile_cache_dir
 
 
 def test_auto_is_the_users_inductor_dir_else_a_persistent_one_outside_tmp(monkeypatch, tmp_path) -> None:
@@ -68,7 +68,7 @@ def test_off_on_the_command_line_and_in_yaml_is_off(tmp_path) -> None:
 
 def test_an_unusable_cache_dir_is_refused_before_a_run_directory_exists(tmp_path) -> None:
     from conftest import smoke_configs
-    from dfcil.protocol import prepare
+    from dfcil.training.protocol import prepare
 
     (tmp_path / "file").write_text("")
     over = [("engine.compile", "default"), ("engine.compile_backend", "eager")]
@@ -98,7 +98,7 @@ def test_a_second_process_loads_the_compiled_step_instead_of_compiling_it(tmp_pa
             import torch
             import torch.nn.functional as F
             from dfcil.models.network import build_network
-            from dfcil.runtime import StepCompiler, compile_cache
+            from dfcil.compute.runtime import StepCompiler, compile_cache
 
             def loss(net, x, y):
                 out = net(x)
@@ -133,8 +133,8 @@ def test_compile_mode_reaches_inductor_for_compiled_steps_only(monkeypatch) -> N
     tracing-only backends (modes are inductor's)."""
     import torch
 
+    from dfcil.compute.runtime import Runtime
     from dfcil.config import EngineConfig
-    from dfcil.runtime import Runtime
 
     seen = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)

@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from conftest import CONFIGS, REPO, StopInSetup
-from dfcil.callbacks import Callback
 from dfcil.errors import RunInterrupted
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
 from dfcil.methods import METHODS, unregister_method
-from dfcil.state import Interrupt
+from dfcil.training.callbacks import Callback
+from dfcil.training.loop import RunOptions
+from dfcil.training.state import Interrupt
 
 SRC = REPO / "src" / "dfcil"
 CORE = ["engine", "state", "callbacks", "protocol", "runtime", "task0", "checkpoint", "optim", "graphs", "runner"]
@@ -47,7 +47,8 @@ def test_nothing_below_the_engine_imports_the_checkpoints_or_the_engine():
         import sys
         for name in {below!r}:
             __import__(name)
-        print(sorted(m for m in sys.modules if m in ("dfcil.checkpoint", "dfcil.engine", "dfcil.callbacks")))
+        print(sorted(m for m in sys.modules if m in ("dfcil.checkpoint", "dfcil.training.engine",
+        "dfcil.training.callbacks")))
     """)
     assert out.strip() == "[]"
 
@@ -108,7 +109,7 @@ def test_relative_links_in_the_readme_and_docs_resolve():
 def test_loss_terms_that_change_within_an_epoch_are_an_error():
     import torch
 
-    from dfcil.state import EpochProgress
+    from dfcil.training.state import EpochProgress
 
     ep = EpochProgress(torch.arange(4))
     ep.record(torch.ones(2), ["a", "b"], 4)
@@ -120,7 +121,7 @@ def test_a_method_starts_each_task_once_even_when_resumed_inside_its_setup(tmp_p
     """on_task_start runs once per task; a run resumed inside the inversion restores the method's state and goes
     on with synthesize, and ends exactly as an uninterrupted run."""
     from dfcil.methods.rdfcil import RDFCIL
-    from dfcil.runner import resume, train
+    from dfcil.runs.runner import resume, train
 
     starts = []
 
@@ -255,7 +256,7 @@ def test_a_failing_callback_never_costs_the_checkpoint(tmp_path):
     its error is raised afterwards."""
     from conftest import StopAfterEpochs
     from dfcil.checkpoint import Checkpointer, loads
-    from dfcil.runner import train
+    from dfcil.runs.runner import train
 
     cfg = load_config([CONFIGS / "smoke.yaml"])[0]
     interrupt = Interrupt()
@@ -286,7 +287,7 @@ def test_a_run_resumed_at_a_phase_end_finishes_the_task_as_an_uninterrupted_one(
     """Stopped right after CHR (a head-only phase), resumed: the method's task end and the evaluation see the
     backbone frozen in eval mode, as they do without the stop."""
     from conftest import StopAfterEpochs
-    from dfcil.runner import resume, train
+    from dfcil.runs.runner import resume, train
 
     cfg = load_config([CONFIGS / "smoke.yaml"])[0]
     plain = _BackboneAtEvaluation()
@@ -327,10 +328,10 @@ def test_below_the_engines_build_nothing_holds_the_run_config():
     import dataclasses
 
     from conftest import REPO
-    from dfcil.loop import Loop
+    from dfcil.training.loop import Loop
 
     assert "cfg" not in {f.name for f in dataclasses.fields(Loop)}
-    for module in ("loop", "callbacks", "grid", "diagnose", "loggers", "guard"):
-        tree = ast.parse((REPO / "src" / "dfcil" / f"{module}.py").read_text())
+    for module in ("loop", "callbacks", "grid", "diagnostics", "loggers", "guard"):
+        tree = ast.parse((REPO / "src" / "dfcil" / "training" / f"{module}.py").read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert "RunConfig" not in names, module

@@ -7,8 +7,8 @@ import torch
 
 from conftest import CONFIGS
 from dfcil.cli import main
-from dfcil.loop import RunOptions
 from dfcil.methods import Batch, Phase
+from dfcil.training.loop import RunOptions
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 pytestmark = pytest.mark.gpu
@@ -73,8 +73,8 @@ def test_resume_on_cuda_inside_a_task_continues(tmp_path):
     from conftest import StopAfterEpochs
     from dfcil.errors import RunInterrupted
     from dfcil.load import load_config
-    from dfcil.runner import resume, train
-    from dfcil.state import Interrupt
+    from dfcil.runs.runner import resume, train
+    from dfcil.training.state import Interrupt
 
     overrides = [("device", "cuda"), ("engine.channels_last", "true"), ("engine.cuda_graphs", "on")]
     cfg = load_config([SMOKE], overrides)[0]
@@ -94,7 +94,7 @@ def test_resume_on_cuda_inside_a_task_continues(tmp_path):
 def test_captured_steps_train_like_eager_steps():
     """A toy model with BN, momentum SGD and a declared random stream: 8 steps captured and replayed against 8 eager
     steps from the same start (the graph key changes once, as at an lr milestone)."""
-    from dfcil.graphs import StepGraph
+    from dfcil.compute.graphs import StepGraph
     from test_graphs import Toy, batches
 
     results = []
@@ -125,8 +125,8 @@ def test_captured_steps_train_like_eager_steps():
 
 
 def test_captured_inversion_follows_the_eager_inversion():
+    from dfcil.compute.runtime import Runtime
     from dfcil.models.network import build_network
-    from dfcil.runtime import Runtime
     from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 
     torch.manual_seed(0)

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from conftest import CONFIGS
-from dfcil import diagnose
 from dfcil.checkpoint import loads
 from dfcil.cli import main
 from dfcil.errors import MissingExtraError
 from dfcil.synthesis.diagnostics import class_mean_gap, pixel_statistics, prediction_spread, top1_confidence
+from dfcil.training import diagnostics as diagnose
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 

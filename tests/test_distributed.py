@@ -15,7 +15,7 @@ import torch
 
 from conftest import CONFIGS
 from dfcil.checkpoint import Checkpointer, loads, peek_position
-from dfcil.distributed import Dist
+from dfcil.compute.distributed import Dist
 from dfcil.errors import CheckpointError, ConfigError
 from dfcil.load import load_config
 
@@ -163,9 +163,9 @@ def test_a_two_process_run_resumes_as_one_process_within_rounding(tmp_path):
 
 INVERSION_WORKER = """
 import json, sys, torch
-from dfcil import distributed
+from dfcil.compute import distributed
 from dfcil.models.network import build_network
-from dfcil.runtime import Runtime
+from dfcil.compute.runtime import Runtime
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 
 def setup(dist):
@@ -221,8 +221,8 @@ def test_split_inversion_step_equals_one_process_step(tmp_path):
 def test_batch_must_split_over_the_processes_and_methods_must_support_it(monkeypatch):
     with pytest.raises(ConfigError, match="multiple of the number of processes"):
         Dist(0, 3).check_batch(32)
-    from dfcil import distributed
-    from dfcil.protocol import prepare
+    from dfcil.compute import distributed
+    from dfcil.training.protocol import prepare
 
     monkeypatch.setattr(distributed, "current", lambda: Dist(0, 2))
     cfg = load_config([], [("method.name", "lwf")])[0]

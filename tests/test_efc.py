@@ -11,8 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from dfcil.data.device import Normalizer, TrainBatches
-from dfcil.engine import run
-from dfcil.loop import RunOptions
 from dfcil.losses.efc import (
     balanced_counts,
     drift_means,
@@ -24,6 +22,8 @@ from dfcil.losses.efc import (
 from dfcil.losses.prototypes import balanced_labels, class_gaussians, sample_gaussians
 from dfcil.methods import Batch, TaskContext, build_method
 from dfcil.models.network import build_network
+from dfcil.training.engine import run
+from dfcil.training.loop import RunOptions
 from test_methods import Records, fit_phases, tiny_config
 
 NORM = Normalizer((0.5,) * 3, (0.25,) * 3, torch.device("cpu"))
@@ -232,8 +232,8 @@ def test_a_run_stopped_inside_the_first_task_resumes_exactly(tmp_path):
     from conftest import StopAfterEpochs
     from dfcil.checkpoint import loads
     from dfcil.errors import RunInterrupted
-    from dfcil.runner import resume, train
-    from dfcil.state import Interrupt
+    from dfcil.runs.runner import resume, train
+    from dfcil.training.state import Interrupt
 
     cfg = tiny_config("efc")
     train(cfg, tmp_path / "a", options=RunOptions(progress=False))
@@ -260,9 +260,9 @@ def test_a_run_stopped_inside_the_first_task_resumes_exactly(tmp_path):
 )
 def test_train_keys_efc_never_reads_are_refused(extra, refused):
     """EFC's phases say they train with Adam at its own lr and weight decay: the train keys no phase reads are
-    found, as for every method, by the protocol's one check (dfcil.protocol.check_schedule_read)."""
+    found, as for every method, by the protocol's one check (dfcil.training.protocol.check_schedule_read)."""
     from dfcil.errors import ConfigError
-    from dfcil.protocol import prepare
+    from dfcil.training.protocol import prepare
 
     cfg = tiny_config("efc", extra)
     if refused is None:

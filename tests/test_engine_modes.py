@@ -9,12 +9,12 @@ import torch
 
 from conftest import CONFIGS
 from dfcil.cli import main
+from dfcil.compute.runtime import Runtime
 from dfcil.data.device import Normalizer, TrainBatches
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.network import build_network
-from dfcil.runtime import Runtime
+from dfcil.training.loop import RunOptions
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 
@@ -85,9 +85,9 @@ def test_fast_and_reference_reach_the_same_accuracy_on_the_smoke_preset(tmp_path
 
 
 def test_bf16_and_channels_last_run_and_stay_close_to_fp32():
-    from dfcil.callbacks import Callback
-    from dfcil.engine import run
     from dfcil.load import load_config
+    from dfcil.training.callbacks import Callback
+    from dfcil.training.engine import run
 
     class Losses(Callback):
         def __init__(self):
@@ -139,8 +139,8 @@ def test_compile_traces_each_backbone_variant_once_for_the_whole_run(monkeypatch
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from dfcil.callbacks import Callback
-    from dfcil.engine import run
+    from dfcil.training.callbacks import Callback
+    from dfcil.training.engine import run
 
     compiled, original = [], torch.nn.Module.compile
 
@@ -156,7 +156,9 @@ def test_compile_traces_each_backbone_variant_once_for_the_whole_run(monkeypatch
             self.after[record["task"]] = counters["stats"]["unique_graphs"]
 
     monkeypatch.setattr(torch.nn.Module, "compile", compile_eagerly)
-    monkeypatch.setattr("dfcil.protocol.check_compiler", lambda device: None)  # the eager backend needs no compiler
+    monkeypatch.setattr(
+        "dfcil.training.protocol.check_compiler", lambda device: None
+    )  # the eager backend needs no compiler
     five = [("data.num_tasks", "5"), ("engine.merge_passes", "all")]  # all: the BN groups of the merged student
     torch._dynamo.reset()
     counters.clear()

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from dfcil.callbacks import Callback
-from dfcil.loop import RunOptions
 from dfcil.methods.fecam import FeCAMConfig, class_statistics, correlation, mahalanobis, shrink, tukey
+from dfcil.training.callbacks import Callback
+from dfcil.training.loop import RunOptions
 from test_methods import tiny_config
 
 
@@ -95,8 +95,8 @@ class Watch(Callback):
 
 
 def test_a_run_trains_task_0_only_and_classifies_by_mahalanobis_distance(tmp_path):
-    from dfcil.runner import train
-    from dfcil.tools import evaluate_run, export_run
+    from dfcil.analysis.tools import evaluate_run, export_run
+    from dfcil.runs.runner import train
 
     watch = Watch()
     summary = train(tiny_config("fecam"), tmp_path / "run", options=RunOptions(progress=False, callbacks=[watch]))

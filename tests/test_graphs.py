@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from dfcil.engine import run
+from dfcil.compute.graphs import StepGraph
+from dfcil.compute.runtime import Runtime
 from dfcil.errors import GraphCaptureError, GraphSafetyError
-from dfcil.graphs import StepGraph
-from dfcil.loop import RunOptions
 from dfcil.methods import METHODS
-from dfcil.runtime import Runtime
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
+from dfcil.training.engine import run
+from dfcil.training.loop import RunOptions
 from test_methods import tiny_config
 
 
@@ -290,7 +290,7 @@ def test_a_method_not_marked_graph_safe_runs_eagerly_with_one_warning(caplog):
 def test_a_phase_record_explains_the_mode_of_the_last_process():
     """A resumed phase's record gives the graph mode its last process ran in; a ``graph_failure`` that an earlier
     process recorded goes once this one runs its steps as graphs, and comes back if this one fails too."""
-    from dfcil.callbacks import PhaseClock
+    from dfcil.training.callbacks import PhaseClock
 
     toy = Toy()
     earlier = {"time_s": 2.0, "images": 64, "cuda_graphs": "off", "captures": 0, "graph_failure": "no graphs"}

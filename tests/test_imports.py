@@ -88,7 +88,7 @@ def test_the_cycle_finder_finds_a_circle():
 
 
 def test_no_module_imports_one_that_imports_it_back():
-    assert len(GRAPH) > 60 and GRAPH["dfcil.engine"] >= {"dfcil.loop", "dfcil.callbacks"}
+    assert len(GRAPH) > 60 and GRAPH["dfcil.training.engine"] >= {"dfcil.training.loop", "dfcil.training.callbacks"}
     assert cycles(GRAPH) == []
 
 
@@ -96,20 +96,79 @@ def test_modules_below_do_not_climb_back_up():
     """Each of these sits below the modules named with it, which it may not reach by any chain of imports."""
     above = {
         "dfcil.errors": set(MODULES) - {"dfcil.errors"},  # imports nothing of dfcil
-        "dfcil.config": {"dfcil.methods", "dfcil.load", "dfcil.engine"},  # the config's types know no method
-        "dfcil.tools": {"dfcil.engine", "dfcil.runner", "dfcil.callbacks"},  # eval/export never train
-        "dfcil.model_file": {"dfcil.engine", "dfcil.runner", "dfcil.methods"},
-        "dfcil.state": {"dfcil.checkpoint", "dfcil.engine"},
-        "dfcil.report": {"dfcil.methods", "dfcil.engine", "dfcil.runner"},  # reading run directories only
-        "dfcil.synthesis.replay": {"dfcil.methods", "dfcil.engine"},
-        "dfcil.methods": {"dfcil.engine", "dfcil.loop", "dfcil.callbacks", "dfcil.checkpoint", "dfcil.load"},
-        "dfcil.loop": {"dfcil.engine", "dfcil.callbacks", "dfcil.task0", "dfcil.runner"},
+        "dfcil.config": {"dfcil.methods", "dfcil.load", "dfcil.training.engine"},  # the config's types know no method
+        "dfcil.analysis.tools": {
+            "dfcil.training.engine",
+            "dfcil.runs.runner",
+            "dfcil.training.callbacks",
+        },  # eval/export never train
+        "dfcil.model_file": {"dfcil.training.engine", "dfcil.runs.runner", "dfcil.methods"},
+        "dfcil.training.state": {"dfcil.checkpoint", "dfcil.training.engine"},
+        "dfcil.analysis.report": {
+            "dfcil.methods",
+            "dfcil.training.engine",
+            "dfcil.runs.runner",
+        },  # reading run directories only
+        "dfcil.synthesis.replay": {"dfcil.methods", "dfcil.training.engine"},
+        "dfcil.methods": {
+            "dfcil.training.engine",
+            "dfcil.training.loop",
+            "dfcil.training.callbacks",
+            "dfcil.checkpoint",
+            "dfcil.load",
+        },
+        "dfcil.training.loop": {
+            "dfcil.training.engine",
+            "dfcil.training.callbacks",
+            "dfcil.training.task0",
+            "dfcil.runs.runner",
+        },
         "dfcil.sweep": {"dfcil.cli"},
     }
     climbing = {low: sorted(reaches(GRAPH, low) & high) for low, high in above.items()}
     assert {low: high for low, high in climbing.items() if high} == {}
-    for name in ("dfcil.distributed", "dfcil.optim", "dfcil.extras"):  # errors come from dfcil.errors
+    for name in ("dfcil.compute.distributed", "dfcil.compute.optim", "dfcil.extras"):  # errors come from dfcil.errors
         assert "dfcil.config" not in GRAPH[name], name
+
+
+# The package's layers, bottom first: the folders name them (docs/extending.md, Layout). A module may import its own
+# layer and the layers below, never one above.
+LAYERS = (
+    ("dfcil.errors", "dfcil.version", "dfcil.io", "dfcil.extras", "dfcil.stores", "dfcil.children", "dfcil.progress",
+     "dfcil.registry", "dfcil.plugins", "dfcil.config", "dfcil.metrics", "dfcil.checkpoint"),
+    ("dfcil.data", "dfcil.models", "dfcil.compute", "dfcil.model_file"),
+    ("dfcil.losses", "dfcil.context", "dfcil.synthesis"),
+    ("dfcil.methods", "dfcil.catalogue"),
+    ("dfcil.load",),
+    ("dfcil.training",),
+    ("dfcil.runs",),
+    ("dfcil.analysis",),
+    ("dfcil.sweep", "dfcil.cli", "dfcil.__main__", "dfcil.runner"),  # and the package itself
+)  # fmt: skip
+
+
+def layer_of(module: str) -> int:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(f"{p}.") for p in prefixes):
+            return i
+    assert module == "dfcil", f"{module} is in no layer: add it to LAYERS"
+    return len(LAYERS)
+
+
+def test_every_module_is_in_a_layer_and_imports_only_its_own_and_those_below():
+    assert {p for layer in LAYERS for p in layer if "." in p.removeprefix("dfcil.")} <= {"dfcil.__main__"} | {
+        p for layer in LAYERS for p in layer if p in MODULES
+    }
+    upward = {
+        name: sorted(t for t in targets if layer_of(t) > layer_of(name))
+        for name, targets in GRAPH.items()
+        if any(layer_of(t) > layer_of(name) for t in targets)
+    }
+    assert upward == {}
+    for layer in ("dfcil.training", "dfcil.runs", "dfcil.analysis", "dfcil.compute"):  # the layers are folders
+        assert (PACKAGE / layer.removeprefix("dfcil.") / "__init__.py").is_file(), layer
+    flat = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert len(flat) <= 20, flat  # the package's own folder keeps the base modules and the entry points
 
 
 def test_every_module_imports_alone_and_the_light_ones_stay_light():
@@ -131,5 +190,8 @@ def test_every_module_imports_alone_and_the_light_ones_stay_light():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     failed, loaded = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's repr
     assert failed == []
-    assert "dfcil.engine" not in loaded["dfcil.tools"] and "dfcil.runner" not in loaded["dfcil.tools"]
+    assert (
+        "dfcil.training.engine" not in loaded["dfcil.analysis.tools"]
+        and "dfcil.runs.runner" not in loaded["dfcil.analysis.tools"]
+    )
     assert "dfcil.methods" not in loaded["dfcil.config"] and "dfcil.methods" not in loaded["dfcil.sweep"]

@@ -191,7 +191,7 @@ def test_generator_adam_is_fused_and_steps_like_the_unfused_one():
     """The generator's Adam uses the fused kernel where the engine's runtime allows it (CUDA in runs; PyTorch's CPU
     implementation here), with the same update as the default one within rounding (one step: after it, Adam turns
     the rounding noise of gradients that are 0 in exact arithmetic, a conv bias before BN, into ±lr)."""
-    from dfcil.runtime import Runtime
+    from dfcil.compute.runtime import Runtime
 
     cfg = InversionConfig(steps=1)
     runs = {}
@@ -225,9 +225,9 @@ def test_inversion_logs_every_tenth_reads_terms_outside_the_checked_graph_and_ch
     """A line at steps 2, 4, .., 20 with the four weighted terms, read after each step (the graph check, which fails
     on a host sync inside a step, passes); the generator is the one trained without lines; a second process logs
     nothing."""
-    from dfcil.distributed import Dist
+    from dfcil.compute.distributed import Dist
+    from dfcil.compute.runtime import Runtime
     from dfcil.progress import ProgressLog
-    from dfcil.runtime import Runtime
 
     caplog.set_level(logging.INFO, logger="dfcil")
     logged = _replay_inversion(Runtime(graphs="check"))
@@ -249,7 +249,7 @@ def test_inversion_logs_every_tenth_reads_terms_outside_the_checked_graph_and_ch
 
 
 def _diverging(steps=20, max_loss=1e10, **cfg):
-    from dfcil.runtime import Runtime
+    from dfcil.compute.runtime import Runtime
 
     teacher = _teacher()
     torch.manual_seed(0)

@@ -84,8 +84,8 @@ def test_drift_none_and_synthetic_pairs():
 
 
 def _run(tmp_path, name, extra):
-    from dfcil.loop import RunOptions
-    from dfcil.runner import train
+    from dfcil.runs.runner import train
+    from dfcil.training.loop import RunOptions
 
     cfg = tiny_config(name, extra)
     train(cfg, tmp_path, options=RunOptions(progress=False))
@@ -97,8 +97,8 @@ def _run(tmp_path, name, extra):
     [("lwf", "linear"), ("lwf", "cosine"), ("rdfcil", "linear")],  # lwf cosine: LDC's own LwF (local CE, cosine)
 )
 def test_ldc_switch_classifies_by_nearest_mean_and_dfcil_eval_agrees(name, head, tmp_path):
+    from dfcil.analysis.tools import evaluate_run
     from dfcil.checkpoint import loads
-    from dfcil.tools import evaluate_run
 
     extra = [("method.ldc", "true"), ("method.drift.epochs", "2"), ("method.drift.passes", "1")]
     if head == "cosine":

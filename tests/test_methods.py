@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from conftest import StopAfterEpochs, smoke_configs
-from dfcil.callbacks import Callback
 from dfcil.data.device import Normalizer, TrainBatches
-from dfcil.engine import Loop, fit_task, run
 from dfcil.errors import NonFiniteLossError
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
 from dfcil.methods import METHODS, Batch, Method, Phase, Task, TaskContext, build_method
 from dfcil.models.network import build_network
-from dfcil.state import Position, RunState
+from dfcil.training.callbacks import Callback
+from dfcil.training.engine import Loop, fit_task, run
+from dfcil.training.loop import RunOptions
+from dfcil.training.state import Position, RunState
 
 TINY = [("train.epochs", "2"), ("train.milestones", "[]"), ("data.num_classes", "6")]  # R-DFCIL: 1 + 1 CHR epoch
 
@@ -226,8 +226,8 @@ def test_non_finite_losses_are_named():
 def test_every_method_resumes_exactly_inside_an_incremental_task(name, tmp_path):
     from dfcil.checkpoint import loads
     from dfcil.errors import RunInterrupted
-    from dfcil.runner import resume, train
-    from dfcil.state import Interrupt
+    from dfcil.runs.runner import resume, train
+    from dfcil.training.state import Interrupt
 
     cfg = tiny_config(name, [("method.inversion.zdim", "32")] if "inversion" in _fields(name) else [])
     train(cfg, tmp_path / "a", options=RunOptions(progress=False))
@@ -351,7 +351,7 @@ def test_replay_baselines_take_separate_bn_statistics_and_a_synthetic_dose(name)
 def test_a_parameter_unfrozen_under_a_kept_optimiser_gets_a_zero_momentum_buffer():
     """The fused SGD kernel refuses a mix of momentum buffers and missing ones; a zero buffer gives exactly the
     first step eager SGD would take."""
-    from dfcil.optim import fill_momentum
+    from dfcil.compute.optim import fill_momentum
 
     def train(fused):
         torch.manual_seed(0)
@@ -379,8 +379,8 @@ def test_abds_persistent_generator_carries_over_tasks_and_resumes_exactly(stop, 
     task boundary (the carried state) or inside task 2 (its static state) continues exactly."""
     from dfcil.checkpoint import Checkpointer, loads
     from dfcil.errors import RunInterrupted
-    from dfcil.runner import resume, train
-    from dfcil.state import Interrupt
+    from dfcil.runs.runner import resume, train
+    from dfcil.training.state import Interrupt
 
     extra = [("data.num_tasks", "3"), ("method.inversion.zdim", "32"), ("method.inversion.persistent", "true")]
     cfg = tiny_config("abd", extra)

@@ -77,7 +77,7 @@ def test_evaluation_counts_do_not_depend_on_the_batch_size():
 
     from dfcil.data.device import Normalizer
     from dfcil.models.network import NetOutput
-    from dfcil.protocol import TestSet
+    from dfcil.training.protocol import TestSet
 
     class Toy(torch.nn.Module):
         def forward(self, x):  # a fixed, input-dependent guess among 3 classes

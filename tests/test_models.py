@@ -5,10 +5,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dfcil.models.backbones import BACKBONES
 from dfcil.models.batchnorm import BatchNorm2d, BNMode, batch_moments
 from dfcil.models.generator import build_generator
 from dfcil.models.network import build_network
-from dfcil.models.resnet_cifar import BACKBONES, BasicBlock
+from dfcil.models.resnet_cifar import BasicBlock
 
 
 def test_resnet32_structure_matches_reference():

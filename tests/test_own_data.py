@@ -8,11 +8,11 @@ import pytest
 
 from conftest import StopAfterEpochs
 from dfcil.cli import main
-from dfcil.engine import run
 from dfcil.errors import RunInterrupted
-from dfcil.loop import RunOptions
 from dfcil.methods import METHODS
-from dfcil.state import Interrupt
+from dfcil.training.engine import run
+from dfcil.training.loop import RunOptions
+from dfcil.training.state import Interrupt
 from test_images import encode, pattern
 from test_methods import tiny_config
 
@@ -62,7 +62,7 @@ def test_your_own_data_in_the_half_base_protocol_and_the_dry_run(own_data, kind,
 
 
 def test_a_run_on_a_folder_resumes_exactly(own_data, tmp_path):
-    from dfcil.runner import resume, train
+    from dfcil.runs.runner import resume, train
 
     cfg = tiny_config("rdfcil", data_overrides(own_data, "folder"))
     train(cfg, tmp_path / "a", options=RunOptions(progress=False))
@@ -88,7 +88,7 @@ def test_a_run_on_a_folder_resumes_exactly(own_data, tmp_path):
     ids=["64px", "resnet18", "48px"],
 )
 def test_rdfcil_runs_at_other_image_sizes_and_backbones(overrides, generator):
-    from dfcil.callbacks import Callback
+    from dfcil.training.callbacks import Callback
 
     class Seen(Callback):
         def on_run_start(self, loop):
@@ -112,7 +112,7 @@ def test_own_data_needs_no_image_size_and_a_stale_cache_is_rebuilt_on_request(ow
 
     import yaml
 
-    from dfcil.runner import train
+    from dfcil.runs.runner import train
 
     root = tmp_path / "data"
     shutil.copytree(own_data / "folder", root)

@@ -1,12 +1,12 @@
-"""The paper's numbers (dfcil.paper): values as printed, and every number of docs/reference.md covered. That each
-preset's header states the number a report finds for its config is tests/test_presets.py's."""
+"""The paper's numbers (dfcil.analysis.paper): values as printed, and every number of docs/reference.md covered. That
+each preset's header states the number a report finds for its config is tests/test_presets.py's."""
 
 import re
 
 import pytest
 
 from conftest import REPO
-from dfcil.paper import (
+from dfcil.analysis.paper import (
     PROTOCOLS,
     UNVERIFIED,
     Value,
@@ -115,7 +115,7 @@ def test_protocol_names_and_variants():
 
 
 def test_rdfcil_with_ldc_is_its_own_variant_with_no_paper_number():
-    from dfcil.paper import paper_value, variant_of
+    from dfcil.analysis.paper import paper_value, variant_of
 
     assert variant_of("rdfcil", {"ldc": True, "chr_epochs": 40}) == "ldc"
     assert variant_of("rdfcil", {"ldc": False}) == ""

@@ -5,12 +5,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dfcil.engine import run
-from dfcil.loop import RunOptions
+from dfcil.compute.optim import phase_optimizer
 from dfcil.methods import Method, Phase, register_method, unregister_method
 from dfcil.models.batchnorm import BatchNorm2d
 from dfcil.models.network import build_network
-from dfcil.optim import phase_optimizer
+from dfcil.training.engine import run
+from dfcil.training.loop import RunOptions
 from test_methods import tiny_config
 
 
@@ -64,7 +64,7 @@ class PhaseEnds(Method):
 
 
 def test_on_phase_end_is_called_after_each_phase_in_order(monkeypatch):
-    from dfcil import engine
+    from dfcil.training import engine
 
     seen = []
     real = engine.phase_optimizer
@@ -118,7 +118,7 @@ class OwnSchedules(Method):
 
 def test_the_engine_trains_each_phase_with_its_own_gamma_momentum_and_weight_decay(monkeypatch):
     """Before, gamma, momentum and weight decay came from the train section whatever a phase said."""
-    from dfcil import engine
+    from dfcil.training import engine
 
     real = engine.train_epoch
 

@@ -20,10 +20,10 @@ from dfcil.cli import main
 from dfcil.data.datasets import DATASETS
 from dfcil.errors import ConfigError, PluginError, RegistryError, RunInterrupted
 from dfcil.load import load_config
-from dfcil.loggers import LOGGERS
 from dfcil.methods import METHODS
-from dfcil.models.resnet_cifar import BACKBONES
+from dfcil.models.backbones import BACKBONES
 from dfcil.registry import Registry
+from dfcil.training.loggers import LOGGERS
 
 EXAMPLE = REPO / "examples" / "plugin"
 SMOKE = str(CONFIGS / "smoke.yaml")
@@ -190,8 +190,8 @@ def _eval_in_a_new_process(run_dir: Path, cwd: Path, *extra: str) -> dict:
 
 
 def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_eval(site, tmp_path, monkeypatch):
-    from dfcil.runner import RunOptions, train
-    from dfcil.state import Interrupt
+    from dfcil.runs.runner import RunOptions, train
+    from dfcil.training.state import Interrupt
 
     work = tmp_path / "work"
     work.mkdir()
@@ -226,8 +226,8 @@ def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_ev
 def test_the_example_plugin_trains_resumes_sweeps_and_evaluates_by_name(site, tmp_path, monkeypatch, capsys):
     """examples/plugin, installed (its pyproject's entry points, on the path): every command finds its method by
     name, in this process and in new ones, with dfcil untouched."""
-    from dfcil.runner import RunOptions, train
-    from dfcil.state import Interrupt
+    from dfcil.runs.runner import RunOptions, train
+    from dfcil.training.state import Interrupt
 
     pyproject = (EXAMPLE / "pyproject.toml").read_text()  # what pip would install from it (no tomllib on 3.10)
     assert 'name = "dfcil-cosine-lwf"\nversion = "0.1.0"' in pyproject

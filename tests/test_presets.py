@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from conftest import CONFIGS
+from dfcil.analysis.paper import VARIANTS, protocol_name
+from dfcil.analysis.run_dirs import setting_of
 from dfcil.cli import main
 from dfcil.config import config_to_dict
 from dfcil.load import load_config
 from dfcil.methods import METHODS, build_method
-from dfcil.paper import VARIANTS, protocol_name
-from dfcil.runs import setting_of
 from test_images import TINY_SUBSET, write_imagenet, write_tiny_zip
 
 DATASETS = ("cifar100", "tiny_imagenet200", "imagenet100")
@@ -76,8 +76,8 @@ def header_commands() -> list[tuple[str, str, list[str]]]:
 
 
 def test_the_method_files_headers_are_what_the_generator_writes():
-    """Each method file's block of commands and numbers is what configs/make_presets.py writes from dfcil.paper,
-    and the commands are exactly the presets of PRESETS: none lost, none unlisted."""
+    """Each method file's block of commands and numbers is what configs/make_presets.py writes from
+    dfcil.analysis.paper, and the commands are exactly the presets of PRESETS: none lost, none unlisted."""
     gen = _generator()
     stale = [str(p.relative_to(CONFIGS)) for p, text in gen.presets().items() if p.read_text() != text]
     assert stale == [], "run python configs/make_presets.py"
@@ -89,7 +89,7 @@ def test_the_method_files_headers_are_what_the_generator_writes():
 
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_a_setting_file_holds_the_protocol_and_a_method_file_the_recipe(dataset):
-    """A setting file (named as dfcil.paper names its protocol) gives no method, so that any method file or
+    """A setting file (named as dfcil.analysis.paper names its protocol) gives no method, so that any method file or
     --method.name may follow it; a method file changes no protocol (data, model, seed): only its method section and
     the schedule keys its recipe changes."""
     for path in sorted((CONFIGS / dataset).rglob("*.yaml")):

@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from conftest import CONFIGS, StopInSetup
-from dfcil import diagnose, runner
-from dfcil.callbacks import ConsoleLogger
+from dfcil.analysis.run_dirs import runner
 from dfcil.checkpoint import loads
 from dfcil.errors import RunInterrupted
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
 from dfcil.progress import ProgressLog, duration
-from dfcil.state import EpochProgress, Interrupt, Position
+from dfcil.training import diagnostics as diagnose
+from dfcil.training.callbacks import ConsoleLogger
+from dfcil.training.loop import RunOptions
+from dfcil.training.state import EpochProgress, Interrupt, Position
 
 
 class FakeClock:

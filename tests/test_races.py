@@ -170,11 +170,11 @@ def test_a_run_finished_meanwhile_counts_as_finished(tmp_path):
     """A run whose directory another process completed while the sweep took it for unfinished: its `dfcil train`
     finds nothing to train or resume (exit 2), and the sweep records the run as finished, not failed."""
     from dfcil.load import build_config
-    from dfcil.loop import RunOptions
-    from dfcil.runner import train
+    from dfcil.runs.runner import train
     from dfcil.sweep.local import LocalRuns
     from dfcil.sweep.plan import plan
     from dfcil.sweep.state import Sweep
+    from dfcil.training.loop import RunOptions
 
     out = tmp_path / "sweep"
     overrides = [(key.removeprefix("--"), value) for key, value in zip(TINY_RUN[2:-1:2], TINY_RUN[3:-1:2], strict=True)]

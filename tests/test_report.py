@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from conftest import CONFIGS, REPO
+from dfcil.analysis.report import Stat, records, report
+from dfcil.analysis.run_dirs import find_runs, group_runs, setting_of
 from dfcil.cli import main
 from dfcil.errors import ReportError
 from dfcil.metrics import AccuracyMatrix
-from dfcil.report import Stat, records, report
-from dfcil.runs import find_runs, group_runs, setting_of
 
 # Ten values, then ten aliases of the one before, nine times: 10^9 values once expanded ("billion laughs").
 BOMB = (
@@ -237,8 +237,8 @@ def test_the_colour_bar_label_stands_clear_of_the_next_panel(tmp_path):
     pytest.importorskip("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from dfcil.plots import run_figure
-    from dfcil.runs import Run
+    from dfcil.analysis.plots import run_figure
+    from dfcil.analysis.run_dirs import Run
 
     m = AccuracyMatrix(5)
     for i in range(5):
@@ -344,7 +344,7 @@ def test_a_summary_or_config_that_is_no_regular_file_is_skipped_without_waiting(
 
 def test_the_report_never_imports_torch(runs_root):
     code = (
-        "import sys; from dfcil.cli import main; import dfcil.plots, dfcil.paper; "
+        "import sys; from dfcil.cli import main; import dfcil.analysis.plots, dfcil.analysis.paper; "
         f"assert main(['report', {str(runs_root)!r}]) == 0; assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
@@ -373,7 +373,7 @@ def test_plots_refuse_a_file_as_folder_and_a_damaged_image_in_one_line(runs_root
 
 
 def test_forgetting_per_task_is_metrics_forgetting_of_each_prefix():
-    from dfcil.plots import forgetting_per_task
+    from dfcil.analysis.plots import forgetting_per_task
 
     m = AccuracyMatrix(3)
     for i, (correct, count) in enumerate([([80], [100]), ([50, 90], [100, 100]), ([30, 60, 70], [100, 100, 100])]):
@@ -497,8 +497,8 @@ def test_a_method_key_added_since_a_run_was_saved_reads_as_what_the_run_trained(
 def test_the_method_keys_the_report_fills_in_are_the_methods_defaults():
     import dataclasses
 
+    from dfcil.analysis.run_dirs import METHOD_KEYS_ADDED
     from dfcil.methods import METHODS
-    from dfcil.runs import METHOD_KEYS_ADDED
 
     for name, keys in METHOD_KEYS_ADDED.items():
         defaults = dataclasses.asdict(METHODS.get(name).Config())

@@ -16,14 +16,14 @@ import torch
 from filelock import FileLock
 
 from conftest import CONFIGS, StopAfterEpochs
-from dfcil.callbacks import Callback
 from dfcil.checkpoint import FORMAT, MAGIC, Checkpointer, dumps, loads, peek_position
 from dfcil.cli import main
 from dfcil.errors import CheckpointError, RunInterrupted
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
-from dfcil.runner import train
-from dfcil.state import Interrupt
+from dfcil.runs.runner import train
+from dfcil.training.callbacks import Callback
+from dfcil.training.loop import RunOptions
+from dfcil.training.state import Interrupt
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 # 15 steps per epoch; task 1: 40 inversion steps (checkpointed every step), 2 RRL and 3 CHR epochs
@@ -303,7 +303,7 @@ def test_resume_may_switch_cuda_graphs_and_the_data_root(reference, tmp_path):
 def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_path, monkeypatch, capsys):
     """Every key the README calls a runtime key is accepted by `dfcil resume` as --KEY VALUE and reaches the run;
     the rest are refused with one line; a resume with two of them continues the run exactly."""
-    from dfcil import runner
+    from dfcil.analysis.run_dirs import runner
     from dfcil.config import RUNTIME_KEYS
 
     _, out = _unfinished(tmp_path)
@@ -547,7 +547,7 @@ def test_optimizer_state_resumes_in_its_parameters_layout_and_kernel(kernel):
     """A channels_last conv's momentum comes back with the conv's strides (a fused kernel needs them and computes
     nonsense without), and the resumed optimiser keeps its own kernel flags, not the saved run's."""
     from dfcil.checkpoint import FORMAT, dumps, loads
-    from dfcil.optim import load_optimizer_state
+    from dfcil.compute.optim import load_optimizer_state
 
     def conv():
         torch.manual_seed(0)
@@ -577,7 +577,7 @@ def test_optimizer_state_resumes_in_its_parameters_layout_and_kernel(kernel):
 
 
 def test_random_streams_from_another_kind_of_device_are_refused_before_any_is_set():
-    from dfcil.state import capture_rng, restore_rng
+    from dfcil.training.state import capture_rng, restore_rng
 
     state = capture_rng({"data": torch.Generator().manual_seed(1)})
     state["generators"]["data"] = torch.zeros(16, dtype=torch.uint8)  # a CUDA generator's state
@@ -607,8 +607,8 @@ def test_random_streams_from_another_kind_of_device_are_refused_before_any_is_se
     ],
 )
 def test_shared_first_task_key_follows_what_shapes_task_0(override, shares):
-    from dfcil.protocol import prepare
-    from dfcil.task0 import task0_key
+    from dfcil.training.protocol import prepare
+    from dfcil.training.task0 import task0_key
 
     def key(*overrides):
         cfg = load_config([SMOKE], [(k, v) for k, v in overrides])[0]
@@ -620,8 +620,8 @@ def test_shared_first_task_key_follows_what_shapes_task_0(override, shares):
 def test_shared_first_task_key_follows_the_head_a_method_config_chooses():
     """lwf's head is a config key (LDC's recipe: cosine): another head is another first-task model; its local CE
     is the full CE in task 0, so ``ce`` alone shares."""
-    from dfcil.protocol import prepare
-    from dfcil.task0 import task0_key
+    from dfcil.training.protocol import prepare
+    from dfcil.training.task0 import task0_key
 
     def key(*overrides):
         cfg = load_config([SMOKE], [("method.name", "lwf"), *overrides])[0]
@@ -637,10 +637,10 @@ def test_shared_first_task_key_follows_the_images_and_the_code(monkeypatch):
     train other first-task models, and so does other code: each gives another key."""
     import dataclasses
 
-    import dfcil.task0
+    import dfcil.training.task0
     from dfcil.data.datasets import ImageArrays
-    from dfcil.protocol import prepare
-    from dfcil.task0 import task0_key
+    from dfcil.training.protocol import prepare
+    from dfcil.training.task0 import task0_key
 
     cfg = load_config([SMOKE], [])[0]
     protocol = prepare(cfg)
@@ -659,7 +659,7 @@ def test_shared_first_task_key_follows_the_images_and_the_code(monkeypatch):
             renamed, dataset=dataclasses.replace(renamed.dataset, classes=tuple(f"d{i}" for i in range(ds.num_classes)))
         ),
     )
-    monkeypatch.setattr(dfcil.task0, "source_revision", lambda: "0.1.0+another")
+    monkeypatch.setattr(dfcil.training.task0, "source_revision", lambda: "0.1.0+another")
     assert task0_key(cfg, protocol) != key
 
 
@@ -679,7 +679,7 @@ def test_a_missing_or_foreign_static_file_is_reported_and_the_previous_checkpoin
 
 
 def test_random_streams_of_another_run_are_refused():
-    from dfcil.state import capture_rng, restore_rng
+    from dfcil.training.state import capture_rng, restore_rng
 
     state = capture_rng({"data": torch.Generator()})
     with pytest.raises(CheckpointError, match=r"checkpoint has RNG streams \['data'\], run has \['data', 'method'\]"):
@@ -741,9 +741,9 @@ def test_a_checkpoint_written_before_a_config_key_existed_resumes(tmp_path):
     from dfcil.checkpoint import dumps, loads
     from dfcil.errors import ConfigError, RunInterrupted
     from dfcil.load import load_config
-    from dfcil.loop import RunOptions
-    from dfcil.runner import resume, train
-    from dfcil.state import Interrupt
+    from dfcil.runs.runner import resume, train
+    from dfcil.training.loop import RunOptions
+    from dfcil.training.state import Interrupt
 
     cfg, _ = load_config([CONFIGS / "smoke.yaml"], [("train.epochs", "2"), ("train.milestones", "[]")])
     interrupt = Interrupt()
@@ -761,8 +761,8 @@ def test_a_checkpoint_written_before_a_config_key_existed_resumes(tmp_path):
     # a value that differs is still refused
     edited = dict(old, seed=old["seed"] + 1)
     with pytest.raises(ConfigError, match="seed: 2 in the checkpoint, 1 now|another config"):
-        from dfcil.callbacks import Checkpointing
         from dfcil.config import config_to_dict
+        from dfcil.training.callbacks import Checkpointing
 
         (tmp_path / "b" / "checkpoints").mkdir(parents=True)
         (tmp_path / "b" / "checkpoints" / "last.pt").write_bytes(dumps(payload | {"config": edited}))
@@ -776,8 +776,8 @@ def test_a_run_is_not_resumed_on_other_data_than_it_started_on(tmp_path, caplog)
     import json as _json
 
     from dfcil.errors import ConfigError
-    from dfcil.protocol import prepare
-    from dfcil.runner import check_same_data, resume
+    from dfcil.runs.runner import check_same_data, resume
+    from dfcil.training.protocol import prepare
 
     cfg, out = _unfinished(tmp_path, epochs=1)
     meta = _json.loads((out / "meta.json").read_text())
@@ -830,7 +830,7 @@ def test_a_callback_keeps_its_own_state_under_its_key_across_a_resume(tmp_path):
     """Lightning's Callback.state_dict: a callback's state goes into every checkpoint under its key and comes back
     in the resumed process; it adds to each task's record and to the summary. The timer and the diagnostics do
     the same (no field of the run state is theirs)."""
-    from dfcil.runner import resume
+    from dfcil.runs.runner import resume
 
     cfg, _ = load_config([CONFIGS / "smoke.yaml"])
     interrupt = Interrupt()

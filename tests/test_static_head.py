@@ -9,19 +9,19 @@ import torch
 import torch.nn.functional as F
 
 from conftest import smoke_configs
+from dfcil.compute.runtime import Runtime
 from dfcil.data.device import Normalizer, TrainBatches
-from dfcil.engine import build, run
 from dfcil.errors import ConfigError
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
 from dfcil.losses.classification import local_ce
 from dfcil.losses.distillation import hkd_l1
 from dfcil.methods import Batch, Phase, TaskContext, build_method
 from dfcil.models.heads import MASKED_LOGIT, IncrementalLinear, StaticLinear
 from dfcil.models.network import build_network
-from dfcil.protocol import prepare
-from dfcil.runtime import Runtime
 from dfcil.synthesis.regularizers import diversity_loss
+from dfcil.training.engine import build, run
+from dfcil.training.loop import RunOptions
+from dfcil.training.protocol import prepare
 
 
 def _heads(sizes=(3, 2), capacity=10):
@@ -208,8 +208,8 @@ def test_static_head_run_interrupted_in_rrl_resumes_exactly(tmp_path) -> None:
     from conftest import StopAfterEpochs
     from dfcil.checkpoint import loads
     from dfcil.errors import RunInterrupted
-    from dfcil.runner import resume, train
-    from dfcil.state import Interrupt
+    from dfcil.runs.runner import resume, train
+    from dfcil.training.state import Interrupt
 
     over = [("model.static_head", "true"), ("train.epochs", "3"), ("train.milestones", "[1]")]
     over += [("method.chr_epochs", "1"), ("epoch_checkpoint_interval_s", "0")]

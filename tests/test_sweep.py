@@ -12,11 +12,11 @@ from conftest import StopAfterEpochs
 from dfcil.cli import main
 from dfcil.errors import ConfigError, RunInterrupted
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
-from dfcil.runner import train
-from dfcil.state import Interrupt
+from dfcil.runs.runner import train
 from dfcil.sweep.gpus import default_jobs
 from dfcil.sweep.plan import SweepRun, parse_grid, plan, split_values
+from dfcil.training.loop import RunOptions
+from dfcil.training.state import Interrupt
 
 TINY = ["--train.epochs", "2", "--train.milestones", "[]", "--method.inversion.steps", "2"]  # a few seconds a run
 
@@ -77,6 +77,18 @@ def test_plan_refuses_two_runs_of_one_config_under_two_names(tmp_path):
     with pytest.raises(ConfigError, match="runs 'smoke' and 'copy' .* same config"):
         plan([["configs/smoke.yaml"], [str(copy)]])
     assert len(plan([["configs/smoke.yaml"]], [("train.lr", ["0.1", "0.05"])])) == 2
+
+
+def test_runs_of_one_method_over_two_datasets_settings_get_names_of_their_own():
+    from dfcil.sweep.plan import _config_labels
+
+    groups = [[f"configs/{dataset}/{setting}.yaml", f"configs/{dataset}/rdfcil.yaml"]
+              for dataset in ("cifar100", "tiny_imagenet200") for setting in ("n5", "n10")]  # fmt: skip
+    assert _config_labels(groups) == [
+        "cifar100-n5+rdfcil", "cifar100-n10+rdfcil", "tiny_imagenet200-n5+rdfcil", "tiny_imagenet200-n10+rdfcil"
+    ]  # fmt: skip
+    assert _config_labels([groups[0], groups[2]]) == ["cifar100-rdfcil", "tiny_imagenet200-rdfcil"]
+    assert _config_labels([groups[0], [groups[0][0], "configs/cifar100/abd.yaml"]]) == ["rdfcil", "abd"]
 
 
 def test_default_jobs_packs_small_runs_by_free_gpu_memory():

@@ -11,12 +11,12 @@ import torch
 from PIL import Image
 
 from conftest import CONFIGS
-from dfcil.callbacks import Callback
 from dfcil.cli import main
 from dfcil.errors import ConfigError
 from dfcil.load import load_config
-from dfcil.loop import RunOptions
-from dfcil.state import Position
+from dfcil.training.callbacks import Callback
+from dfcil.training.loop import RunOptions
+from dfcil.training.state import Position
 
 SMOKE = str(CONFIGS / "smoke.yaml")
 
@@ -62,7 +62,7 @@ class _Final(Callback):
 def test_the_grids_and_loggers_leave_the_results_unchanged(finished):
     """The shared run (grids, CSV, TensorBoard) against the bare engine: same accuracy matrix, same weights."""
     from dfcil.checkpoint import loads
-    from dfcil.engine import run
+    from dfcil.training.engine import run
 
     final = _Final()
     bare = run(load_config([SMOKE])[0], options=RunOptions(callbacks=[final], progress=False))
@@ -74,8 +74,8 @@ def test_the_grids_and_loggers_leave_the_results_unchanged(finished):
 
 
 def test_sampling_a_grid_touches_no_random_stream_and_keeps_the_generators_mode():
-    from dfcil.grid import grid_seed, sample_images, tile_images
     from dfcil.models.generator import build_generator
+    from dfcil.training.grid import grid_seed, sample_images, tile_images
 
     generator = build_generator(32, zdim=8).train()
     before = {k: v.clone() for k, v in generator.state_dict().items()}
@@ -151,7 +151,7 @@ def test_tensorboard_holds_losses_lr_accuracies_and_the_grids(finished):
 
 
 def test_the_step_axis_gives_each_checkpoint_position_a_step():
-    from dfcil.loggers import StepAxis
+    from dfcil.training.loggers import StepAxis
 
     axis = StepAxis(((2,), (2, 1)))
     assert [axis.setup(0), axis.epoch(0, 0, 0), axis.epoch(0, 0, 1), axis.evaluation(0)] == [0, 1, 2, 3]
@@ -178,7 +178,7 @@ def test_loggers_and_grids_survive_a_crash_and_resume_without_repeating_rows(fin
     """Killed after the first RRL epoch, whose records follow the last checkpoint (task 1's setup end): the resumed
     run logs that epoch again, the CSV files hold it once, TensorBoard purges the first copy, and the grid that
     was deleted meanwhile is drawn again from the restored generator."""
-    from dfcil.runner import train
+    from dfcil.runs.runner import train
 
     cfg = load_config([SMOKE], [("log", "[csv, tensorboard]"), ("epoch_checkpoint_interval_s", "3600")])[0]
     out = tmp_path / "run"
@@ -214,7 +214,7 @@ def test_unknown_loggers_and_missing_extras_are_refused_before_a_run_directory_e
 
 
 def test_eval_reproduces_the_runs_last_accuracy_row(finished, capsys):
-    from dfcil.tools import evaluate_run
+    from dfcil.analysis.tools import evaluate_run
 
     summary = json.loads((finished / "summary.json").read_text())
     report = evaluate_run(finished)
@@ -227,7 +227,7 @@ def test_eval_reproduces_the_runs_last_accuracy_row(finished, capsys):
 
 
 def test_eval_of_chosen_classes_or_tasks(finished, capsys):
-    from dfcil.tools import evaluate_run
+    from dfcil.analysis.tools import evaluate_run
 
     summary = json.loads((finished / "summary.json").read_text())
     first = summary["tasks"][0]
@@ -253,8 +253,8 @@ def test_eval_refuses_what_the_run_does_not_have(finished, capsys, args, message
 
 
 def test_a_class_name_not_in_the_run_is_refused_with_the_names_and_the_closest():
+    from dfcil.analysis.tools import selected_labels
     from dfcil.data.splits import ClassIncrementalSplit
-    from dfcil.tools import selected_labels
 
     split = ClassIncrementalSplit.build(12, 2, 0, class_order=list(range(12)))
     names = [f"fruit{i}" for i in range(10)] + ["apple", "pear"]
@@ -267,7 +267,7 @@ def test_a_class_name_not_in_the_run_is_refused_with_the_names_and_the_closest()
 
 
 def test_commands_on_a_run_without_a_final_model_say_so(finished, tmp_path, capsys):
-    from dfcil.tools import evaluate_run
+    from dfcil.analysis.tools import evaluate_run
 
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
@@ -306,7 +306,7 @@ def test_exported_safetensors_rebuild_the_final_network(finished, tmp_path, caps
     x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(net.eval()(x).logits, load_model(finished / "model.pt")(x).logits)
-    with pytest.raises(SystemExit, match="2"):  # argparse refuses it, listing dfcil.tools.EXPORT_FORMATS
+    with pytest.raises(SystemExit, match="2"):  # argparse refuses it, listing dfcil.analysis.tools.EXPORT_FORMATS
         main(["export", str(finished), "--format", "onnx"])
     assert "invalid choice: 'onnx' (choose from 'safetensors')" in capsys.readouterr().err
 
@@ -316,7 +316,7 @@ def test_the_card_names_classes_by_raw_id_as_the_summary_does_and_outputs_apart(
     model.pt keeps its names by output, as runs written before the card changed do, so their export reads alike."""
     import dataclasses
 
-    from dfcil.tools import FinishedRun, model_card
+    from dfcil.analysis.tools import FinishedRun, model_card
 
     run = FinishedRun.open(finished)
     order, names = [3, 7, 0, 9, 1, 5, 2, 8, 4, 6], [f"class_{c}" for c in range(10)]
@@ -393,8 +393,8 @@ def test_inspect_plots_the_features_of_real_and_stored_synthetic_images(finished
 
 
 def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path, capsys):
-    from dfcil.features import inspect_features, synthetic_images
-    from dfcil.tools import FinishedRun
+    from dfcil.analysis.features import inspect_features, synthetic_images
+    from dfcil.analysis.tools import FinishedRun
 
     run_dir = tmp_path / "run"
     shutil.copytree(finished, run_dir, ignore=shutil.ignore_patterns("tensorboard", "inspect"))
@@ -422,9 +422,9 @@ def test_on_cuda_with_graphs_the_grids_logs_and_commands_work(tmp_path):
     (Written for a GPU machine; not yet run on one.)"""
     from safetensors.torch import load_file
 
-    from dfcil.features import fresh_generator, inspect_features
+    from dfcil.analysis.features import fresh_generator, inspect_features
+    from dfcil.analysis.tools import FinishedRun, evaluate_run
     from dfcil.models.network import build_network
-    from dfcil.tools import FinishedRun, evaluate_run
 
     out = tmp_path / "run"
     engine = ["--device", "cuda", "--engine.cuda_graphs", "on", "--engine.channels_last", "true"]

@@ -6,8 +6,9 @@ Public API::
     summary = dfcil.train(cfg, "runs/smoke")      # as `dfcil train`: a new run directory
     summary = dfcil.resume("runs/smoke")           # as `dfcil resume`: an unfinished one
     dfcil.list_methods()
+    net = dfcil.load_model("runs/smoke/model.pt")   # the final network, in eval mode
 
-The training loop itself is :func:`dfcil.engine.run`, which the two above call with the run directory's
+The training loop itself is :func:`dfcil.training.engine.run`, which the two above call with the run directory's
 loggers and checkpoints.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dfcil.version import __version__
 
-__all__ = ["__version__", "list_methods", "load_config", "resume", "train"]
+__all__ = ["__version__", "list_methods", "load_config", "load_model", "resume", "train"]
 
 
 def load_config(paths=(), overrides=()):
@@ -31,18 +32,25 @@ def load_config(paths=(), overrides=()):
 
 def train(cfg, out, progress=None):
     """Train ``cfg`` into the new run directory ``out``; returns the summary dict (also ``out/summary.json``)."""
-    from dfcil.runner import RunOptions
-    from dfcil.runner import train as _train
+    from dfcil.runs.runner import RunOptions
+    from dfcil.runs.runner import train as _train
 
     return _train(cfg, out, RunOptions(progress=progress))
 
 
 def resume(run_dir, progress=None):
     """Continue the unfinished run in ``run_dir`` from its newest checkpoint; returns the summary dict."""
-    from dfcil.runner import RunOptions
-    from dfcil.runner import resume as _resume
+    from dfcil.runs.runner import RunOptions
+    from dfcil.runs.runner import resume as _resume
 
     return _resume(run_dir, options=RunOptions(progress=progress))
+
+
+def load_model(path):
+    """The final network a run saved (``RUN/model.pt``), in eval mode (:func:`dfcil.model_file.load_model`)."""
+    from dfcil.model_file import load_model as _load
+
+    return _load(path)
 
 
 def list_methods() -> list[str]:

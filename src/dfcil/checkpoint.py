@@ -9,8 +9,8 @@ tensor index is checked against the block.
 Layout of ``<run>/checkpoints``: ``last.pt`` (newest), ``prev.pt`` (the one before, the fallback), and
 ``task<t>-static.pt`` (per-task state that never changes after the task's setup: frozen teacher and generator),
 written once and referenced by digest so that per-epoch checkpoints stay small. What a checkpoint holds is
-:meth:`dfcil.loop.Loop.snapshot` plus the static file's reference and ``metrics.jsonl``'s length
-(:class:`dfcil.callbacks.Checkpointing`).
+:meth:`dfcil.training.loop.Loop.snapshot` plus the static file's reference and ``metrics.jsonl``'s length
+(:class:`dfcil.training.callbacks.Checkpointing`).
 """
 
 from __future__ import annotations

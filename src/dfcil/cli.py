@@ -1,5 +1,5 @@
-"""Command line: parsing only; the work is done by :mod:`dfcil.runner` and :mod:`dfcil.engine` (training) and by
-:mod:`dfcil.tools` and :mod:`dfcil.features` (finished runs).
+"""Command line: parsing only; the work is done by :mod:`dfcil.runs.runner` and :mod:`dfcil.training.engine` (training)
+and by :mod:`dfcil.analysis.tools` and :mod:`dfcil.analysis.features` (finished runs).
 
 dfcil train --config FILE.yaml [--config MORE.yaml] [--section.key VALUE ...] [--out DIR] [--plugin MODULE ...]
             [--device DEV] [--log csv,tensorboard] [--print-config] [--dry-run] [--progress | --no-progress]
@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dfcil import report
+from dfcil.analysis import report
 from dfcil.config import RUNTIME_KEYS, TOP_LEVEL_SCALARS, RunConfig, dump_config, parse_value
 from dfcil.errors import (
     EXIT_BAD_INPUT,
@@ -225,7 +225,7 @@ def _log_names(values: list[str] | None) -> list[str] | None:
 
 
 def _add_run_tools(sub: argparse._SubParsersAction) -> None:
-    """The commands on a finished run directory (dfcil.tools, dfcil.features)."""
+    """The commands on a finished run directory (dfcil.analysis.tools, dfcil.analysis.features)."""
     ev = sub.add_parser("eval", help="evaluate a finished run's final model (model.pt) on the test set")
     ev.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
     ev.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
@@ -268,12 +268,12 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
 
 
 class _ExportFormats:
-    """``dfcil export --format``'s choices: the names in :data:`dfcil.tools.EXPORT_FORMATS`, read when argparse
+    """``dfcil export --format``'s choices: the names in :data:`dfcil.analysis.tools.EXPORT_FORMATS`, read when argparse
     reads the choices (``dfcil export`` parsing its options or printing its help), so that building the parser
-    imports neither dfcil.tools nor torch."""
+    imports neither dfcil.analysis.tools nor torch."""
 
     def __iter__(self) -> Iterator[str]:
-        from dfcil.tools import EXPORT_FORMATS
+        from dfcil.analysis.tools import EXPORT_FORMATS
 
         return iter(EXPORT_FORMATS.names())
 
@@ -286,7 +286,7 @@ def _ids(text: str | None, kind: type = str) -> list | None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from dfcil.tools import evaluate_run, format_report
+    from dfcil.analysis.tools import evaluate_run, format_report
 
     try:
         tasks = _ids(args.tasks, int)
@@ -298,7 +298,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from dfcil.tools import export_run
+    from dfcil.analysis.tools import export_run
 
     for path in export_run(args.run_dir, args.fmt, args.out, args.data_root, _consent(args)):
         print(path)
@@ -307,7 +307,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     if args.mode == "synthetic":
-        from dfcil.diagnose import inspect_synthetic
+        from dfcil.analysis.inversions import inspect_synthetic
 
         table, paths, missing = inspect_synthetic(args.run_dir, args.out)
         print(table)
@@ -316,7 +316,7 @@ def _inspect(args: argparse.Namespace) -> int:
         if missing:
             print(missing, file=sys.stderr)
         return 0
-    from dfcil.features import inspect_features
+    from dfcil.analysis.features import inspect_features
 
     for n, name in ((args.per_class, "--per-class"), (args.synthetic_images, "--synthetic-images")):
         if n < 1:
@@ -369,10 +369,10 @@ def _datasets(args: argparse.Namespace) -> int:
 
 
 def _print_protocol(cfg: RunConfig) -> None:
+    from dfcil.compute.runtime import resolve_device
     from dfcil.methods import Task, build_method
     from dfcil.progress import make_progress
-    from dfcil.protocol import prepare
-    from dfcil.runtime import resolve_device
+    from dfcil.training.protocol import prepare
 
     protocol = prepare(cfg, make_progress(None))
     split, ds = protocol.split, protocol.dataset
@@ -415,7 +415,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     if args.dry_run:
         _print_protocol(cfg)
         return 0
-    from dfcil import runner
+    from dfcil.analysis.run_dirs import runner
 
     out = args.out or f"runs/{cfg.method.name}-{datetime.now():%Y%m%d-%H%M%S}"
     options = runner.RunOptions(progress=args.progress, argv=argv)
@@ -424,7 +424,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
 
 
 def _resume(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:
-    from dfcil import runner
+    from dfcil.analysis.run_dirs import runner
 
     overrides = {}
     for key, text in _split_overrides(unknown):  # any runtime key, as --KEY VALUE
@@ -451,7 +451,7 @@ def _interruptible(run_dir: str, options: Any, work: Callable[[], object]) -> in
     """Run ``work()`` so that the first Ctrl-C or SIGTERM stops it cleanly after a checkpoint (exit 130)."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from dfcil.runner import stop_on_signals
+    from dfcil.runs.signals import stop_on_signals
 
     try:
         with stop_on_signals(options.interrupt), logging_redirect_tqdm(loggers=[log]):
@@ -486,8 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("dfcil: interrupted", file=sys.stderr)
         return 130
     finally:
-        if "dfcil.distributed" in sys.modules:  # a run over several processes (torchrun) leaves its group
-            sys.modules["dfcil.distributed"].stop()
+        if "dfcil.compute.distributed" in sys.modules:  # a run over several processes (torchrun) leaves its group
+            sys.modules["dfcil.compute.distributed"].stop()
 
 
 def _discard_stdout() -> None:

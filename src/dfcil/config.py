@@ -173,7 +173,7 @@ class EngineConfig:
     compile_cache: Annotated[str, BeforeValidator(_yaml_switch)] = "auto"  # YAML reads a bare off as false
     cudnn_benchmark: bool = True  # CUDA only
     fused_optimizer: bool = True  # fused SGD/Adam kernels; CUDA only
-    # Training and inversion steps as CUDA graphs (dfcil.graphs). on: captured per phase and lr, replayed (CUDA
+    # Training and inversion steps as CUDA graphs (dfcil.compute.graphs). on: captured per phase and lr, replayed (CUDA
     # only; eager elsewhere and for methods not marked graph-safe); check: eager, verifying on any device that
     # the steps could be replayed (for new methods); off: eager.
     cuda_graphs: OnOffCheck = "off"
@@ -226,7 +226,7 @@ class RunConfig:
     epoch_checkpoint_interval_s: NonNegativeFloat = 0.0
     # directory of shared first-task models (README, "Interruptions and resume"); runtime only
     task0_cache: str | None = None
-    # metric logs beside metrics.jsonl: csv, tensorboard (dfcil.loggers; dfcil train --log); runtime only
+    # metric logs beside metrics.jsonl: csv, tensorboard (dfcil.training.loggers; dfcil train --log); runtime only
     log: tuple[str, ...] = ()
     # modules (names, or .py files: absolute once loaded) imported before the method is looked up, so that what
     # they register (a method, a dataset, ...) can be named; every later process of the run imports them again

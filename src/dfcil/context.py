@@ -10,10 +10,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from dfcil.compute.runtime import Runtime
 from dfcil.config import TrainConfig
 from dfcil.data.device import TrainBatches
 from dfcil.models.network import IncrementalNet
-from dfcil.runtime import Runtime
 
 _TRAIN = TrainConfig()  # the train section's defaults, which a phase's own defaults are
 

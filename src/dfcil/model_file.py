@@ -1,5 +1,6 @@
-"""The final network's file, ``model.pt``: written when a run ends (:class:`dfcil.runner.SaveModel`), read by
-``dfcil eval``, ``export`` and ``inspect`` and by users (:func:`load_model`), none of which imports the engine.
+"""The final network's file, ``model.pt``: written when a run ends (:class:`dfcil.training.callbacks.SaveModel`),
+read by ``dfcil eval``, ``export`` and ``inspect`` and by users (:func:`load_model`), none of which imports the
+engine.
 
 The file is in the safe checkpoint format (:mod:`dfcil.checkpoint`): the weights, the head's block sizes, the
 backbone's and the head's registered names, and what the inputs and outputs mean.

@@ -37,7 +37,7 @@ from typing import Any
 
 from dfcil.errors import PluginError
 
-GROUPS = ("dfcil.methods", "dfcil.datasets", "dfcil.backbones", "dfcil.loggers")
+GROUPS = ("dfcil.methods", "dfcil.datasets", "dfcil.backbones", "dfcil.training.loggers")
 
 
 def entry_points(group: str) -> list[importlib.metadata.EntryPoint]:

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dfcil.compute.distributed import Dist
 from dfcil.data.datasets import ImageArrays
-from dfcil.distributed import Dist
 
 
 def class_indices(

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfcil.precision import full_precision
+from dfcil.compute.precision import full_precision
 
 
 def hkd_l1(student_logits: Tensor, teacher_logits: Tensor, old: int | Tensor | None = None) -> Tensor:

@@ -41,7 +41,7 @@ class MethodInfo:
     # compares old or new columns through the head's masks, never by slicing with the task's class counts.
     static_head: bool = False
     # It trains over several processes (torchrun): every loss term is a mean over samples, or computed over the
-    # global batch through ctx.runtime.dist (dfcil.distributed).
+    # global batch through ctx.runtime.dist (dfcil.compute.distributed).
     distributed: bool = False
 
 

@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dfcil.compute.precision import full_precision
 from dfcil.config import MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, TrainConfig, configclass
 from dfcil.context import Task
 from dfcil.methods.base import Batch, Method, Phase, TaskContext, register_method
 from dfcil.methods.memory import features_of
 from dfcil.models.network import IncrementalNet, NetOutput
-from dfcil.precision import full_precision
 
 
 @configclass

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dfcil.compute.distributed import Dist
 from dfcil.config import MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
-from dfcil.distributed import Dist
 from dfcil.errors import ConfigError
 from dfcil.losses.classification import balanced_class_weights, class_histogram, local_ce
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle

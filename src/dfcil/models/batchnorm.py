@@ -45,7 +45,7 @@ def batch_moments(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def global_moments(x: Tensor, dist, count: bool = False) -> tuple[Tensor, ...]:  # noqa: ANN001
-    """:func:`batch_moments` over every process's ``x`` together (``dist`` a :class:`dfcil.distributed.Dist`):
+    """:func:`batch_moments` over every process's ``x`` together (``dist`` a :class:`dfcil.compute.distributed.Dist`):
     per-channel sums, sums of squares and counts summed over processes, differentiably; with ``count`` also the
     number of values per channel."""
     c, xf = x.shape[1], x.float()
@@ -114,8 +114,9 @@ class BNMode:
 
 class BatchNorm2d(nn.BatchNorm2d):
     """``nn.BatchNorm2d`` that understands :class:`BNMode`; identical to it when ``bn`` is None. With :attr:`sync`
-    (a :class:`dfcil.distributed.Dist` of several processes, set by the engine under ``engine.sync_bn``) a training
-    batch is normalised with the statistics of the global batch, every process's part of each BN group together."""
+    (a :class:`dfcil.compute.distributed.Dist` of several processes, set by the engine under ``engine.sync_bn``) a
+    training batch is normalised with the statistics of the global batch, every process's part of each BN group
+    together."""
 
     sync = None  # a Dist of several processes: synchronise batch statistics
 

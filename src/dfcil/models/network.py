@@ -9,9 +9,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from dfcil.models.backbones import BACKBONES
 from dfcil.models.batchnorm import BatchNorm2d, BNMode
 from dfcil.models.heads import HEADS, StaticLinear
-from dfcil.models.resnet_cifar import BACKBONES, memory_format_of
+from dfcil.models.resnet_cifar import memory_format_of
 
 
 class _SpatialMean(torch.autograd.Function):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dfcil.models.backbones import BACKBONES
 from dfcil.models.batchnorm import BatchNorm2d, BNMode
-from dfcil.models.resnet_cifar import BACKBONES
 
 
 class Block(nn.Module):

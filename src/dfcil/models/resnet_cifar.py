@@ -13,11 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dfcil.models.backbones import BACKBONES
 from dfcil.models.batchnorm import BatchNorm2d, BNMode
-from dfcil.registry import Registry
-
-# filled by the modules dfcil/models/__init__.py imports, and by plugins (entry points of dfcil.backbones)
-BACKBONES: Registry = Registry("backbone", group="dfcil.backbones")
 
 
 def memory_format_of(x: Tensor) -> torch.memory_format:

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dfcil.analysis.paper import DATASETS
 from dfcil.config import RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
 from dfcil.errors import ConfigError
 from dfcil.io import read_regular_text, write_atomic
-from dfcil.paper import DATASETS
 
 RESERVED = frozenset({"logs", "slurm"})  # the sweep's own folders
 PATH_KEYS = frozenset({"data.root", "data.cache", "task0_cache"})
@@ -137,12 +137,19 @@ def _slug(text: str) -> str:
 
 
 def _config_labels(groups: Sequence[Sequence[str]]) -> list[str]:
-    """Short distinct names for the config groups: the last file's stem, with its folder where stems repeat."""
-    labels = [Path(g[-1]).stem for g in groups]
-    if len(set(labels)) < len(labels):
-        labels = [f"{Path(g[-1]).parent.name}-{Path(g[-1]).stem}" for g in groups]
-    if len(set(labels)) < len(labels):
-        labels = ["+".join(Path(p).stem for p in g) for g in groups]
+    """Short distinct names for the config groups: the last file's stem; with its folder where stems repeat; every
+    file's stem (``n5+rdfcil``) where those repeat too; and the first file's folder before them (one method over the
+    settings of two datasets: ``cifar100-n5+rdfcil``, ``tiny_imagenet200-n5+rdfcil``)."""
+    candidates = (
+        lambda g: Path(g[-1]).stem,
+        lambda g: f"{Path(g[-1]).parent.name}-{Path(g[-1]).stem}",
+        lambda g: "+".join(Path(p).stem for p in g),
+        lambda g: f"{Path(g[0]).parent.name}-" + "+".join(Path(p).stem for p in g),
+    )
+    for name in candidates:
+        labels = [name(g) for g in groups]
+        if len(set(labels)) == len(labels):
+            break
     return [_slug(label) for label in labels]
 
 
@@ -182,7 +189,7 @@ def plan(
                 raise ConfigError(f"{'+'.join(files)}{' with ' + shown if shown else ''}: {err}") from None
             cfg = with_absolute_paths(cfg)
             if cfg.log:
-                from dfcil.loggers import LOGGERS
+                from dfcil.training.loggers import LOGGERS
 
                 for logger in cfg.log:
                     LOGGERS.get(logger)  # an unknown logger fails here, not in every run

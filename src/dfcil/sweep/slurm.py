@@ -15,7 +15,7 @@ from dfcil.sweep.state import MAX_ATTEMPTS, Sweep
 
 
 class SweepJob:
-    """A submitit job: one run, in-process through the runner's API (:func:`dfcil.runner.train` on the run's
+    """A submitit job: one run, in-process through the runner's API (:func:`dfcil.runs.runner.train` on the run's
     resolved config, which resumes an unfinished run directory); with ``procs`` > 1, its ``dfcil train`` command
     line (``argv``) under ``torchrun --standalone --nproc-per-node procs`` (one process per GPU of the job;
     docs/distributed.md). A preempted or timed-out job is requeued (``checkpoint``) and resumes from the run's
@@ -33,7 +33,8 @@ class SweepJob:
             return code
         from dfcil.load import build_config
         from dfcil.progress import log_to_console
-        from dfcil.runner import RunOptions, stop_on_signals, train
+        from dfcil.runs.runner import RunOptions, train
+        from dfcil.runs.signals import stop_on_signals
 
         log_to_console()
         options = RunOptions(progress=False, argv=self.argv)

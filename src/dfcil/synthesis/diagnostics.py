@@ -1,6 +1,6 @@
 """How well an inverted generator stands in for the old classes: statistics of a synthetic batch as the frozen
-teacher sees it. Pure functions of tensors; :mod:`dfcil.diagnose` draws the batch after each task's inversion
-and records them with the task.
+teacher sees it. Pure functions of tensors; :mod:`dfcil.training.diagnostics` draws the batch after each task's
+inversion and records them with the task.
 
 For diagnosis only: the real images they are compared with (the test set's old classes) never reach training.
 How to read them: ``docs/diagnostics.md``. Each refuses non-finite input (``ValueError``): statistics of NaNs would

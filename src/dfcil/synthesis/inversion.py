@@ -12,15 +12,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from dfcil.compute.distributed import Dist
+from dfcil.compute.graphs import GraphMode, StepGraph
+from dfcil.compute.optim import load_optimizer_state
+from dfcil.compute.runtime import Runtime
 from dfcil.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, configclass
-from dfcil.distributed import Dist
 from dfcil.errors import DivergedError, LossLimitError, NonFiniteLossError
-from dfcil.graphs import GraphMode, StepGraph
 from dfcil.models.batchnorm import BNMode, BNStats, synchronise
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet
-from dfcil.optim import load_optimizer_state
-from dfcil.runtime import Runtime
 from dfcil.synthesis.regularizers import (
     bn_statistics_loss,
     content_loss,
@@ -80,7 +80,7 @@ class ModelInversion:
         batch_size: images per inversion step.
         rng: generator of the latent codes (on the teacher's device).
         runtime: how to compute: bf16 autocast around forward passes (the loss maths stays fp32), an NHWC
-            generator, a fused Adam, the Adam step as one CUDA graph (``graphs``; see dfcil.graphs); its
+            generator, a fused Adam, the Adam step as one CUDA graph (``graphs``; see dfcil.compute.graphs); its
             ``max_loss`` bounds every loss term (the training's ``train.max_loss``).
 
     A step whose loss terms are not finite or pass ``max_loss`` stops the inversion (:meth:`check`, every

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dfcil.compute.precision import full_precision
 from dfcil.models.batchnorm import BNStats
-from dfcil.precision import full_precision
 
 
 def content_loss(logits: Tensor, tau: float) -> Tensor:
@@ -24,7 +24,7 @@ def diversity_loss(logits: Tensor, columns: Tensor | None = None, dist=None) -> 
     p̄ = mean_b softmax(z_b); L = 1 + Σ_k p̄_k log p̄_k / log K. Zero when p̄ is uniform; 0 for K = 1.
     ``xlogy`` gives 0·log 0 = 0 where the reference would produce NaN. ``columns``: a static head's boolean mask
     of the K real classes (the other columns are masked logits, whose probability is exactly 0). ``dist``: a
-    :class:`dfcil.distributed.Dist` whose processes each hold a share of the batch: p̄ over the global batch.
+    :class:`dfcil.compute.distributed.Dist` whose processes each hold a share of the batch: p̄ over the global batch.
     """
     split = dist is not None and dist.active
     if columns is not None or split:  # K as a tensor: the same computation for every K, without a host sync

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from dfcil.compute.distributed import Dist
 from dfcil.context import TaskContext
-from dfcil.distributed import Dist
 from dfcil.errors import DivergedError
 from dfcil.models.batchnorm import BNMode
 from dfcil.models.network import IncrementalNet, NetOutput

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from dfcil.analysis.run_dirs import Group, Run
 from dfcil.errors import PlotError
 from dfcil.io import write_atomic
 from dfcil.metrics import AccuracyMatrix
-from dfcil.runs import Group, Run
 
 SYNTHETIC = re.compile(r"synthetic_task(\d+)\.png")
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
+from dfcil.analysis.paper import DATASETS, PaperRow, find_row, protocol_name, variant_of
 from dfcil.config import RUNTIME_KEYS, load_yaml, quoted, section_defaults
 from dfcil.errors import ReportError
 from dfcil.io import read_regular_text
-from dfcil.paper import DATASETS, PaperRow, find_row, protocol_name, variant_of
 
 # Config keys that never split a group: what runs of one experiment may differ in (class order, training seed),
 # runtime keys, and engine switches that keep fp32 results equal within rounding (engine.precision does split).
@@ -75,7 +75,8 @@ class Run:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """A run in the paper's terms: dataset, protocol (``n10``, ``b50_n11``), method and variant (:mod:`dfcil.paper`)."""
+    """A run in the paper's terms: dataset, protocol (``n10``, ``b50_n11``), method and variant
+    (:mod:`dfcil.analysis.paper`)."""
 
     dataset: str
     protocol: str

@@ -2,7 +2,7 @@
 
 :class:`RunState` holds the position, the accuracy matrix, the timings, the random streams, the partly done epoch
 and the running task's optimiser. Every checkpoint saves its :meth:`RunState.state_dict` and a resume restores it
-with :meth:`RunState.load_state_dict`, in one place (:func:`dfcil.engine.restore`).
+with :meth:`RunState.load_state_dict`, in one place (:func:`dfcil.training.engine.restore`).
 """
 
 from __future__ import annotations

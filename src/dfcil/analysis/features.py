@@ -23,19 +23,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dfcil.analysis.tools import FinishedRun
 from dfcil.checkpoint import loads
+from dfcil.compute.runtime import Runtime, resolve_device
 from dfcil.data.device import Normalizer, class_indices, to_device
 from dfcil.extras import require
-from dfcil.grid import sample_images
 from dfcil.io import write_atomic
 from dfcil.methods import build_method
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet, build_network
 from dfcil.plugins import Consent
-from dfcil.protocol import Protocol
-from dfcil.runtime import Runtime, resolve_device
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
-from dfcil.tools import FinishedRun
+from dfcil.training.grid import sample_images
+from dfcil.training.protocol import Protocol
 
 
 @dataclasses.dataclass(frozen=True)

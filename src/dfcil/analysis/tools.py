@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from dfcil.checkpoint import loads
+from dfcil.compute.runtime import Runtime, resolve_device
 from dfcil.config import RunConfig, with_absolute_paths
 from dfcil.data.device import Normalizer
 from dfcil.data.splits import ClassIncrementalSplit
@@ -29,9 +30,8 @@ from dfcil.model_file import check_model, network_from
 from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.plugins import Consent
 from dfcil.progress import make_progress
-from dfcil.protocol import Protocol, TestSet, load_protocol, validate
 from dfcil.registry import Registry
-from dfcil.runtime import Runtime, resolve_device
+from dfcil.training.protocol import Protocol, TestSet, load_protocol, validate
 from dfcil.version import __version__
 
 CARD_FORMAT = 2  # the exported JSON's layout; raise it when a key changes (2: class_names by raw id, output_names)

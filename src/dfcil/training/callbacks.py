@@ -1,8 +1,8 @@
 """The engine's own callbacks: what happens around the training loop (logs, metric records, timings, checkpoints)
-without living in it. The engine calls every hook (:class:`~dfcil.loop.Callback`) of every callback in order, at
-fixed points (``loop.emit``); records are plain JSON-able dicts. :class:`Timer` runs first and
-:class:`Checkpointing` after the user's callbacks (only the shared first-task cache follows it), so that a checkpoint
-holds what the others did at the same point (a metrics line, a timing)."""
+without living in it. The engine calls every hook (:class:`~dfcil.training.loop.Callback`) of every callback in order,
+at fixed points (``loop.emit``); records are plain JSON-able dicts. :class:`Timer` runs first and :class:`Checkpointing`
+after the user's callbacks (only the shared first-task cache follows it), so that a checkpoint holds what the others did
+at the same point (a metrics line, a timing)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ from typing import Any
 import torch
 
 from dfcil.checkpoint import Checkpointer
+from dfcil.compute.graphs import StepGraph
+from dfcil.compute.runtime import peak_memory_mb
 from dfcil.config import check_unchanged, config_to_dict
 from dfcil.context import Phase
 from dfcil.errors import CheckpointError
-from dfcil.graphs import StepGraph
 from dfcil.load import build_config
-from dfcil.loop import Callback, Loop
+from dfcil.model_file import save_model
+from dfcil.models.network import backbone_for
 from dfcil.progress import ProgressLog
-from dfcil.runtime import peak_memory_mb
+from dfcil.training.loop import Callback, Loop
 
 log = logging.getLogger("dfcil")
 
@@ -286,11 +288,11 @@ class Timer(Callback):
 
 
 class Checkpointing(Callback):
-    """Writes the run's checkpoints (:mod:`dfcil.checkpoint`): after each task's setup, at the end of every phase
-    and task, and on an interrupt; at epoch ends at most every ``epoch_checkpoint_interval_s`` (0: every epoch);
-    inside a setup at most every ``checkpoint_interval_s``. :meth:`load` finds the newest usable checkpoint to
-    resume from (the engine restores the run from it, :func:`dfcil.engine.restore`); what is about the files
-    stays here: the task's static-state file it refers to, and ``metrics.jsonl``, cut back to its length at that
+    """Writes the run's checkpoints (:mod:`dfcil.checkpoint`): after each task's setup, at the end of every
+    phase and task, and on an interrupt; at epoch ends at most every ``epoch_checkpoint_interval_s`` (0: every epoch);
+    inside a setup at most every ``checkpoint_interval_s``. :meth:`load` finds the newest usable checkpoint to resume
+    from (the engine restores the run from it, :func:`dfcil.training.engine.restore`); what is about the files stays
+    here: the task's static-state file it refers to, and ``metrics.jsonl``, cut back to its length at that
     checkpoint."""
 
     def __init__(
@@ -391,3 +393,33 @@ def rewind_log(path: Path, size: int) -> None:
     if found:
         with open(path, "r+b") as f:  # drop records written after the checkpoint
             f.truncate(size)
+
+
+class SaveModel(Callback):
+    """Writes the final network to ``path`` when the run ends (:func:`dfcil.model_file.save_model`), with the
+    method's :meth:`~dfcil.methods.Method.eval_state` where it has one (FeCAM's class statistics).
+
+    Args:
+        path: the file (``RUN/model.pt``).
+        backbone: ``model.backbone`` (``"auto"``: the one the image size selects).
+        run: which run writes it: its id, directory, method and dataset (``model.pt``'s ``run``).
+    """
+
+    def __init__(self, path: Path, backbone: str, run: dict[str, Any]) -> None:
+        self.path, self.backbone, self.run = path, backbone, run
+
+    def on_run_start(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def on_run_end(self, summary: dict[str, Any]) -> None:
+        dataset, split = self.loop.protocol.dataset, self.loop.protocol.split
+        backbone = backbone_for(self.backbone, dataset.image_size)
+        about = {
+            "inputs": {"image_size": dataset.image_size, "mean": list(dataset.mean), "std": list(dataset.std)},
+            "class_order": list(split.class_order), "task_sizes": list(split.task_sizes),
+            "class_names": [dataset.classes[c] for c in split.class_order] if dataset.classes else [],
+        }  # fmt: skip
+        about["run"] = self.run  # which run wrote the file: its id (as meta.json's and summary.json's), ...
+        if method_state := self.loop.method.eval_state():  # what the method classifies with besides the network
+            about["method_state"] = method_state
+        save_model(self.path, self.loop.net, self.loop.method.head, backbone, about)

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from dfcil.checkpoint import FORMAT, dumps, loads
+from dfcil.compute.distributed import Dist
+from dfcil.compute.runtime import resolve_device
 from dfcil.config import RunConfig, config_to_dict
-from dfcil.distributed import Dist
 from dfcil.errors import CheckpointError
 from dfcil.io import write_atomic
-from dfcil.loop import Callback, Loop
 from dfcil.methods import Method, Task, build_method
-from dfcil.protocol import Protocol
-from dfcil.runtime import resolve_device
+from dfcil.training.loop import Callback, Loop
+from dfcil.training.protocol import Protocol
 from dfcil.version import source_revision
 
 log = logging.getLogger("dfcil")

@@ -1,6 +1,7 @@
 """Inversion diagnostics: after each task's model inversion, statistics of a fresh synthetic batch as the frozen old
 model sees it, recorded with the task (``diagnostics.inversion`` of its ``metrics.jsonl`` record and of
-``summary.json``); ``dfcil inspect RUN --synthetic`` prints and plots them beside the synthetic grids.
+``summary.json``); ``dfcil inspect RUN --synthetic`` prints and plots them beside the synthetic grids
+(:mod:`dfcil.analysis.inversions`).
 
 * ``confidence``: the teacher's mean top-1 softmax probability on the synthetic images;
 * ``coverage``, ``entropy``, ``counts``: how its predicted classes spread over the old classes;
@@ -17,23 +18,16 @@ the numbers: ``docs/diagnostics.md``.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from dfcil.errors import ConfigError, MissingExtraError, NonFiniteLossError
-from dfcil.extras import require
-from dfcil.grid import synthetic_images_path
-from dfcil.io import read_regular_text
-from dfcil.loop import Callback, Loop
+from dfcil.errors import NonFiniteLossError
 from dfcil.synthesis.diagnostics import class_mean_gap, pixel_statistics, prediction_spread, top1_confidence
+from dfcil.training.loop import Callback, Loop
 
 log = logging.getLogger("dfcil")
 
@@ -172,99 +166,3 @@ class InversionDiagnostics(Callback):
             self.loop.ctx.task_id, report["confidence"], sum(c > 0 for c in report["counts"]), report["old_classes"],
             report["entropy"], gap["distance"], 100 * gap["nearest_own"],
         )  # fmt: skip
-
-
-# ------------------------------------------------------------------------------------------- dfcil inspect
-
-
-def read_diagnostics(run_dir: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
-    """``(task, inversion statistics)`` of every task of a run that has them: from ``summary.json``, or, for an
-    unfinished run, from the task records of ``metrics.jsonl``."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").exists():
-        raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
-    try:
-        if (run_dir / "summary.json").exists():
-            per_task = json.loads(read_regular_text(run_dir / "summary.json")).get("diagnostics") or []
-        else:
-            metrics = run_dir / "metrics.jsonl"
-            lines = read_regular_text(metrics).splitlines() if metrics.exists() else []
-            records = [json.loads(line) for line in lines if line.strip()]
-            per_task = [r.get("diagnostics") or {} for r in records if r.get("type") == "task"]
-    except (OSError, ValueError, AttributeError) as err:
-        raise ConfigError(f"the records of {run_dir} cannot be read ({err}); they are damaged") from None
-    found = [(t, d["inversion"]) for t, d in enumerate(per_task) if isinstance(d, dict) and d.get("inversion")]
-    if not found:
-        raise ConfigError(
-            f"{run_dir} has no inversion diagnostics: its method inverts no generator, it has not finished a task "
-            f"after its first, or dfcil recorded none when it ran (versions before them)"
-        )
-    return found
-
-
-def format_diagnostics(found: list[tuple[int, dict[str, Any]]]) -> str:
-    """The table ``dfcil inspect --synthetic`` prints: one line per task."""
-    terms = sorted({k for _, d in found for k in (d.get("loss_terms") or {})})
-    head = ["task", "old", "confidence", "coverage", "entropy", "gap", "nearest own", *terms, "pixel mean (data)"]
-    rows = []
-    for task, d in found:
-        gap, px, data = d["feature_gap"], d["pixels"], d["data_pixels"]
-        means = "/".join(f"{m:.2f}" for m in px["mean"]) + " (" + "/".join(f"{m:.2f}" for m in data["mean"]) + ")"
-        rows.append([
-            str(task), str(d["old_classes"]), f"{d['confidence']:.3f}", f"{d['coverage']:.2f}", f"{d['entropy']:.3f}",
-            _num(gap["distance"]), _num(gap["nearest_own"]),
-            *[_num((d.get("loss_terms") or {}).get(k)) for k in terms], means,
-        ])  # fmt: skip
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
-
-
-def _num(v: float | None) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
-
-
-def plot_diagnostics(run_dir: Path, found: list[tuple[int, dict[str, Any]]], out_dir: Path) -> list[Path]:
-    """``synthetic_diagnostics.png`` and ``.pdf`` in ``out_dir``: the statistics per task, and each task's
-    synthetic grid (``synthetic_task<t>.png``) below them."""
-    figure = require("matplotlib.figure", "plot", "dfcil inspect --synthetic", "matplotlib")
-    image = require("matplotlib.image", "plot", "dfcil inspect --synthetic", "matplotlib")
-    grids = [(t, p) for t, _ in found if (p := synthetic_images_path(run_dir, t)).exists()]
-    cols = max(len(grids), 1)
-    fig = figure.Figure(figsize=(max(8.0, 2.6 * cols), 7.5 if grids else 4.0), layout="constrained")
-    rows = fig.subfigures(2 if grids else 1, 1, height_ratios=[1.1, 1] if grids else None)
-    top = rows[0] if grids else rows
-    ax = top.subplots()
-    tasks = [t for t, _ in found]
-    for key, label in (("confidence", "teacher confidence"), ("coverage", "class coverage"), ("entropy", "entropy")):
-        ax.plot(tasks, [d[key] for _, d in found], marker="o", label=label)
-    ax.plot(tasks, [d["feature_gap"]["distance"] for _, d in found], marker="s", label="class-mean gap")
-    ax.plot(tasks, [d["feature_gap"]["nearest_own"] for _, d in found], marker="^", label="nearest own class")
-    ax.set(xlabel="task", title=f"{run_dir.name}: inversion diagnostics", xticks=tasks)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncols=3)
-    if grids:
-        axes = np.atleast_1d(rows[1].subplots(1, cols))
-        for a, (task, path) in zip(axes, grids, strict=True):
-            a.imshow(image.imread(path))
-            a.set_title(f"task {task}", fontsize=9)
-            a.axis("off")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "synthetic_diagnostics.png", out_dir / "synthetic_diagnostics.pdf"]
-    for path in paths:
-        fig.savefig(path, dpi=130)
-    return paths
-
-
-def inspect_synthetic(
-    run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None
-) -> tuple[str, list[Path], str | None]:
-    """``dfcil inspect RUN --synthetic``: the table of every task's inversion statistics, its figure (default in
-    ``<run>/inspect``), and, where matplotlib is missing, why there is no figure (the table needs nothing)."""
-    found = read_diagnostics(run_dir)
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "inspect"
-    try:
-        return format_diagnostics(found), plot_diagnostics(Path(run_dir), found, out), None
-    except MissingExtraError as err:
-        return format_diagnostics(found), [], f"no figure: {err}"

@@ -1,9 +1,9 @@
 """What the engine shares with the code around it: :class:`Loop`, the live parts of one run, and :class:`Callback`,
 the hooks the engine calls at fixed points (``loop.emit(hook, ...)``), in the order a task meets them.
 
-Below the engine (:mod:`dfcil.engine`), the callbacks it runs (:mod:`dfcil.callbacks`, the shared first-task models
-of :mod:`dfcil.task0`, the loggers) and the runner, so that each of them can name these types without importing
-the others.
+Below the engine (:mod:`dfcil.training.engine`), the callbacks it runs (:mod:`dfcil.training.callbacks`, the shared
+first-task models of :mod:`dfcil.training.task0`, the loggers) and the runner, so that each of them can name these types
+without importing the others.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from dfcil.graphs import StepGraph
-from dfcil.guard import LossGuard
+from dfcil.compute.graphs import StepGraph
+from dfcil.compute.runtime import Runtime
 from dfcil.methods import Method, Phase, TaskContext
 from dfcil.models.network import IncrementalNet
-from dfcil.protocol import Evaluator, Protocol, TaskBatches
-from dfcil.runtime import Runtime
-from dfcil.state import Interrupt, RunState
+from dfcil.training.guard import LossGuard
+from dfcil.training.protocol import Evaluator, Protocol, TaskBatches
+from dfcil.training.state import Interrupt, RunState
 
 
 class Callback:
@@ -85,8 +85,8 @@ class Callback:
 @dataclasses.dataclass(kw_only=True)
 class Loop:
     """The live parts of one run, shared by the engine's functions; callbacks get it in ``on_run_start``. What the
-    engine reads of the run's config is resolved into these parts by :func:`dfcil.engine.build`; nothing below it
-    reads the config."""
+    engine reads of the run's config is resolved into these parts by :func:`dfcil.training.engine.build`; nothing below
+    it reads the config."""
 
     net: IncrementalNet
     method: Method
@@ -121,8 +121,8 @@ class Loop:
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        """What a checkpoint holds of the live run, besides the method's static state: :func:`dfcil.engine.restore`
-        continues from it. The callbacks' states go under their keys."""
+        """What a checkpoint holds of the live run, besides the method's static state:
+        :func:`dfcil.training.engine.restore` continues from it. The callbacks' states go under their keys."""
         kept = {c.state_key: c.state_dict() for c in self.callbacks if c.state_key is not None}
         return {
             **self.state.state_dict(), "head_sizes": self.net.head.sizes, "net": self.net.state_dict(),
@@ -144,7 +144,8 @@ class Loop:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """How a run is driven, beside its config: none of it changes what the run computes or reaches ``config.yaml``.
-    One object from the caller (:func:`dfcil.runner.train`, :func:`dfcil.runner.resume`) to :func:`dfcil.engine.run`."""
+    One object from the caller (:func:`dfcil.runs.runner.train`, :func:`dfcil.runs.runner.resume`) to
+    :func:`dfcil.training.engine.run`."""
 
     progress: bool | None = None  # progress bars; None: where the console is a terminal
     callbacks: Sequence[Callback] = ()  # the caller's own, called after the run directory's logs

@@ -17,10 +17,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from dfcil.compute.distributed import Dist
+from dfcil.compute.graphs import GraphMode
 from dfcil.config import EngineConfig
-from dfcil.distributed import Dist
 from dfcil.errors import ConfigError
-from dfcil.graphs import GraphMode
 from dfcil.progress import ProgressFactory, make_progress
 
 

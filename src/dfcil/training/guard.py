@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from dfcil.errors import LossLimitError, NonFiniteLossError
-from dfcil.state import EpochProgress
+from dfcil.training.state import EpochProgress
 
 FIX = "Lower the learning rate or this term's weight; the run directory keeps the checkpoint of the last good epoch"
 

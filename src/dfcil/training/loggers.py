@@ -25,16 +25,16 @@ from typing import Any
 import numpy as np
 
 from dfcil.extras import require
-from dfcil.grid import synthetic_images_path
 from dfcil.io import write_atomic
-from dfcil.loop import Callback, Loop
-from dfcil.protocol import tasks_of
 from dfcil.registry import Registry
-from dfcil.state import Position
+from dfcil.training.grid import synthetic_images_path
+from dfcil.training.loop import Callback, Loop
+from dfcil.training.protocol import tasks_of
+from dfcil.training.state import Position
 
 # A logger: built from the run directory; building it writes nothing (a bad name or a missing extra is refused
 # before the run directory exists)
-LOGGERS: Registry[Callable[[Path], Callback]] = Registry("logger", group="dfcil.loggers")
+LOGGERS: Registry[Callable[[Path], Callback]] = Registry("logger", group="dfcil.training.loggers")
 
 
 def build_loggers(names: Sequence[str], run_dir: Path) -> list[Callback]:
@@ -190,7 +190,9 @@ class TensorBoardLogger(Callback):
 
     def on_setup_end(self) -> None:
         task = self.loop.state.position.task
-        path = synthetic_images_path(self.run_dir, task)  # the grid the run directory holds (dfcil.grid), if any
+        path = synthetic_images_path(
+            self.run_dir, task
+        )  # the grid the run directory holds (dfcil.training.grid), if any
         if path.exists():
             from PIL import Image
 

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dfcil.io import write_atomic
-from dfcil.loop import Callback, Loop
 from dfcil.methods import Method
+from dfcil.training.loop import Callback, Loop
 
 GRID_IMAGES = 64  # images per grid, 8 × 8
 GRID_ROW = 8  # images per row

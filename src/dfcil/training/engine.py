@@ -5,11 +5,11 @@
 * :func:`run_task`: grow the head, the method's task setup (inversion), :func:`fit_task`, evaluate, record;
 * :func:`fit_task`: the task's phases; per phase freeze or unfreeze, then per epoch the lr and :func:`train_epoch`;
 * :func:`train_epoch`: one :class:`TrainStep` per batch (zero_grad, loss terms, backward, clipping, step); with
-  ``engine.cuda_graphs`` on, a CUDA graph replays that step body (:mod:`dfcil.graphs`).
+  ``engine.cuda_graphs`` on, a CUDA graph replays that step body (:mod:`dfcil.compute.graphs`).
 
 Methods supply the loss terms (:mod:`dfcil.methods`); checkpoints, timings and logs are callbacks
-(:mod:`dfcil.callbacks`) the engine calls at fixed points, ``loop.emit(hook, ...)``; the live run they see is a
-:class:`~dfcil.loop.Loop`.
+(:mod:`dfcil.training.callbacks`) the engine calls at fixed points, ``loop.emit(hook, ...)``; the live run they see is a
+:class:`~dfcil.training.loop.Loop`.
 """
 
 from __future__ import annotations
@@ -26,28 +26,28 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dfcil import distributed
-from dfcil.callbacks import Checkpointing, Timer
-from dfcil.config import RunConfig, config_to_dict
-from dfcil.data.device import Normalizer
-from dfcil.errors import RunInterrupted
-from dfcil.graphs import StepGraph
-from dfcil.guard import LossGuard
-from dfcil.loop import Loop, RunOptions
-from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
-from dfcil.models.network import backbone_for, build_network
-from dfcil.optim import (
+from dfcil.compute import distributed
+from dfcil.compute.graphs import StepGraph
+from dfcil.compute.optim import (
     OPTIMIZER_KINDS,
     fill_momentum,
     load_optimizer_state,
     phase_optimizer,
     set_hyperparameters,
 )
+from dfcil.compute.runtime import Runtime, compile_cache, process_state_kept, resolve_device, seed_everything
+from dfcil.config import RunConfig, config_to_dict
+from dfcil.data.device import Normalizer
+from dfcil.errors import RunInterrupted
+from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
+from dfcil.models.network import backbone_for, build_network
 from dfcil.progress import make_progress
-from dfcil.protocol import Evaluator, Protocol, TaskBatches, TestSet, prepare
-from dfcil.runtime import Runtime, compile_cache, process_state_kept, resolve_device, seed_everything
-from dfcil.state import EpochProgress, Position, RunState
-from dfcil.task0 import Task0Cache
+from dfcil.training.callbacks import Checkpointing, Timer
+from dfcil.training.guard import LossGuard
+from dfcil.training.loop import Loop, RunOptions
+from dfcil.training.protocol import Evaluator, Protocol, TaskBatches, TestSet, prepare
+from dfcil.training.state import EpochProgress, Position, RunState
+from dfcil.training.task0 import Task0Cache
 from dfcil.version import __version__
 
 log = logging.getLogger("dfcil")
@@ -81,7 +81,7 @@ def run(
     ``resume``: continue from the newest usable checkpoint in ``run_dir``. ``options``: progress bars, the
     caller's callbacks, and the interrupt: when its flag is set, the run finishes the step, checkpoints and raises
     :class:`RunInterrupted`. ``protocol``: the prepared data, where the caller has it already. The process's global
-    random streams and cuDNN switch are as before afterwards (:func:`dfcil.runtime.process_state_kept`).
+    random streams and cuDNN switch are as before afterwards (:func:`dfcil.compute.runtime.process_state_kept`).
     """
     if resume and run_dir is None:
         raise ValueError("resume continues a run directory's checkpoints: give run_dir")

@@ -5,7 +5,8 @@ A row is one approach in one setting: ``(dataset, protocol, method, variant)``.
 
 * ``dataset``: a registered dataset name (``cifar100``, ``tiny_imagenet200``, ``imagenet100``).
 * ``protocol``: ``n<N>`` for N equal tasks, ``b<B>_n<N>`` for B base classes then N − 1 equal tasks (N counts the
-  base task); the preset files are named ``<method>_<protocol>.yaml``. :func:`protocol_name` builds it.
+  base task); a dataset's setting files are named ``<protocol>.yaml`` (``configs/cifar100/n10.yaml``, merged with a
+  method file). :func:`protocol_name` builds it.
 * ``method``: a registered method name (``joint`` is the paper's Upper Bound), or ``ucir`` / ``podnet`` for the
   exemplar-based rows of Table 2, which dfcil does not implement.
 * ``variant``: ``""`` for the approach as the table's row; an R-DFCIL ablation (Table 6 and the supplement, keys
@@ -40,8 +41,8 @@ METRICS: tuple[Metric, ...] = ("last_acc", "avg_inc_acc")
 DATASETS = {"cifar100": (100, 32), "tiny_imagenet200": (200, 64), "imagenet100": (100, 224)}
 
 # The paper's variants of a method, as the method settings that make them (nested like the config's method
-# section). A run whose method section holds all of a variant's settings is that variant; the presets of
-# configs/cifar100/ablations/ and abd_faithful_* are built from these.
+# section). A run whose method section holds all of a variant's settings is that variant; the overlays
+# configs/cifar100/ablations/rdfcil_<variant>.yaml and the method file abd_faithful.yaml set these.
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "rdfcil": {
         "no_rkd": {"new_kd": "none"},  # Table 6, no RKD on new data

@@ -4,8 +4,8 @@ A run directory is any folder holding a ``config.yaml``; it is finished when it 
 are found recursively under the paths given (a run, a sweep, a folder of many), grouped so that the runs of a
 group differ only in class order (``data.class_order_seed``, ``data.class_order``) and training ``seed``, and each
 group's metrics are given as mean ± std over its finished runs. The paper's value for the group's dataset,
-protocol and method (:mod:`dfcil.paper`) is shown next to ours, with the difference and whether ours lies within
-one of the paper's standard deviations. A number another paper gives on its own protocol (ABD's, EFC's, LDC's:
+protocol and method (:mod:`dfcil.analysis.paper`) is shown next to ours, with the difference and whether ours lies
+within one of the paper's standard deviations. A number another paper gives on its own protocol (ABD's, EFC's, LDC's:
 another backbone, schedule or class order) is marked † and its protocol is said under the table.
 
 Pure reading: only ``config.yaml`` and ``summary.json`` are read, as plain data, and neither torch nor the
@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dfcil.analysis.paper import Value
+from dfcil.analysis.run_dirs import Group, Run, find_runs, group_runs, setting_of
 from dfcil.catalogue import method_entries
 from dfcil.errors import ReportError
-from dfcil.paper import Value
-from dfcil.runs import Group, Run, find_runs, group_runs, setting_of
 from dfcil.stores import is_data_free
 
 # Our metrics: summary.json key → column title. old_acc / new_acc are the last task's entries of their lists.
@@ -472,8 +472,8 @@ def main(args: argparse.Namespace) -> int:
             notes = [PAIRED_NOTE, *notes] if args.against is not None else notes
             print("".join(f"dfcil report: {n}\n" for n in notes if n), end="", file=sys.stderr)
         if args.plots:
+            from dfcil.analysis.plots import write_plots
             from dfcil.errors import PlotError
-            from dfcil.plots import write_plots
 
             try:
                 files = write_plots(group_runs(runs), Path(args.plots))

@@ -23,21 +23,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dfcil import distributed
+from dfcil.compute import distributed
+from dfcil.compute.distributed import Dist
+from dfcil.compute.runtime import check_compiler, compile_cache_dir, resolve_device
 from dfcil.config import RunConfig, TrainConfig
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import Normalizer, TrainBatches, class_indices, to_device
 from dfcil.data.splits import ClassIncrementalSplit
-from dfcil.distributed import Dist
 from dfcil.errors import ConfigError, SplitError
 from dfcil.io import check_creatable_dir
 from dfcil.methods import METHODS, Method, Task, build_method
+from dfcil.models.backbones import BACKBONES
 from dfcil.models.generator import generator_layout
 from dfcil.models.heads import HEADS
 from dfcil.models.network import IncrementalNet, NetOutput, backbone_for
-from dfcil.models.resnet_cifar import BACKBONES
 from dfcil.progress import ProgressFactory
-from dfcil.runtime import check_compiler, compile_cache_dir, resolve_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Protocol:
 
 def check_engine(cfg: RunConfig, method: Any) -> None:
     """Refuse engine and model switches that ``method`` or this launch cannot use: a static head, compiled steps,
-    several processes (:mod:`dfcil.distributed`)."""
+    several processes (:mod:`dfcil.compute.distributed`)."""
     if cfg.model.static_head and not method.info.static_head:
         able = ", ".join(n for n in METHODS.names() if METHODS.get(n).info.static_head)
         raise ConfigError(
