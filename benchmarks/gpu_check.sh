@@ -12,7 +12,7 @@
 #   bash benchmarks/gpu_check.sh round2  # the static head and engine.compile: step, ROUND2_BUDGET seconds (570):
 #                                        #   (1) the 5-task CIFAR-100 R-DFCIL schedule at full size on generated
 #                                        #   images (timing only; FULL_BUDGET s, then extrapolated by
-#                                        #   benchmarks/full_time.py), (2) the step A/B graphs vs graphs + compiled
+#                                        #   dfcil report --timing), (2) the step A/B graphs vs graphs + compiled
 #                                        #   steps with eager kernel profiles (memory-format conversions counted),
 #                                        #   (3) cifar100-mini R-DFCIL seeds 1, 2, 3, graphs vs static head +
 #                                        #   compiled steps, for accuracy
@@ -211,7 +211,7 @@ round2)
     "${fast[@]}" "${step[@]}" --epoch_checkpoint_interval_s 60 --out "$RUN" --no-progress > "$OUT/full-fake.log" 2>&1
   echo "full (generated images): exit $? (124: stopped by its budget, checkpoint written)"
   tail -5 "$OUT/full-fake.log"
-  python3 benchmarks/full_time.py "$RUN" | tee "$OUT/full-fake-time.txt"
+  dfcil report "$RUN" --timing | tee "$OUT/full-fake-time.txt"
   # (2) step times, graphed, without and with compiled steps; eager kernel profiles of the NHWC steps
   speed $((end - SECONDS < 160 ? end - SECONDS : 160)) compile-step --ab compile-step --channels-last \
     --phases inversion,rrl,chr --rounds 5 --profile 5

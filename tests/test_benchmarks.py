@@ -15,7 +15,8 @@ BENCH = REPO / "benchmarks"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    path = BENCH / f"{name}.py" if (BENCH / f"{name}.py").exists() else BENCH / "archive" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -87,7 +88,7 @@ def test_startup_times_a_command_beside_another_revision_and_removes_its_checkou
 @pytest.mark.slow  # trains a 2-task R-DFCIL run (about 25 s on 2 cores): a benchmark's guard, not the core
 def test_drift_benchmark_prints_the_error_of_each_compensation():
     done = subprocess.run(
-        [sys.executable, str(BENCH / "drift.py"), "--config", str(BENCH.parent / "configs" / "smoke.yaml"),
+        [sys.executable, str(BENCH / "archive" / "drift.py"), "--config", str(BENCH.parent / "configs" / "smoke.yaml"),
          "--ldc-passes", "2", "--train.epochs", "2", "--train.milestones", "[]", "--data.num_classes", "6"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -401,7 +401,7 @@ def test_a_fact_set_as_a_class_attribute_is_refused_with_where_to_declare_it():
 
 def test_the_listing_commands_and_help_do_not_import_torch():
     """The guard behind `dfcil --help`, `dfcil methods` and `dfcil datasets` starting in well under a second and
-    a half: none of them imports torch, matplotlib or the methods (benchmarks/startup.py times them)."""
+    a half: none of them imports torch, matplotlib or the methods (benchmarks/archive/startup.py times them)."""
     code = (
         "import contextlib, io, sys\n"
         "from dfcil.cli import main\n"

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import CONFIGS
+from dfcil.analysis import inversions
 from dfcil.checkpoint import loads
 from dfcil.cli import main
 from dfcil.errors import MissingExtraError
@@ -105,7 +106,7 @@ def test_inspect_synthetic_on_a_run_without_inversions_says_so(tmp_path, capsys)
 def test_a_run_is_the_same_with_or_without_its_diagnostics(smoke_run, tmp_path, monkeypatch):
     """The diagnostics draw from a stream of their own and only read the generator and the teacher (BN running
     statistics included): the model and every accuracy are those of the run that measured nothing."""
-    monkeypatch.setattr(diagnose, "inversion_report", lambda loop: None)
+    monkeypatch.setattr(diagnose, "inversion_report", lambda loop, seed: None)
     out = tmp_path / "bare"
     assert main(["train", "--config", SMOKE, "--method.inversion.steps", "8", "--out", str(out), "--no-progress"]) == 0
     bare, measured = (json.loads((r / "summary.json").read_text()) for r in (out, smoke_run))
@@ -119,7 +120,7 @@ def test_inspect_synthetic_prints_the_table_without_matplotlib(smoke_run, tmp_pa
     def missing(module, extra, feature, package=None):
         raise MissingExtraError(f"{feature} needs {package}, which is not installed; pip install 'dfcil[{extra}]'")
 
-    monkeypatch.setattr(diagnose, "require", missing)
+    monkeypatch.setattr(inversions, "require", missing)
     assert main(["inspect", str(smoke_run), "--synthetic", "--out", str(tmp_path / "out")]) == 0
     captured = capsys.readouterr()
     assert captured.out.splitlines()[1].split()[:2] == ["1", "5"] and len(captured.out.splitlines()) == 2

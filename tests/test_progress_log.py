@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import CONFIGS, StopInSetup
-from dfcil.analysis.run_dirs import runner
 from dfcil.checkpoint import loads
 from dfcil.errors import RunInterrupted
 from dfcil.load import load_config
 from dfcil.progress import ProgressLog, duration
+from dfcil.runs import runner
 from dfcil.training import diagnostics as diagnose
 from dfcil.training.callbacks import ConsoleLogger
 from dfcil.training.loop import RunOptions
@@ -120,7 +120,7 @@ def test_run_log_has_the_lines_and_the_run_is_the_same_without_them(tmp_path, mo
     """R-DFCIL without a progress bar, 20 inversion steps, 6 steps per epoch, every first epoch taken as slow: the
     inversion of a run stopped inside it and resumed logs each tenth once, and the run equals one without lines."""
     caplog.set_level(logging.INFO, logger="dfcil")  # as the command line's log_to_console
-    monkeypatch.setattr(diagnose, "inversion_report", lambda loop: None)  # seconds this test does not need
+    monkeypatch.setattr(diagnose, "inversion_report", lambda loop, seed: None)  # seconds this test does not need
     overrides = {
         "method.inversion.steps": "20", "method.inversion.zdim": "32", "method.inversion.batch_size": "8",
         "train.epochs": "2", "train.milestones": "[]", "train.batch_size": "16", "data.num_classes": "4",

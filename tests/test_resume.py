@@ -303,8 +303,8 @@ def test_resume_may_switch_cuda_graphs_and_the_data_root(reference, tmp_path):
 def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_path, monkeypatch, capsys):
     """Every key the README calls a runtime key is accepted by `dfcil resume` as --KEY VALUE and reaches the run;
     the rest are refused with one line; a resume with two of them continues the run exactly."""
-    from dfcil.analysis.run_dirs import runner
     from dfcil.config import RUNTIME_KEYS
+    from dfcil.runs import runner
 
     _, out = _unfinished(tmp_path)
     values = {

@@ -234,6 +234,11 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--tasks", metavar="IDS", help="comma list of tasks whose classes to evaluate")
     ev.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
+    ev.add_argument(
+        "--confusion", action="store_true",
+        help="also where each task's images go: accuracy among the task's own classes, and the shares predicted "
+        "into earlier, own and later tasks' classes",
+    )  # fmt: skip
     _add_consent(ev)
     ex = sub.add_parser("export", help="export a finished run's final network (weights + a JSON model card)")
     ex.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
@@ -292,7 +297,8 @@ def _eval(args: argparse.Namespace) -> int:
         tasks = _ids(args.tasks, int)
     except ValueError:
         raise ConfigError(f"--tasks {args.tasks!r}: give task numbers, e.g. --tasks 0,1") from None
-    report = evaluate_run(args.run_dir, args.data_root, _ids(args.classes), tasks, args.device, _consent(args))
+    consent, confusion = _consent(args), args.confusion
+    report = evaluate_run(args.run_dir, args.data_root, _ids(args.classes), tasks, args.device, consent, confusion)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
@@ -415,7 +421,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     if args.dry_run:
         _print_protocol(cfg)
         return 0
-    from dfcil.analysis.run_dirs import runner
+    from dfcil.runs import runner
 
     out = args.out or f"runs/{cfg.method.name}-{datetime.now():%Y%m%d-%H%M%S}"
     options = runner.RunOptions(progress=args.progress, argv=argv)
@@ -424,7 +430,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
 
 
 def _resume(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:
-    from dfcil.analysis.run_dirs import runner
+    from dfcil.runs import runner
 
     overrides = {}
     for key, text in _split_overrides(unknown):  # any runtime key, as --KEY VALUE

@@ -456,6 +456,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "dataset and protocol: run minus run of the same class order and seed, mean ± std over the pairs",
     )
     p.add_argument("--plots", metavar="DIR", help="also write PNG and PDF figures into DIR (needs dfcil[plot])")
+    p.add_argument(
+        "--timing", action="store_true",
+        help="instead, each run's time task by task (setup, phases, eval, compile) and its total, extrapolated "
+        "for an unfinished run",
+    )  # fmt: skip
     return p
 
 
@@ -465,6 +470,12 @@ def main(args: argparse.Namespace) -> int:
         runs = find_runs(args.paths)
         if not runs:
             raise ReportError(f"no run directories (folders with a config.yaml) under {', '.join(args.paths)}")
+        if args.timing:
+            from dfcil.analysis.timing import timing_table
+
+            tables = [timing_table(r.path, int(r.config.get("data", {}).get("num_tasks", 0))) for r in runs]
+            print("\n\n".join(tables))
+            return 0
         by = parse_by(args.by) if args.by else None
         sys.stdout.write(report(runs, args.format, by, args.metric, args.against))
         if args.format == "csv":

@@ -195,16 +195,20 @@ def predict(
     batch_size: int,
     runtime: Runtime,
     scores: Callable[[NetOutput], Tensor] | None = None,
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """The network's class (order position) for every test image of the seen classes, in the engine's batches
-    (:meth:`TestSet.evaluate`), so that the engine's counts are reproduced exactly. ``scores``: the method's
-    :meth:`~dfcil.methods.Method.eval_logits`, None for the logits."""
-    n, preds = int(test.seen[-1]), []
+    (:meth:`TestSet.evaluate`), so that the engine's counts are reproduced exactly; and its class among the classes
+    of the image's own task only (task-aware). ``scores``: the method's :meth:`~dfcil.methods.Method.eval_logits`,
+    None for the logits."""
+    n, preds, within = int(test.seen[-1]), [], []
     with runtime.autocast():
         for i in range(0, n, batch_size):
             out = net(test.normalizer(test.x[i : min(i + batch_size, n)]))
-            preds.append((out.logits if scores is None else scores(out)).argmax(dim=1))
-    return torch.cat(preds)
+            s = (out.logits if scores is None else scores(out)).float()
+            preds.append(s.argmax(dim=1))
+            own = test.task_of_label[: s.shape[1]][None, :] == test.task_of_label[test.y[i : i + len(s)]][:, None]
+            within.append(s.masked_fill(~own, float("-inf")).argmax(dim=1))
+    return torch.cat(preds), torch.cat(within)
 
 
 def method_scores(run: FinishedRun) -> Callable[[NetOutput], Tensor] | None:
@@ -226,13 +230,34 @@ def _accuracy(hit: Tensor, mask: Tensor) -> dict[str, Any] | None:
     return {"acc": round(100.0 * correct / count, 4), "correct": correct, "count": count}
 
 
-def accuracy_report(pred: Tensor, y: Tensor, task_of_label: Tensor, labels: Sequence[int]) -> dict[str, Any]:
+def confusion(pred: Tensor, within: Tensor, y: Tensor, task_of_label: Tensor, mask: Tensor) -> dict[str, float]:
+    """Where the images of ``mask`` (one task's) go: ``within``, the accuracy when only their own task's classes
+    compete (task-aware: how well the representation and head separate the task's classes among themselves), and
+    the share (percent) predicted into a class of an earlier task, of their own, or of a later one. A task well
+    separated ``within`` but with a low accuracy is learned, and lost to the competition with the others."""
+    count = int(mask.sum())
+    own, predicted = task_of_label[y[mask]], task_of_label[pred[mask]]
+    return {
+        "within": round(100.0 * int((within[mask] == y[mask]).sum()) / count, 4),
+        "to_old": round(100.0 * int((predicted < own).sum()) / count, 4),
+        "to_own": round(100.0 * int((predicted == own).sum()) / count, 4),
+        "to_later": round(100.0 * int((predicted > own).sum()) / count, 4),
+    }
+
+
+def accuracy_report(
+    pred: Tensor, y: Tensor, task_of_label: Tensor, labels: Sequence[int], within: Tensor | None = None
+) -> dict[str, Any]:
     """Top-1 accuracy (percent) on the test images whose label is in ``labels``: overall, on the old classes (tasks
-    before the last), on the new ones (the last task) and per task, each with its correct and total counts."""
+    before the last), on the new ones (the last task) and per task, each with its correct and total counts; with
+    ``within`` (the task-aware predictions), each task's :func:`confusion` too."""
     chosen = torch.isin(y, torch.as_tensor(list(labels), device=y.device))
     hit, task = pred == y, task_of_label[y]
     last = int(task_of_label.max())
     per_task = [dict(task=t, **a) for t in range(last + 1) if (a := _accuracy(hit, chosen & (task == t)))]
+    if within is not None:
+        for entry in per_task:
+            entry |= confusion(pred, within, y, task_of_label, chosen & (task == entry["task"]))
     return {
         **_accuracy(hit, chosen), "old": _accuracy(hit, chosen & (task < last)),
         "new": _accuracy(hit, chosen & (task == last)), "tasks": per_task,
@@ -246,11 +271,12 @@ def evaluate_run(
     tasks: Sequence[int] | None = None,
     device: str | None = None,
     consent: Consent = Consent(),  # noqa: B008 - frozen
+    with_confusion: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a finished run's final model on the test images of every class it learned (or of ``classes``, raw
     ids or names, or of the classes of ``tasks``), with the run's test set, batches and precision: the default
     reproduces the last row of the run's accuracy matrix. ``consent``: plugin code the run names that may be
-    imported."""
+    imported; ``with_confusion``: where each task's images go (:func:`confusion`)."""
     if classes is not None and tasks is not None:
         raise ConfigError("give classes or tasks, not both")
     run = FinishedRun.open(run_dir, consent, **{"data.root": data_root, "device": device})
@@ -260,9 +286,10 @@ def evaluate_run(
     runtime = Runtime.from_config(cfg.engine, device_, make_progress(False))
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device_, cfg.engine.channels_last)
     test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device_)
-    pred = predict(run.network(device_), test, cfg.train.eval_batch_size, runtime, method_scores(run))
+    pred, within = predict(run.network(device_), test, cfg.train.eval_batch_size, runtime, method_scores(run))
     order = protocol.split.class_order
-    report = accuracy_report(pred, test.y, test.task_of_label, labels)
+    y = test.y[: len(pred)]
+    report = accuracy_report(pred, y, test.task_of_label, labels, within if with_confusion else None)
     return {"run": str(run.dir), "classes": [order[k] for k in labels], **report}
 
 
@@ -272,9 +299,17 @@ def format_report(report: dict[str, Any]) -> str:
     def part(name: str, a: dict[str, Any] | None) -> str:
         return f"{name:9s}{a['acc']:6.2f}%  ({a['correct']}/{a['count']})" if a else f"{name:9s}   n/a"
 
+    def spread(a: dict[str, Any]) -> str:
+        if "within" not in a:
+            return ""
+        return (
+            f"  within {a['within']:6.2f}%; to old {a['to_old']:5.1f}%, own {a['to_own']:5.1f}%, "
+            f"later {a['to_later']:5.1f}%"
+        )
+
     lines = [f"{report['run']}: {len(report['classes'])} classes, {report['count']} test images"]
     lines += [part("accuracy", report), part("old", report["old"]), part("new", report["new"])]
-    lines += [part(f"task {a['task']}", a) for a in report["tasks"]]
+    lines += [part(f"task {a['task']}", a) + spread(a) for a in report["tasks"]]
     return "\n".join(lines)
 
 

@@ -72,7 +72,7 @@ def synchronise(module: nn.Module, dist) -> None:  # noqa: ANN001
             synchronise(child, dist)
 
 
-_TWO_PASS_DEVICES = frozenset({"cpu"})  # where var_mean is slow; benchmarks/op_count.py counts CUDA's path
+_TWO_PASS_DEVICES = frozenset({"cpu"})  # where var_mean is slow; benchmarks/archive/op_count.py counts CUDA's path
 
 
 class _BatchMoments(torch.autograd.Function):

@@ -1,6 +1,6 @@
 """How fast image datasets are decoded into the cache, against a plain Pillow process pool, A/B in one process.
 
-    python benchmarks/prepare_speed.py --source DATA/tiny-imagenet-200-sub100.zip
+    python benchmarks/archive/prepare_speed.py --source DATA/tiny-imagenet-200-sub100.zip
 
 A (dfcil): ``dfcil.data.cache.prepare_cache`` with one worker per core into a fresh cache directory (decoding,
 the memory-mapped writes, the statistics pass, fsync and the rename), and its decoding stage alone, into memory.

@@ -1,8 +1,8 @@
 """How long the dfcil commands a newcomer types first take to start, each run as a fresh process.
 
-    python benchmarks/startup.py                         # the working tree
-    python benchmarks/startup.py --before 7dbfd37        # that revision beside the working tree
-    python benchmarks/startup.py --before 7dbfd37 --after HEAD --runs 5
+    python benchmarks/archive/startup.py                         # the working tree
+    python benchmarks/archive/startup.py --before 7dbfd37        # that revision beside the working tree
+    python benchmarks/archive/startup.py --before 7dbfd37 --after HEAD --runs 5
 
 Each command runs as ``python -m dfcil ...`` with ``PYTHONPATH`` at the ``src`` of the code measured and the
 working directory at its checkout (so ``configs/smoke.yaml`` is that revision's). A revision other than the
@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TARGET_S = 1.5  # the start-up a listing or --help may take on a 2-core CPU (issue 31)
 
 # name → (arguments of `python -m dfcil`, whether TARGET_S applies)

@@ -1,6 +1,6 @@
 """What a run spends between epochs: checkpoint policies, and the checkpoint layouts.
 
-    python benchmarks/epoch_overhead.py [--rounds 3] [--device cpu]
+    python benchmarks/archive/epoch_overhead.py [--rounds 3] [--device cpu]
 
 Runs a short R-DFCIL protocol (the smoke preset's generated data with ResNet-32, 2 tasks, 21 epochs in all) with
 ``epoch_checkpoint_interval_s`` 0 (the default: every epoch) and 60, alternately, into temporary run directories,
@@ -76,7 +76,7 @@ def one_run(interval: float, device: str, root: Path) -> tuple[list[float], floa
         overrides = [("model.backbone", "resnet32"), ("train.epochs", "12"), ("train.milestones", "[8]")]
         overrides += [("epoch_checkpoint_interval_s", str(interval)), ("device", device)]
         overrides += [("method.inversion.steps", "5"), ("method.chr_epochs", "3")]
-        cfg = load_config([str(Path(__file__).parents[1] / "configs" / "smoke.yaml")], overrides)[0]
+        cfg = load_config([str(Path(__file__).parents[2] / "configs" / "smoke.yaml")], overrides)[0]
         out = root / f"run-{interval}-{time.monotonic_ns()}"
         summary = train(cfg, out, options=RunOptions(progress=False))
     finally:

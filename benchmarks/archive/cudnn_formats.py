@@ -1,6 +1,6 @@
 """cuDNN's memory-format conversions (``convertTensor`` kernels) in a ResNet-32 forward and backward, by setting.
 
-    python benchmarks/cudnn_formats.py        # on a CUDA machine
+    python benchmarks/archive/cudnn_formats.py        # on a CUDA machine
 
 One student pass of R-DFCIL's RRL step (256 images, per-half BN) under the profiler, for channels_last or NCHW,
 TF32 convolutions on or off, and ``cudnn.benchmark`` on or off: ``convertTensor`` launches and kernel milliseconds

@@ -1,6 +1,6 @@
 """How well each drift compensation moves stored class means, and what it costs.
 
-    python benchmarks/drift.py --config configs/cifar100-mini10.yaml --data.root DATA \
+    python benchmarks/archive/drift.py --config configs/cifar100-mini10.yaml --data.root DATA \
         --data.num_tasks 4 --data.num_classes 12
 
 Trains the config's run (here the first 4 tasks of cifar100-mini10's R-DFCIL), keeping a copy of the network at the

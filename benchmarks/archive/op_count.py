@@ -1,6 +1,6 @@
 """Operators dispatched per training step of each R-DFCIL phase: what a CUDA graph replays in one launch.
 
-    python benchmarks/op_count.py [--batch 128] [--fast teacher|all]
+    python benchmarks/archive/op_count.py [--batch 128] [--fast teacher|all]
 
 Counts the aten operators of one step (forward, loss terms, backward, optimiser update) after a warm-up step,
 with ResNet-32 on the CPU, for the eager engine (``engine.cuda_graphs: off``) and what stays eager under ``on``:

@@ -1,6 +1,6 @@
 """Peak host memory while preparing and while training on an ImageNet-like folder of generated JPEGs.
 
-    python benchmarks/memory.py [--sizes 30,60] [--val 10]
+    python benchmarks/archive/memory.py [--sizes 30,60] [--val 10]
 
 For each number of training images per class in ``--sizes`` it writes an ILSVRC-2012-shaped folder of ImageNet-100's
 classes (``--sizes`` training and ``--val`` validation JPEGs per class at 256×320 pixels, smooth patterns with

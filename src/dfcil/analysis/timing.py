@@ -1,0 +1,57 @@
+"""``dfcil report RUN --timing``: where a run's time went, task by task, from its ``metrics.jsonl``; for a run that
+has not finished, its total extrapolated from the tasks it did.
+
+Tasks after the first share one schedule (inversion, then the same phases on as many images), so a task not yet
+done is estimated as the mean of the finished tasks after the first, less their compile time (with ``engine.compile:
+step`` and a static head only the first of them compiles); evaluation, which grows with the classes seen, is a small
+part. The table says which tasks were measured and which estimated. Pure reading, as the rest of the report.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from dfcil.errors import ReportError
+from dfcil.io import read_regular_text
+
+
+def task_seconds(timing: dict[str, Any]) -> dict[str, float]:
+    """A task record's timing as seconds: setup (inversion), each phase, evaluation, of which compiling, and total."""
+    phases = {name: p.get("time_s", 0.0) for name, p in timing.get("phases", {}).items()}
+    parts = {"setup": timing.get("setup_s", 0.0), **phases, "eval": timing.get("eval_s", 0.0)}
+    return parts | {"compile": timing.get("compile_s", 0.0), "total": sum(parts.values())}
+
+
+def timing_table(run_dir: Path, num_tasks: int) -> str:
+    """The markdown table of ``run_dir``'s tasks (measured, or estimated from the finished ones) and its total."""
+    try:
+        lines = read_regular_text(run_dir / "metrics.jsonl").splitlines()
+        tasks = {r["task"]: r for r in map(json.loads, filter(str.strip, lines)) if r.get("type") == "task"}
+    except (OSError, ValueError, KeyError) as err:
+        raise ReportError(f"cannot read {run_dir / 'metrics.jsonl'} ({err})") from None
+    if not tasks:
+        return f"{run_dir}: no finished task yet"
+    rows = {t: task_seconds(r.get("timing") or {}) for t, r in sorted(tasks.items())}
+    later = [r["total"] - r["compile"] for t, r in rows.items() if t > 0]
+    out = [f"{run_dir}", "", "| task | how | setup s | phases s | eval s | of which compile s | total s | acc |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    total = 0.0
+    for t in range(num_tasks):
+        if t in rows:
+            r = rows[t]
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in r.items() if k not in ("setup", "eval", "compile", "total"))
+            out.append(f"| {t} | measured | {r['setup']:.1f} | {phases} | {r['eval']:.1f} | {r['compile']:.1f} | "
+                       f"{r['total']:.1f} | {tasks[t]['acc']:.2f} |")  # fmt: skip
+            total += r["total"]
+        elif later:
+            est = statistics.mean(later)
+            out.append(f"| {t} | estimated (tasks 1..{max(rows)}, less compile) | | | | | {est:.1f} | |")
+            total += est
+        else:
+            out.append(f"| {t} | not estimated (no task after the first finished) | | | | | | |")
+    how = "measured" if len(rows) == num_tasks else "extrapolated"
+    out.append(f"\n{how} total: {total:.0f} s ({total / 60:.1f} min) over {num_tasks} tasks")
+    return "\n".join(out)
