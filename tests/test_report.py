@@ -623,3 +623,21 @@ def test_own_data_from_two_folders_is_never_averaged_and_pairs_within_its_folder
     assert (flowers["last_acc_vs_mean"], flowers["last_acc_vs_std"]) == (5.5, 0.5)  # 5, 6
     assert (birds["last_acc_vs_mean"], birds["last_acc_vs_std"]) == (-0.5, 0.5)  # -1, 0
     assert flowers["vs"].endswith('"/data/flowers"') and birds["vs"].endswith('"/data/birds"')
+
+
+def test_timing_gives_each_tasks_seconds_and_extrapolates_an_unfinished_run(tmp_path, capsys):
+    """benchmarks/full_time.py folded into dfcil report --timing: measured tasks, then the unfinished ones as the
+    mean of the finished tasks after the first, less their compile time."""
+    run = write_run(tmp_path, "run", C100_N10 | {"num_tasks": 4}, RDFCIL)
+    timing = {"setup_s": 10.0, "phases": {"rrl": {"time_s": 20.0}, "chr": {"time_s": 5.0}}, "eval_s": 1.0}
+    first = {"phases": {"base": {"time_s": 30.0}}, "eval_s": 1.0}
+    records = [{"type": "task", "task": 0, "acc": 90.0, "timing": first},
+               {"type": "task", "task": 1, "acc": 70.0, "timing": timing | {"compile_s": 6.0}},
+               {"type": "task", "task": 2, "acc": 60.0, "timing": timing}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", str(run), "--timing"]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | measured | 0.0 | base 30.0 | 1.0 | 0.0 | 31.0 | 90.00 |" in out
+    assert "| 1 | measured | 10.0 | rrl 20.0, chr 5.0 | 1.0 | 6.0 | 36.0 | 70.00 |" in out
+    assert "| 3 | estimated (tasks 1..2, less compile) | | | | | 33.0 | |" in out  # mean of 36 - 6 and 36
+    assert "extrapolated total: 136 s (2.3 min) over 4 tasks" in out

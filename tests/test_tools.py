@@ -538,3 +538,21 @@ def test_a_finished_run_evaluates_where_its_training_only_paths_cannot_be_create
     assert main(["export", str(run), "--out", str(tmp_path / "m.safetensors")]) == 0
     assert main(["resume", str(run)]) == 2  # training is refused: finished (and its caches could not be made)
     assert not (blocker.parent / "task0").exists()
+
+
+def test_eval_confusion_says_where_each_tasks_images_go(finished, capsys):
+    """benchmarks/task_confusion.py folded into dfcil eval: per task, the accuracy among its own classes and the
+    shares predicted into earlier, own and later tasks' classes, which add up to all of its images."""
+    from dfcil.analysis.tools import evaluate_run
+
+    plain, report = evaluate_run(finished), evaluate_run(finished, with_confusion=True)
+    assert "within" not in plain["tasks"][0] and [t["acc"] for t in plain["tasks"]] == [t["acc"] for t in
+                                                                                         report["tasks"]]  # fmt: skip
+    for task in report["tasks"]:
+        assert task["to_old"] + task["to_own"] + task["to_later"] == pytest.approx(100.0)
+        assert task["within"] >= task["acc"]  # fewer classes compete
+        assert task["to_own"] >= task["acc"]
+    assert report["tasks"][0]["to_old"] == 0.0 and report["tasks"][-1]["to_later"] == 0.0
+    assert main(["eval", str(finished), "--confusion"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("task 1") and "within" in lines[-1] and "to old" in lines[-1]
