@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Collect the per-task accuracy rows A_t (accuracy % on all classes seen after task t) of every run under runs/.
+authors' FeCAM: the log's last 'FeCAM top1 curve'; authors' LDC: the last 'CNN top1 curve' (with NCM: true that
+is the nearest-mean classifier's accuracy); authors' EFC: the task-agnostic accuracy matrix in its output folder,
+averaged over the seen tasks (every task has 500 test images, so that is the accuracy on all seen classes);
+dfcil: summary.json's acc_per_task. Wall times: runs/wall.tsv (common.sh's `timed`). Prints a markdown table and
+writes runs/results.json. Usage: W=... python benchmarks/authors/collect.py"""
+
+import glob
+import json
+import os
+import re
+
+W = os.environ.get("W", os.path.expanduser("~/dfcil-authors"))
+R = os.path.join(W, "runs")
+
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def lines(log):
+    return read(log).replace("\r", "\n").splitlines()
+
+
+def floats(s):
+    return [float(x) for x in re.findall(r"(?:np\.float64\()?(-?\d+(?:\.\d+)?)\)?", s)]
+
+
+def pycil_curve(log, key):
+    rows = [line for line in lines(log) if key in line]
+    return floats(rows[-1].split(key, 1)[1]) if rows else None
+
+
+def efc_rows(folder):
+    """EFC's logger/acc_tag.out: row t = task-agnostic accuracy (%) on each task's test set after task t."""
+    files = sorted(glob.glob(os.path.join(folder, "*", "logger", "acc_tag.out")))
+    if not files:
+        return None
+    m = [[float(x) for x in line.split(",")] for line in read(files[-1]).splitlines() if line.strip()]
+    rows = [round(sum(r[: t + 1]) / (t + 1), 2) for t, r in enumerate(m) if any(r[: t + 1]) or t == 0]
+    return rows if len(rows) == len(m) else None  # a run still going (rows of zeros) gives none
+
+
+def summary(d):
+    p = os.path.join(d, "summary.json")
+    return json.loads(read(p)) if os.path.exists(p) else None
+
+
+def dfcil_rows(d):
+    s = summary(d)
+    return [round(float(x), 2) for x in s["acc_per_task"]] if s else None
+
+
+def pycil_old_new(log, key):
+    """(old, new) accuracy after each task from PyCIL's grouped dict lines ('FeCAM: {...}' / 'CNN: {...}')."""
+    res = []
+    for line in lines(log):
+        if key in line and "'old'" in line:
+            d = line.split(key, 1)[1].replace("np.float64(", "").replace(")", "")
+            old, new = re.search(r"'old': ([0-9.]+)", d), re.search(r"'new': ([0-9.]+)", d)
+            res.append((float(old.group(1)) if old else None, float(new.group(1)) if new else None))
+    return res
+
+
+def walltimes():
+    """(wall_s, rc) of each run from runs/wall.tsv, lines "METHOD SIDE SEED<TAB>rc<TAB>wall_s" (the last counts)."""
+    t = {}
+    if os.path.exists(f"{R}/wall.tsv"):
+        for line in read(f"{R}/wall.tsv").splitlines():
+            label, rc, wall = line.split("\t")
+            m, side, seed = label.split()
+            t[f"{m}/{side}/s{seed}"] = (int(wall), int(rc))
+    return t
+
+
+def main():
+    out, extra = {}, {}
+    for m in ("fecam", "ldc", "efc"):
+        for s in (1, 2):
+            log = f"{R}/{m}_authors_s{s}.log"
+            a = None
+            if m == "fecam" and os.path.exists(log):
+                a = pycil_curve(log, "FeCAM top1 curve:")
+            if m == "ldc" and os.path.exists(log):
+                a = pycil_curve(log, "CNN top1 curve:")
+            if m == "efc":
+                a = efc_rows(f"{R}/efc_authors_s{s}")
+            out[f"{m}/authors/s{s}"] = a
+            out[f"{m}/dfcil/s{s}"] = dfcil_rows(f"{R}/dfcil_{m}_s{s}")
+    for m, key in (("fecam", "FeCAM: {"), ("ldc", "CNN: {")):
+        for s in (1, 2):
+            if os.path.exists(f"{R}/{m}_authors_s{s}.log"):
+                extra[f"{m}/authors/s{s}"] = pycil_old_new(f"{R}/{m}_authors_s{s}.log", key)
+    for m in ("fecam", "ldc", "efc"):
+        for s in (1, 2):
+            j = summary(f"{R}/dfcil_{m}_s{s}")
+            if j:
+                extra[f"{m}/dfcil/s{s}"] = list(zip(j["old_acc"], j["new_acc"], strict=True))
+    wt = walltimes()
+    with open(f"{R}/results.json", "w") as f:
+        json.dump({"A_t": out, "old_new": extra, "wall_s": wt}, f, indent=1)
+    for m in ("fecam", "ldc", "efc"):
+        print(f"\n{m}: A_t after tasks 1..4 (%), wall time")
+        for side in ("authors", "dfcil"):
+            rows = [out[f"{m}/{side}/s{s}"] for s in (1, 2)]
+            for s, v in zip((1, 2), rows, strict=True):
+                w = wt.get(f"{m}/{side}/s{s}", ("?", "?"))[0]
+                cells = " | ".join(f"{x:.2f}" for x in v) if v else "— | — | — | —"
+                print(f"| {side} seed {s} | {cells} | {w} s |")
+            if all(rows):
+                means = " | ".join(f"{(a + b) / 2:.2f}" for a, b in zip(*rows, strict=True))
+                print(f"| {side} mean | {means} | |")
+        for k in (f"{m}/authors/s1", f"{m}/authors/s2", f"{m}/dfcil/s1", f"{m}/dfcil/s2"):
+            if k in extra:
+                print("  old/new", k, list(extra[k]))
+
+
+if __name__ == "__main__":
+    main()
