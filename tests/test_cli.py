@@ -18,17 +18,12 @@ from dfcil.training.loop import RunOptions
 SMOKE = str(CONFIGS / "smoke.yaml")
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs") / "smoke"
-    assert main(["train", "--config", SMOKE, "--out", str(out), "--no-progress"]) == 0
-    return out
-
-
 def test_smoke_run_writes_a_consistent_run_directory(smoke_run):
+    """The session's shared smoke run (conftest: trained with --log csv --log tensorboard, whose files are the
+    loggers')."""
     assert sorted(p.name for p in smoke_run.iterdir()) == [
-        ".lock", "checkpoints", "config.yaml", "meta.json", "metrics.jsonl", "model.pt", "run.log", "summary.json",
-        "synthetic_task1.png",
+        ".lock", "checkpoints", "config.yaml", "meta.json", "metrics.csv", "metrics.jsonl", "model.pt", "run.log",
+        "summary.json", "synthetic_task1.png", "tasks.csv", "tensorboard",
     ]  # fmt: skip
     assert sorted(p.name for p in (smoke_run / "checkpoints").iterdir()) == ["last.pt", "prev.pt", "task1-static.pt"]
     s = json.loads((smoke_run / "summary.json").read_text())
@@ -58,18 +53,14 @@ def test_smoke_run_records_and_config(smoke_run):
         assert r["correct_row"] == summary["correct_matrix"][r["task"]][: r["task"] + 1]
         assert r["count_row"] == summary["count_matrix"][r["task"]][: r["task"] + 1]
     saved = build_config(yaml.safe_load((smoke_run / "config.yaml").read_text()))
-    assert saved == load_config([SMOKE])[0]
+    assert saved == load_config([SMOKE], [("log", "[csv, tensorboard]")])[0]  # the session run logs both
     meta = json.loads((smoke_run / "meta.json").read_text())
     assert {"git_sha", "torch", "device", "argv"} <= set(meta)
     assert "task 1: accuracy on 10 seen classes" in (smoke_run / "run.log").read_text()
 
 
-def test_rerun_is_deterministic(smoke_run, tmp_path):
-    assert main(["train", "--config", SMOKE, "--out", str(tmp_path / "again"), "--no-progress"]) == 0
-    a = json.loads((smoke_run / "summary.json").read_text())
-    b = json.loads((tmp_path / "again" / "summary.json").read_text())
-    for key in ("accuracy_matrix", "correct_matrix", "class_order"):
-        assert a[key] == b[key]
+# That a rerun of a config gives the same run is tests/test_tools.py::test_the_grids_and_loggers_leave_the_results_
+# unchanged (the bare engine's run against the shared smoke run).
 
 
 def test_module_entry_point_and_method_list():
@@ -152,7 +143,8 @@ def test_dry_run_prints_the_protocol_and_writes_nothing(tmp_path, capsys, monkey
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "classes per task [4, 3, 3]" in out and "class order: [7, 8, 1, 5, 3, 4, 2, 0, 9, 6]" in out
-    assert "task 1: 3 classes, 144 train / 48 test images; rrl 2 ep, lr 0.1 ×0.1 at epochs 1; chr 1 ep, lr 0.005" in out
+    rrl = "rrl 2 ep, lr 0.1 ×0.1 at epochs 1, sgd momentum 0.9, wd 0.0005"
+    assert f"task 1: 3 classes, 144 train / 48 test images; {rrl}; chr 1 ep, lr 0.005 constant, head only" in out
     assert list(tmp_path.iterdir()) == []
     assert main([*args[:-4], "--data.num_tasks", "10"]) == 0  # a class per task
     assert "task 9: 1 class, " in capsys.readouterr().out

@@ -19,7 +19,8 @@ from dfcil.training.loop import RunOptions
 from dfcil.training.state import Interrupt
 
 SRC = REPO / "src" / "dfcil"
-CORE = ["engine", "state", "callbacks", "protocol", "runtime", "task0", "checkpoint", "optim", "graphs", "runner"]
+CORE = ["training/engine", "training/state", "training/callbacks", "training/protocol", "compute/runtime",
+        "training/task0", "checkpoint", "compute/optim", "compute/graphs", "runs/runner"]  # fmt: skip
 
 
 def _python(code: str) -> str:
@@ -62,7 +63,7 @@ def _functions(path: Path):
 
 
 def test_the_core_is_small():
-    assert len((SRC / "engine.py").read_text().splitlines()) <= 350
+    assert len((SRC / "training" / "engine.py").read_text().splitlines()) <= 350
     assert not (SRC / "session.py").exists()
     too_big = [
         (module, name, lines, params)

@@ -216,7 +216,7 @@ def test_every_method_keeps_its_graph_promise(name, caplog):
     extra = [("train.epochs", "3"), ("train.milestones", "[1]")]
     eager = run(tiny_config(name, extra), options=RunOptions(progress=False))
     assert all("cuda_graphs" not in p for t in eager["timings"] for p in t["phases"].values())
-    if METHODS.get(name).graph_safe:
+    if METHODS.get(name).info.graph_safe:
         checked = run(tiny_config(name, [*extra, ("engine.cuda_graphs", "check")]), options=RunOptions(progress=False))
         assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
         phases = [p for t in checked["timings"] for p in t["phases"].values()]

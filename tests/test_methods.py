@@ -51,7 +51,7 @@ def test_two_task_run_of_every_method(name, tmp_path):
     assert main(args + [f"--{k}={v}" for k, v in overrides]) == 0  # through the command line
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert len(summary["acc_per_task"]) == 2 and summary["last_acc"] == summary["acc_per_task"][1]
-    assert summary["stores"] == METHODS.get(name).stores  # what it kept between tasks, for the report
+    assert summary["stores"] == METHODS.get(name).info.stores  # what it kept between tasks, for the report
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["type"] == "epoch"]
     assert epochs and all(r["loss"] for r in epochs)  # named terms every epoch
@@ -588,7 +588,7 @@ def test_a_methods_gradient_clamp_bounds_every_update():
     cfg, method, net, ctx, batches = _task1_setup(
         [("train.momentum", "0"), ("train.weight_decay", "0")], name="finetune"
     )
-    method.grad_clip_value = 1e-4
+    method.info = dataclasses.replace(method.info, grad_clip_value=1e-4)  # this instance only
     before = [p.detach().clone() for p in net.parameters()]
     fit_phases(cfg, method, ctx, [Phase("a", 1, 0.5)])  # 3 steps
     moved = max((p.detach() - q).abs().max().item() for p, q in zip(net.parameters(), before, strict=True))

@@ -31,7 +31,7 @@ ARGS = [
     "--train.batch_size", "16", "--train.epochs", "5", "--train.milestones", "[1]", "--method.chr_epochs", "3",
     "--method.inversion.steps", "40", "--method.inversion.zdim", "32", "--checkpoint_interval_s", "0",
 ]  # fmt: skip
-VOLATILE = {"timings", "wall_time_s", "total_time_s", "resumed"}
+VOLATILE = {"timings", "wall_time_s", "total_time_s", "resumed", "run_id"}  # run_id: each run its own
 
 
 def _summary(run):
