@@ -238,13 +238,15 @@ def test_the_public_api_trains_and_resumes_a_run_directory(tmp_path):
     import dfcil
     from dfcil.errors import ConfigError
 
-    assert dfcil.__all__ == ["__version__", "list_methods", "load_config", "resume", "train"]
+    assert dfcil.__all__ == ["__version__", "list_methods", "load_config", "load_model", "resume", "train"]
     cfg, _ = dfcil.load_config([CONFIGS / "smoke.yaml"], [("train.epochs", "2"), ("train.milestones", "[]")])
     summary = dfcil.train(cfg, tmp_path / "run")
     assert len(summary["acc_per_task"]) == 2 and (tmp_path / "run" / "summary.json").exists()
     with pytest.raises(ConfigError, match="is complete"):
         dfcil.resume(tmp_path / "run")
     assert "rdfcil" in dfcil.list_methods()
+    net = dfcil.load_model(tmp_path / "run" / "model.pt")
+    assert not net.training and net.head.out_features == 10  # the smoke preset's 10 classes
 
 
 class _FailsOnInterrupt(Callback):

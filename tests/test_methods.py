@@ -585,12 +585,10 @@ def test_ucir_df_imprints_new_weights_and_keeps_old_ones():
 def test_a_methods_gradient_clamp_bounds_every_update():
     """PODNet clamps every gradient to ±5 (grad_clip_value): with momentum and weight decay off, no parameter
     moves by more than lr × the clamp."""
-    cfg, method, net, ctx, batches = _task1_setup(
-        [("train.momentum", "0"), ("train.weight_decay", "0")], name="finetune"
-    )
+    cfg, method, net, ctx, batches = _task1_setup(name="finetune")
     method.info = dataclasses.replace(method.info, grad_clip_value=1e-4)  # this instance only
     before = [p.detach().clone() for p in net.parameters()]
-    fit_phases(cfg, method, ctx, [Phase("a", 1, 0.5)])  # 3 steps
+    fit_phases(cfg, method, ctx, [Phase("a", 1, 0.5, momentum=0.0, weight_decay=0.0)])  # 3 steps
     moved = max((p.detach() - q).abs().max().item() for p, q in zip(net.parameters(), before, strict=True))
     assert 0 < moved <= 3 * 0.5 * 1e-4 + 1e-6  # (float32 rounding of the weights themselves)
 
