@@ -207,7 +207,7 @@ round2)
   RUN=$RUNS/full-fake-step
   rm -rf "$RUN"
   timeout -k 30 "${FULL_BUDGET:-270}" python3 -m dfcil train --config configs/cifar100/n5.yaml \
-    --config configs/cifar100/rdfcil.yaml --data.name fake --data.num_classes 100 --data.train_per_class 500 \
+    --config configs/cifar100/rdfcil.yaml --data.name fake --data.num_classes 100 --data.train_per_class 500 --data.image_size 32 \
     "${fast[@]}" "${step[@]}" --epoch_checkpoint_interval_s 60 --out "$RUN" --no-progress > "$OUT/full-fake.log" 2>&1
   echo "full (generated images): exit $? (124: stopped by its budget, checkpoint written)"
   tail -5 "$OUT/full-fake.log"

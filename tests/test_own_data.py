@@ -82,7 +82,7 @@ def test_a_run_on_a_folder_resumes_exactly(own_data, tmp_path):
     ("overrides", "generator"),
     [
         ([("data.image_size", "64")], (8, 64)),  # the Tiny-ImageNet generator, ResNet-8 on 64-pixel images
-        ([("model.backbone", "resnet18"), ("train.batch_size", "16")], (8, 32)),  # the ImageNet ResNet-18
+        ([("model.backbone", "resnet18"), ("data.image_size", "32")], (8, 32)),  # the ImageNet ResNet-18 at 32 px
         ([("data.image_size", "48")], (6, 48)),  # another size: a generator from a 6-pixel start
     ],
     ids=["64px", "resnet18", "48px"],

@@ -45,7 +45,7 @@ def _number(text):
 def test_each_inversion_leaves_a_grid_of_64_synthetic_images(finished):
     with Image.open(finished / "synthetic_task1.png") as image:
         assert image.format == "PNG" and image.mode == "RGB"
-        assert image.size == (8 * 32 + 9 * 2, 8 * 32 + 9 * 2)  # 8 × 8 tiles of 32 pixels, 2-pixel borders
+        assert image.size == (8 * 16 + 9 * 2, 8 * 16 + 9 * 2)  # 8 × 8 tiles of 16 pixels, 2-pixel borders
     assert not (finished / "synthetic_task0.png").exists()  # task 0 inverts nothing
 
 
@@ -297,7 +297,7 @@ def test_exported_safetensors_rebuild_the_final_network(finished, tmp_path, caps
     card = json.loads(out.with_suffix(".json").read_text())
     summary = json.loads((finished / "summary.json").read_text())
     assert card["class_order"] == summary["class_order"] and card["num_classes"] == 10
-    assert card["inputs"] == {"image_size": 32, "mean": [0.5] * 3, "std": [0.25] * 3}
+    assert card["inputs"] == {"image_size": 16, "mean": [0.5] * 3, "std": [0.25] * 3}
     assert card["class_names"] == card["output_names"] == []  # the fake dataset names no classes
     net = build_network(card["backbone"], card["head"])
     for n in card["head_sizes"]:
@@ -401,7 +401,7 @@ def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path, 
     (run_dir / "checkpoints" / "task1-static.pt").unlink()
     run = FinishedRun.open(run_dir)
     synthetic = synthetic_images(run, run.network(torch.device("cpu")), 8, steps=2, seed=0)
-    assert synthetic.x.shape == (8, 3, 32, 32) and "inverted from the final model (2 steps)" in synthetic.source
+    assert synthetic.x.shape == (8, 3, 16, 16) and "inverted from the final model (2 steps)" in synthetic.source
     assert f"{run_dir} kept no generator; inverting its final model (2 steps" in capsys.readouterr().err
     assert int(synthetic.y.max()) < 10
     paths = inspect_features(run_dir, per_class=4, synthetic=8, inversion_steps=2)

@@ -256,12 +256,12 @@ def make_fake_arrays(num_classes: int, per_class: int, image_size: int, seed: in
 
 @DATASETS.register("fake")
 def fake(root: Path, cfg: DataConfig, **_: Any) -> ImageDataset:
-    """Generated images for tests and smoke runs: 10 classes of 32×32 by default, no files needed.
+    """Generated images for tests and smoke runs: 10 classes of 16×16 by default, no files needed.
 
     10 classes unless ``data.num_classes``; 48 train / 16 test per class, more train images where
-    ``data.train_per_class`` asks for them; 32×32 unless ``data.image_size``, a multiple of 4. Also for timing a
-    protocol's schedule at its real size."""
-    n, size = cfg.num_classes or 10, cfg.image_size or 32
+    ``data.train_per_class`` asks for them; 16×16 unless ``data.image_size``, a multiple of 4. Also for timing a
+    protocol's schedule at its real size (``--data.image_size 32`` for CIFAR's shapes)."""
+    n, size = cfg.num_classes or 10, cfg.image_size or 16
     if size % 4:
         raise DatasetError(f"data.image_size {size}: the fake dataset needs a multiple of 4")
     train = make_fake_arrays(n, max(48, cfg.train_per_class or 0), size, seed=0)
