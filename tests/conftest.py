@@ -28,6 +28,21 @@ def shared_cifar_root() -> Path | None:
     return None
 
 
+MAX_WORKERS = 4  # -n auto: one test process per core up to this many (each trains with one compute thread)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per core, at most MAX_WORKERS (every worker holds its own trained session runs)."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def pytest_configure(config):
+    """Under pytest-xdist the workers share the cores: each computes on one thread (set before they start, so that
+    their torch and the processes the tests start read it), rather than each on all of them."""
+    if getattr(config.option, "numprocesses", None) and "PYTEST_XDIST_WORKER" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _decoded_images_in_a_temporary_cache(tmp_path_factory):
     """Datasets decoded without a data.cache go to a temporary directory, not the user's cache."""

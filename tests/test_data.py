@@ -280,7 +280,7 @@ def test_safe_extract_refuses_writing_through_a_link_of_the_archive(tmp_path):
 
 def test_fake_dataset_is_deterministic_and_learnable_shaped():
     a, b = build_dataset(DataConfig(name="fake")), build_dataset(DataConfig(name="fake", num_classes=4))
-    assert a.train.x.shape == (480, 32, 32, 3) and b.num_classes == 4 and b.test.y.max() == 3
+    assert a.train.x.shape == (480, 16, 16, 3) and b.num_classes == 4 and b.test.y.max() == 3
     np.testing.assert_array_equal(a.train.x, build_dataset(DataConfig(name="fake")).train.x)
 
 
