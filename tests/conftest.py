@@ -33,7 +33,8 @@ MAX_WORKERS = 4  # -n auto: one test process per core up to this many (each trai
 
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one worker per core, at most MAX_WORKERS (every worker holds its own trained session runs)."""
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores))
 
 
 def pytest_configure(config):

@@ -315,7 +315,11 @@ def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_pa
     }  # fmt: skip
     assert set(values) == RUNTIME_KEYS
     seen = {}
-    monkeypatch.setattr(runner, "resume", lambda run_dir, overrides, options, consent=None: seen.update(overrides) or {})
+
+    def resume(run_dir, overrides, options, consent=None):
+        return seen.update(overrides) or {}
+
+    monkeypatch.setattr(runner, "resume", resume)
     for key, value in values.items():
         assert main(["resume", str(out), f"--{key}", value]) == 0, key
     assert seen == {**{k: v for k, v in values.items()}, "checkpoint_interval_s": 30, "epoch_checkpoint_interval_s": 5,
