@@ -142,9 +142,37 @@ def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
     assert {r["state"] for r in _records(out).values()} == {"skipped"}
     assert "2 finished before, skipped" in capsys.readouterr().out
 
+    # a finished run's summary cut short: that run is reported failed with its file and the fix, the other skipped
+    summary_file = out / "seed=1" / "summary.json"
+    whole = summary_file.read_bytes()
+    summary_file.write_bytes(whole[: len(whole) // 2])
+    assert main(args) == 1
+    records = _records(out)
+    assert records["seed=1"]["state"] == "failed" and records["seed=2"]["state"] == "skipped"
+    assert f"{summary_file} cannot be read" in records["seed=1"]["error"] and "delete" in records["seed=1"]["error"]
+    text = capsys.readouterr().out
+    assert f"seed=1: {summary_file} cannot be read" in text and "1 runs failed" in text
+    summary_file.write_bytes(whole)
+
     # another config under the same names is refused before anything runs
     assert main([*args, "--train.batch_size", "16"]) == 2
     assert "holds a run with another config (" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"", b"[1, 2]", b'{"last_acc": null}', b"\xff\xfe"])
+def test_a_run_that_ends_without_a_readable_summary_is_failed_not_a_traceback(tmp_path, content):
+    """A run's process that exits 0 but leaves a summary.json that cannot be read (cut, not a summary, not UTF-8):
+    the sweep records it failed, naming the file, and does not try it again."""
+    from dfcil.sweep.plan import SweepRun
+    from dfcil.sweep.state import Sweep
+
+    run = SweepRun("r", ("configs/smoke.yaml",), (), {}, 16, attempts=1)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_bytes(content)
+    sweep = Sweep(tmp_path, [run], ["dfcil", "sweep"], "local")
+    sweep.finished(run, ok=True, seconds=1.0, error=None, resumed=False)
+    assert run.state == "failed" and run.result is None
+    assert str(tmp_path / "r" / "summary.json") in run.error
 
 
 def test_a_config_file_edited_while_the_sweep_runs_changes_none_of_its_runs(tmp_path, monkeypatch, capsys):

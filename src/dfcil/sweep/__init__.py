@@ -25,7 +25,7 @@ from dfcil.errors import ConfigError
 from dfcil.sweep.gpus import default_jobs, free_gpu_memory, placement, run_gib, uses_gpu
 from dfcil.sweep.local import run_local
 from dfcil.sweep.mps import MpsSetting, mps
-from dfcil.sweep.plan import SweepRun, check_existing, check_sweep_dir, plan, run_status
+from dfcil.sweep.plan import DamagedSummary, SweepRun, check_existing, check_sweep_dir, plan, run_status
 from dfcil.sweep.slurm import run_slurm
 from dfcil.sweep.state import Sweep
 
@@ -86,8 +86,12 @@ def _run(spec: SweepSpec, out: Path, runs: list[SweepRun], gpus: Callable[[], li
     todo = []
     for r in runs:
         if status[r.name] == "done":
-            r.state = "skipped"
-            r.read_result(out)
+            try:
+                r.read_result(out)
+                r.state = "skipped"
+            except DamagedSummary as err:  # that run is reported failed; the others go on
+                r.state, r.error = "failed", str(err)
+                print(f"dfcil sweep: {r.name}: {err}", flush=True)
         else:
             todo.append(r)
     print(f"dfcil sweep: {len(runs)} runs in {out} ({len(runs) - len(todo)} finished before, skipped)", flush=True)

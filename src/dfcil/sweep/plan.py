@@ -91,8 +91,25 @@ class SweepRun:
         return d
 
     def read_result(self, out: Path) -> None:
-        s = json.loads(read_regular_text(out / self.name / "summary.json"))
+        """The finished run's headline numbers, from its ``summary.json``; :class:`DamagedSummary` where that file
+        cannot be read or holds no accuracy."""
+        path = out / self.name / "summary.json"
+        try:
+            s = json.loads(read_regular_text(path))
+        except (OSError, ValueError) as err:  # unreadable, not a regular file, not UTF-8, not JSON
+            raise DamagedSummary(path, f"cannot be read ({type(err).__name__}: {err})") from None
+        if not isinstance(s, dict) or not isinstance(s.get("last_acc"), int | float):
+            raise DamagedSummary(path, "holds no run summary (no last_acc)")
         self.result = {k: s.get(k) for k in ("last_acc", "avg_inc_acc", "forgetting", "total_time_s")}
+
+
+class DamagedSummary(Exception):
+    """A finished run's ``summary.json`` that cannot be read: the sweep reports that run as failed, not the others."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            f"{path} {problem}: restore it, or delete {path.parent} and run the sweep again to train that run anew"
+        )
 
 
 def split_values(text: str) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dfcil.io import write_json
-from dfcil.sweep.plan import SweepRun
+from dfcil.sweep.plan import DamagedSummary, SweepRun
 
 FORMAT = 1  # sweep.json's layout
 MAX_ATTEMPTS = 2  # a failing run is retried once per invocation of the sweep
@@ -68,8 +68,12 @@ class Sweep:
         diverged training), not tried a second time."""
         run.time_s = round((run.time_s or 0) + seconds, 1)
         if ok:
+            try:
+                run.read_result(self.out)
+            except DamagedSummary as err:  # the run said it finished but left no readable summary
+                ok, error, retry = False, str(err), False
+        if ok:
             run.state, run.error = ("resumed" if resumed else "done"), None
-            run.read_result(self.out)
             self.say(run, f"{run.state} in {seconds:.0f} s, A_N {run.result['last_acc']:.2f}")
         else:
             run.error = error
