@@ -89,6 +89,23 @@ def test_sampling_a_grid_touches_no_random_stream_and_keeps_the_generators_mode(
     assert picture.shape == (3 * 3 + 4, 2 * 4 + 3, 3)
 
 
+def test_a_generator_that_gives_non_finite_images_leaves_no_grid(tmp_path, monkeypatch, caplog):
+    """A generator whose images hold a NaN: no grid of noise is written, and the log says why."""
+    from types import SimpleNamespace
+
+    from dfcil.training import grid
+    from dfcil.training.state import RunState
+
+    monkeypatch.setattr(grid, "trained_generator", lambda method: object())
+    monkeypatch.setattr(grid, "sample_images", lambda generator, n, seed: torch.full((n, 3, 8, 8), float("nan")))
+    state = RunState.new(2, 1, torch.device("cpu"))
+    state.position = Position(1, "train")
+    callback = grid.SyntheticGrid(tmp_path, seed=1)
+    callback.on_run_start(SimpleNamespace(method=None, state=state, protocol=None))
+    callback.on_setup_end()
+    assert not callback.path(1).exists() and "non-finite images; no synthetic_task1.png" in caplog.text
+
+
 # ---------------------------------------------------------------------------------------------------- loggers
 
 

@@ -8,6 +8,7 @@ picture never changes what the run computes (``tests/test_tools.py`` compares ru
 from __future__ import annotations
 
 import io
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,8 @@ from torch import Tensor, nn
 from dfcil.io import write_atomic
 from dfcil.methods import Method
 from dfcil.training.loop import Callback, Loop
+
+log = logging.getLogger("dfcil")
 
 GRID_IMAGES = 64  # images per grid, 8 × 8
 GRID_ROW = 8  # images per row
@@ -90,11 +93,14 @@ def sample_images(generator: nn.Module, n: int, seed: int) -> Tensor:
 
 def synthetic_grid(loop: Loop, task: int, seed: int, n: int = GRID_IMAGES) -> np.ndarray | None:
     """Task ``task``'s grid of ``n`` synthetic images of a run seeded ``seed``, de-normalised with the dataset's
-    mean and std, or None when the method holds no trained generator."""
+    mean and std, or None when the method holds no trained generator or it gives non-finite images."""
     generator = trained_generator(loop.method)
     if generator is None:
         return None
     x = sample_images(generator, n, grid_seed(seed, task))
+    if not bool(torch.isfinite(x).all()):  # a generator gone non-finite: no grid of noise is written
+        log.warning(f"task {task}: the generator gives non-finite images; no synthetic_task{task}.png written")
+        return None
     if x.shape[-1] > MAX_TILE:
         x = F.interpolate(x, size=(MAX_TILE, MAX_TILE), mode="bilinear", antialias=True)
     dataset = loop.protocol.dataset
