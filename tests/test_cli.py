@@ -156,6 +156,17 @@ def test_print_config(capsys):
     assert cfg["train"]["epochs"] == 4 and cfg["device"] == "cpu" and cfg["method"]["name"] == "rdfcil"
 
 
+def test_an_image_size_a_method_cannot_train_is_refused_before_task_0(tmp_path, capsys):
+    """DGR's VAE takes 32×32 images only: a 16-pixel dataset is one error line before anything trains."""
+    out = tmp_path / "run"
+    dgr = str(CONFIGS / "smoke" / "dgr.yaml")
+    assert main(["train", "--config", SMOKE, "--config", dgr, "--data.image_size", "16", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "error" in line]  # (after the overlay's "method switched" note)
+    assert line.startswith("dfcil: error: dgr's VAE is defined for 32×32 images, not 16×16")
+    assert "--data.image_size 32" in err and not out.exists()
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

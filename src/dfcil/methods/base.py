@@ -84,6 +84,10 @@ class Method:
         the run's ``train`` schedule (:meth:`Phase.from_train`)."""
         return [Phase.from_train("train", self.train)]
 
+    def check_image_size(self, size: int) -> None:
+        """Raise ValueError (the message naming the sizes it takes) for an image size this method cannot train; the
+        protocol calls it before any training, so the error comes before task 0, not after it."""
+
     def on_task_start(self, ctx: TaskContext) -> None:
         """Called once per task, after the head grew, before training: teacher snapshot, imprinting, new modules."""
 

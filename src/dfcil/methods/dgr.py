@@ -84,9 +84,15 @@ class DGR(Method):
         self.vae: VAE | None = None
         self.scholar: tuple[VAE, IncrementalNet] | None = None  # frozen generator + classifier of the last task
 
+    def check_image_size(self, size: int) -> None:
+        if size != 32:
+            raise ValueError(
+                f"dgr's VAE is defined for 32×32 images, not {size}×{size}: use a 32-pixel dataset "
+                f"(--data.image_size 32 for the generated one)"
+            )
+
     def on_task_start(self, ctx: TaskContext) -> None:
-        if ctx.image_size != 32:
-            raise ValueError(f"dgr's VAE is defined for 32x32 images, not {ctx.image_size}x{ctx.image_size}")
+        self.check_image_size(ctx.image_size)
         if self.vae is None:  # one VAE for the whole run, trained in every task
             self.vae = VAE(self.cfg.zdim).to(ctx.device)
         if ctx.task_id > 0:

@@ -170,7 +170,7 @@ def load_protocol(cfg: RunConfig, progress: ProgressFactory | None = None) -> Pr
 
 def check_training(cfg: RunConfig, method: Method, protocol: Protocol) -> None:
     """Refuse a protocol that ``method`` cannot train: a task with fewer images than a batch (it would never train),
-    lr milestones outside their phase, an image size no synthesizer is built for (methods that invert one)."""
+    lr milestones outside their phase, an image size the method or its synthesizer is not built for."""
     for t, n in enumerate(protocol.train_images):
         if n < cfg.train.batch_size:
             raise SplitError(
@@ -179,6 +179,10 @@ def check_training(cfg: RunConfig, method: Method, protocol: Protocol) -> None:
             )
     check_phases(method, protocol.split)
     check_schedule_read(cfg, method, protocol.split)
+    try:
+        method.check_image_size(protocol.dataset.image_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if method.synthesizer() is not None:  # a synthesizer for this image size (refused with the sizes it takes)
         try:
             generator_layout(protocol.dataset.image_size)
