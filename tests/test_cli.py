@@ -165,6 +165,9 @@ def test_an_image_size_a_method_cannot_train_is_refused_before_task_0(tmp_path, 
     (line,) = [line for line in err.splitlines() if "error" in line]  # (after the overlay's "method switched" note)
     assert line.startswith("dfcil: error: dgr's VAE is defined for 32×32 images, not 16×16")
     assert "--data.image_size 32" in err and not out.exists()
+    # and a size no generator is built for, for a method that inverts one
+    assert main(["train", "--config", SMOKE, "--data.image_size", "12", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("dfcil: error: no generator for 12-pixel images") and not out.exists()
 
 
 @pytest.mark.parametrize(

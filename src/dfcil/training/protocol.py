@@ -179,15 +179,12 @@ def check_training(cfg: RunConfig, method: Method, protocol: Protocol) -> None:
             )
     check_phases(method, protocol.split)
     check_schedule_read(cfg, method, protocol.split)
-    try:
+    try:  # an image size the method (DGR's VAE) or its synthesizer is not built for, refused with the sizes it takes
         method.check_image_size(protocol.dataset.image_size)
+        if method.synthesizer() is not None:
+            generator_layout(protocol.dataset.image_size)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if method.synthesizer() is not None:  # a synthesizer for this image size (refused with the sizes it takes)
-        try:
-            generator_layout(protocol.dataset.image_size)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
 
 
 def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
