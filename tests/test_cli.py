@@ -190,7 +190,7 @@ def test_an_image_size_a_method_cannot_train_is_refused_before_task_0(tmp_path, 
         (["--out", "{tmp}/readonly"], "run directory {tmp}/readonly is not writable"),
         (["--task0_cache", "{tmp}/readonly"], "task0_cache {tmp}/readonly is not writable"),
         (["--device", "meta"], "device: 'meta' is not supported (dfcil trains on cpu and cuda)"),
-        (["--train.milestones", "[50]"], "a milestone at or after the last epoch never lowers the lr"),
+        (["--train.milestones", "[50]"], "reach 50: a milestone there never lowers the lr"),
     ],
 )
 def test_bad_input_fails_clearly_and_leaves_no_run_directory(tmp_path, capsys, monkeypatch, extra, message):
@@ -514,3 +514,33 @@ def test_a_full_disk_is_one_clear_error_that_says_how_to_go_on(monkeypatch, caps
     monkeypatch.setitem(dfcil.cli.COMMANDS, "methods", other)
     with pytest.raises(PermissionError):  # other OS errors are not dressed up as this one
         main(["methods"])
+
+
+def test_a_dry_run_names_every_problem_of_the_protocol_and_the_schedule_at_once(tmp_path, capsys):
+    from test_images import write_folder
+
+    root = write_folder(tmp_path / "data", classes=("a", "b", "c", "d"), train=15, test=2)
+    base = ["train", "--config", str(CONFIGS / "own-data.yaml"), "--data.root", str(root),
+            "--data.cache", str(tmp_path / "cache"), "--data.image_size", "32", "--dry-run"]  # fmt: skip
+    # the shrinking of issue 49: 5 tasks for 4 classes, a batch of 128 for 60 images, milestones [80, 120] for 3
+    # epochs, and R-DFCIL's 40 CHR epochs: one refusal that lists them all, each with its fix
+    assert main([*base, "--train.epochs", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dfcil: error: 3 problems") and err.count("\n  ") == 3
+    for text in ("chr_epochs (40) must be smaller", "set data.num_tasks to 4 or fewer", "all 60 training images"):
+        assert text in err
+    assert main([*base, "--train.epochs", "3", "--method.chr_epochs", "1"]) == 2  # now the schedule's turn too
+    err = capsys.readouterr().err
+    assert "3 problems" in err and "milestones [80, 120]" in err and "fractions of each phase" in err
+    fixed = ["--train.epochs", "3", "--method.chr_epochs", "1", "--data.num_tasks", "2", "--train.batch_size", "10"]
+    assert main([*base, *fixed, "--train.milestones", "[0.5]"]) == 0  # the fractions follow the shortened phases
+    out = capsys.readouterr().out
+    assert "milestones:  [0.5] of each phase" in out and "rrl 2 ep, lr 0.1 ×0.1 at epochs 1" in out
+
+
+def test_switching_to_a_method_with_its_own_optimiser_says_which_train_keys_it_does_not_read(capsys):
+    assert main(["train", "--config", SMOKE, "--method.name", "efc", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "method switched to 'efc'" in err and "efc does not read train.lr, train.momentum, train.weight_decay" in err
+    assert main(["train", "--config", SMOKE, "--method.name", "finetune", "--dry-run"]) == 0
+    assert "does not read" not in capsys.readouterr().err  # fine-tuning's phases read the whole train section

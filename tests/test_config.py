@@ -79,10 +79,9 @@ def test_dotted_overrides_are_parsed_as_yaml():
         ([("train.lr", "yes")], r"train.lr: Input should be a valid number, not a yes/no value \(got True\)"),
         ([("seed", "-1")], r"seed: Input should be greater than or equal to 0"),
         ([("seed", "99999999999999999999")], r"seed: Input should be less than 9223372036854775808"),
-        (
-            [("train.milestones", "[80, 200]")],
-            r"milestones \[80, 200\] reach train.epochs \(200\)",
-        ),  # never lowers the lr
+        ([("train.milestones", "[80, 0.75]")], r"mixes epochs and fractions of the phase"),
+        ([("train.milestones", "[0.5, 1.5]")], r"train.milestones.1"),  # a fraction lies strictly inside (0, 1)
+        ([("train.milestones", "[0.75, 0.5]")], r"must be strictly increasing"),
         ([("train.milestones", "[120, 80]")], r"milestones \[120, 80\] must be strictly increasing"),
         ([("train.milestones", "[80, 80]")], r"must be strictly increasing"),
         ([("method.chr_epochs", "300")], None),  # valid for the schema; the method rejects it (see below)

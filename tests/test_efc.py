@@ -185,7 +185,7 @@ def test_the_buffer_joins_the_asymmetric_ce_from_the_second_step():
 def test_later_tasks_keep_bn_statistics_and_affine_parameters():
     cfg, method, net, ctx = _task1()
     (phase,) = method.phases(ctx)
-    assert (phase.optimizer, phase.trainable, phase.lr, phase.milestones) == ("adam", "frozen_bn", 1e-4, ())
+    assert (phase.optimizer, phase.trainable, phase.lr, phase.milestones) == ("adam", "frozen_bn", cfg.method.lr, ())
     before = copy.deepcopy(net.state_dict())
     fit_phases(cfg, method, ctx, [dataclasses.replace(phase, epochs=1)])  # 3 steps
     after = net.state_dict()
@@ -221,8 +221,9 @@ def test_two_task_run_names_its_terms_per_task():
     run(tiny_config("efc", [("train.epochs", "1")]), options=RunOptions(progress=False, callbacks=[rec]))
     assert [(r["task"], set(r["loss"])) for r in rec.epochs] == [(0, {"ce"}), (1, {"ce", "efm", "ace"})]
     first, later = (s["phases"][0] for s in rec.starts)
-    assert (first["name"], first["optimizer"], first["lr"], first["weight_decay"]) == ("base", "adam", 1e-3, 2e-4)
-    assert (later["name"], later["trainable"], later["lr"]) == ("efc", "frozen_bn", 1e-4)
+    c = tiny_config("efc").method  # the smoke overlay's rates (EFC's own are 1e-3 and 1e-4)
+    assert (first["name"], first["optimizer"], first["lr"], first["weight_decay"]) == ("base", "adam", c.first_lr, 2e-4)
+    assert (later["name"], later["trainable"], later["lr"]) == ("efc", "frozen_bn", c.lr)
 
 
 def test_a_run_stopped_inside_the_first_task_resumes_exactly(tmp_path):
@@ -264,7 +265,8 @@ def test_train_keys_efc_never_reads_are_refused(extra, refused):
     from dfcil.errors import ConfigError
     from dfcil.training.protocol import prepare
 
-    cfg = tiny_config("efc", extra)
+    defaults = [("method.first_lr", "0.001"), ("method.lr", "0.0001")]  # EFC's own, not its smoke overlay's
+    cfg = tiny_config("efc", [*defaults, *extra])
     if refused is None:
         prepare(cfg)
         return

@@ -94,7 +94,8 @@ class Watch(Callback):
             self.backbone0 = {k: v.clone() for k, v in self.loop.net.backbone.state_dict().items()}
 
 
-def test_a_run_trains_task_0_only_and_classifies_by_mahalanobis_distance(tmp_path):
+def test_a_run_trains_task_0_only_and_classifies_by_mahalanobis_distance(tmp_path, caplog):
+    caplog.set_level("INFO", logger="dfcil")
     from dfcil.analysis.tools import evaluate_run, export_run
     from dfcil.runs.runner import train
 
@@ -107,6 +108,8 @@ def test_a_run_trains_task_0_only_and_classifies_by_mahalanobis_distance(tmp_pat
     assert method.precisions.shape == (6, loop.net.feature_dim, loop.net.feature_dim)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {r["task"] for r in records if r["type"] == "epoch"} == {0}
+    log = caplog.text  # the log says that the later task trains nothing
+    assert "(6 seen), 144 training images, phases none: no training in this task" in log, log
     # the last accuracy row is the argmin of the Mahalanobis distances, recomputed here from the stored statistics
     test, net = loop.evaluator.test, loop.net.eval()
     n = int(test.seen[-1])
@@ -115,11 +118,27 @@ def test_a_run_trains_task_0_only_and_classifies_by_mahalanobis_distance(tmp_pat
         pred = mahalanobis(x, method.means, method.precisions).argmin(dim=1)
     correct = [int(((pred == test.y[:n]) & (test.task_of_label[test.y[:n]] == t)).sum()) for t in range(2)]
     assert summary["correct_matrix"][1] == correct
-    # dfcil eval reproduces the run's last row from the statistics in model.pt; export refuses what it cannot hold
+    # dfcil eval reproduces the run's last row from the statistics in model.pt
     report = evaluate_run(tmp_path / "run")
     assert [t["correct"] for t in report["tasks"]] == correct
-    with pytest.raises(Exception, match="method_state"):
-        export_run(tmp_path / "run")
+    # export ships them beside the weights, and its card says how to classify: followed here, it predicts as the run
+    from safetensors.torch import load_file
+
+    from dfcil.methods.fecam import tukey
+    from dfcil.models.network import build_network
+
+    weights, card_path = export_run(tmp_path / "run")
+    card, state = json.loads(card_path.read_text()), load_file(weights)
+    assert card["method_state"] == {"method.means": [6, 64], "method.precisions": [6, 64, 64]}
+    assert card["method_values"] == {"tasks": 2} and "mahalanobis(z, state['method.means']" in card["classify"]
+    shipped = build_network(card["backbone"], card["head"])
+    for size in card["head_sizes"]:
+        shipped.expand(size)
+    shipped.load_state_dict({k: v for k, v in state.items() if not k.startswith("method.")})
+    with torch.no_grad():
+        z = torch.nn.functional.normalize(tukey(shipped.eval()(test.normalizer(test.x[:n])).features, 0.5, "relu"), dim=1)
+        scores = -mahalanobis(z, state["method.means"], state["method.precisions"])
+    assert torch.equal(scores.argmax(1), pred)
 
 
 def test_the_first_task_is_evaluated_with_the_cosine_classifier():

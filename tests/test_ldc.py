@@ -111,6 +111,17 @@ def test_ldc_switch_classifies_by_nearest_mean_and_dfcil_eval_agrees(name, head,
     assert state["means"].shape == (6, 64)  # every class's mean, for dfcil eval
     report = evaluate_run(tmp_path / "run")  # nearest mean again, from model.pt: the run's last row
     assert [t["correct"] for t in report["tasks"]] == summary["correct_matrix"][1]
+    if head == "cosine":  # export ships the means beside the weights, its card how to classify with them
+        import json
+
+        from safetensors.torch import load_file
+
+        from dfcil.analysis.tools import export_run
+
+        weights, card = export_run(tmp_path / "run")
+        about, tensors = json.loads(card.read_text()), load_file(weights)
+        assert about["method_state"] == {"method.means": [6, 64]} and "ncm_scores(" in about["classify"]
+        assert torch.equal(tensors["method.means"], state["means"])
 
 
 def test_rdfcil_plus_replays_class_gaussians_in_chr_only():

@@ -388,6 +388,8 @@ def _print_protocol(cfg: RunConfig) -> None:
     print(f"device:      {resolve_device(cfg.device)}")
     print(f"tasks:       {split.num_tasks}, classes per task {list(split.task_sizes)}")
     print(f"class order: {list(split.class_order)}")
+    if any(isinstance(m, float) for m in cfg.train.milestones):
+        print(f"milestones:  {list(cfg.train.milestones)} of each phase, at epoch round(f x phase epochs) (below)")
     for t, classes in enumerate(split.tasks):
         task = Task(task_id=t, n_old=split.offsets[t], n_new=len(classes), num_tasks=split.num_tasks)
         phases = "; ".join(p.describe() for p in method.phases(task)) or "no training"
@@ -399,6 +401,20 @@ def _print_protocol(cfg: RunConfig) -> None:
             f"  task {t}: {count}, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
             f"images; {phases}; classes {classes}{named}"
         )
+
+
+def _unread_note(cfg: RunConfig) -> str:
+    """What a switch of method also changes: the train keys its phases do not read (EFC's Adam: train.lr)."""
+    from dfcil.methods import build_method
+    from dfcil.training.protocol import stand_in_tasks, unread_schedule_keys
+
+    try:
+        method = build_method(cfg.method, cfg.train)
+    except (ConfigError, ValueError):  # refused later, with the run's other problems
+        return ""
+    unread = unread_schedule_keys(cfg, method, stand_in_tasks(cfg.data.num_tasks))
+    keys = ", ".join(f"train.{k}" for k in unread)
+    return f"; {cfg.method.name} does not read {keys} (its own keys set them: --dry-run prints its phases)" * bool(keys)
 
 
 def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:
@@ -414,7 +430,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     check_run_records(args.config, _consent(args))  # a received run's config.yaml: its plugin files need consent
     cfg, dropped = load_config(args.config, overrides, plugins=args.plugin)
     if dropped:
-        log.warning("method switched to %r: %s", cfg.method.name, "; ".join(dropped))
+        log.warning("method switched to %r: %s%s", cfg.method.name, "; ".join(dropped), _unread_note(cfg))
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0

@@ -44,6 +44,8 @@ NonNegativeInt = Annotated[int, Strict(), Field(ge=0)]
 PositiveFloat = Annotated[float, BeforeValidator(_not_bool), Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, BeforeValidator(_not_bool), Field(ge=0, allow_inf_nan=False)]
 Seed = Annotated[int, Strict(), Field(ge=0, lt=2**63)]  # what torch.manual_seed takes
+# An lr milestone: an epoch from the phase's start, or a fraction of the phase strictly between 0 and 1
+Milestone = Annotated[int, Strict(), Field(ge=0)] | Annotated[float, BeforeValidator(_not_bool), Field(gt=0, lt=1)]
 
 
 def _yaml_switch(value: Any) -> Any:
@@ -126,7 +128,9 @@ class TrainConfig:
     lr: PositiveFloat = 0.1  # SGD lr at the start of each task
     momentum: NonNegativeFloat = 0.9
     weight_decay: NonNegativeFloat = 5e-4  # applied to every parameter, BN and projectors included
-    milestones: tuple[NonNegativeInt, ...] = (80, 120)  # epochs (from the phase start) where lr *= gamma
+    # where lr *= gamma: epochs from the phase's start ([80, 120]), or fractions of each phase ([0.5, 0.75]: at
+    # round(0.5 * E) and round(0.75 * E) of a phase of E epochs, halves rounded up), which follow changed epochs
+    milestones: tuple[Milestone, ...] = (80, 120)
     gamma: PositiveFloat = 0.1
     eval_batch_size: PositiveInt = 1000  # test images per forward; no effect on results
     # a loss term whose mean over an epoch passes it stops the run as diverged, as a non-finite one does. Healthy
@@ -136,13 +140,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         m = self.milestones
+        if len({type(v) for v in m}) > 1:
+            raise ValueError(
+                f"train.milestones {list(m)} mixes epochs and fractions of the phase; give all as epochs "
+                f"([80, 120]) or all as fractions ([0.4, 0.6])"
+            )
         if any(b <= a for a, b in zip(m, m[1:], strict=False)):
             raise ValueError(f"train.milestones {list(m)} must be strictly increasing")
-        if m and m[-1] >= self.epochs:
-            raise ValueError(
-                f"train.milestones {list(m)} reach train.epochs ({self.epochs}): a milestone at or after the last "
-                f"epoch never lowers the lr; use milestones below {self.epochs} (or [] for a constant lr)"
-            )
+        # milestones at or after a phase's end are refused by the protocol's checks, with every other problem
 
 
 @configclass

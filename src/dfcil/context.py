@@ -5,6 +5,7 @@ batch of real images (:class:`Batch`) and the phases a method trains a task in (
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 import torch
@@ -29,7 +30,9 @@ class Phase:
     name: str  # "base", "rrl", "chr", ...
     epochs: int
     lr: float  # lr at the start of the phase
-    milestones: tuple[int, ...] = ()  # epochs from the phase start where lr *= gamma
+    # epochs from the phase start where lr *= gamma; fractions of the phase (train.milestones: [0.5, 0.75]) are
+    # turned into epochs when the phase is made: round(f * epochs), halves rounded up
+    milestones: tuple[int, ...] = ()
     # "head": backbone frozen (requires_grad=False) and in eval mode; "frozen_bn": everything trains but the BN
     # layers, kept in eval mode with fixed affine parameters (EFC's and SDC's convention after the first task)
     trainable: Literal["all", "head", "frozen_bn"] = "all"
@@ -38,6 +41,9 @@ class Phase:
     weight_decay: float = _TRAIN.weight_decay  # L2 on every trained parameter, added to the gradient
     gamma: float = _TRAIN.gamma  # the lr's factor at each milestone
     momentum: float = _TRAIN.momentum  # SGD's momentum (Adam has none: not read)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "milestones", milestone_epochs(self.milestones, self.epochs))
 
     @classmethod
     def from_train(cls, name: str, train: TrainConfig, **changes: Any) -> Phase:
@@ -63,6 +69,12 @@ class Phase:
     def lr_at(self, epoch: int) -> float:
         """The lr of epoch ``epoch`` (from the phase's start): ``lr`` times ``gamma`` per milestone passed."""
         return self.lr * self.gamma ** sum(epoch >= m for m in self.milestones)
+
+
+def milestone_epochs(milestones: tuple[float, ...], epochs: int) -> tuple[int, ...]:
+    """Milestones in epochs from a phase's start: an int is one already, a fraction f of a phase of ``epochs``
+    epochs is epoch ``floor(f * epochs + 0.5)`` (0.5 of 3 epochs is epoch 2, 0.75 of 160 is 120)."""
+    return tuple(m if isinstance(m, int) else math.floor(m * epochs + 0.5) for m in milestones)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -347,12 +347,31 @@ def model_card(run: FinishedRun, weights: str) -> dict[str, Any]:
         "build": "net = dfcil.models.network.build_network(backbone, head); net.expand(n) for n in head_sizes; "
         "net.load_state_dict(safetensors.torch.load_file(weights)); net(x).logits",
         "last_acc": (run.summary or {}).get("last_acc"),
+        **method_card(run),
+    }  # fmt: skip
+
+
+def method_card(run: FinishedRun) -> dict[str, Any]:
+    """For a method that classifies with state of its own (FeCAM's class statistics, LDC's class means): the
+    tensors the weights file holds as ``method.<key>``, its other values, and how to classify with them."""
+    state = run.model.get("method_state") or {}
+    if not state:
+        return {}
+    method = build_method(run.cfg.method, run.cfg.train)
+    method.load_eval_state(state)
+    tensors = {f"method.{k}": list(v.shape) for k, v in state.items() if isinstance(v, Tensor)}
+    values = {k: v for k, v in state.items() if not isinstance(v, Tensor)}
+    return {
+        "output": "class scores from the network's features and the method's state (classify), not its logits",
+        "method_state": tensors, "method_values": values, "classify": method.eval_recipe(),
     }  # fmt: skip
 
 
 def to_safetensors(run: FinishedRun, out: Path) -> None:
     st = require("safetensors.torch", "export", "dfcil export --format safetensors", "safetensors")
     tensors = {k: v.detach().clone().contiguous() for k, v in run.model["net"].items()}  # no shared storage
+    state = run.model.get("method_state") or {}  # what the method classifies with besides the network
+    tensors |= {f"method.{k}": v.detach().clone().contiguous() for k, v in state.items() if isinstance(v, Tensor)}
     write_atomic(out, st.save(tensors, metadata={"dfcil": __version__, "backbone": run.model["backbone"]}))
 
 
@@ -378,11 +397,6 @@ def export_run(
     may be imported."""
     exporter = EXPORT_FORMATS.get(fmt)
     run = FinishedRun.open(run_dir, consent, **{"data.root": data_root})
-    if run.model.get("method_state"):
-        raise ConfigError(
-            f"{run.cfg.method.name} does not classify with the network's logits but with state of its own that an "
-            f"exported network would not hold (model.pt's method_state); evaluate it with `dfcil eval {run.dir}`"
-        )
     default = f"model{exporter.suffix}"
     if out is not None and str(out).endswith(("/", os.sep)):  # a folder meant, which Path() would make a file name
         raise ConfigError(f"--out {out}: give the weights' file name, e.g. {Path(out) / default}")

@@ -35,7 +35,10 @@ def task_sizes(num_classes: int, num_tasks: int, base_classes: int = 0) -> list[
     if num_tasks < 1:
         raise SplitError(f"num_tasks must be at least 1, got {num_tasks}")
     if num_tasks > num_classes:
-        raise SplitError(f"cannot split {num_classes} classes into {num_tasks} tasks: a task needs at least one class")
+        raise SplitError(
+            f"cannot split {num_classes} classes into {num_tasks} tasks: a task needs at least one class; set "
+            f"data.num_tasks to {num_classes} or fewer"
+        )
     if base_classes == 0:
         if num_tasks == 1:
             return [num_classes]

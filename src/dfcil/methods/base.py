@@ -43,6 +43,9 @@ class MethodInfo:
     # It trains over several processes (torchrun): every loss term is a mean over samples, or computed over the
     # global batch through ctx.runtime.dist (dfcil.compute.distributed).
     distributed: bool = False
+    # Where its classifier changes between tasks, so that an accuracy of task 0 and a later one are not scored alike
+    # (FeCAM: the cosine head after the first task, Mahalanobis distances after): said under every report of it
+    scoring: str = ""
 
 
 FACTS = tuple(f.name for f in dataclasses.fields(MethodInfo))
@@ -135,6 +138,11 @@ class Method:
         """What :meth:`eval_logits` needs besides the network after the last task (e.g. class statistics): the
         final model file keeps it, so that ``dfcil eval`` predicts as the run did. Default: the classifier's."""
         return self.classifier.eval_state() if self.classifier is not None else {}
+
+    def eval_recipe(self) -> str:
+        """How :meth:`eval_logits` classifies with :meth:`eval_state`, as code a user can run on the exported tensors
+        (``state["method.<key>"]``): the model card's ``classify``. Empty where the network's logits decide."""
+        return self.classifier.recipe() if self.classifier is not None else ""
 
     def load_eval_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`eval_state` into a freshly built method (``dfcil eval``)."""

@@ -94,6 +94,8 @@ def class_statistics(features: Tensor, cfg: FeCAMConfig) -> tuple[Tensor, Tensor
     "fecam",
     head="cosine",
     stores="class statistics",
+    scoring="task 0 is scored by its cosine head, later tasks by Mahalanobis distances to the class statistics: "
+    "its forgetting compares two classifiers and can be negative",
     graph_safe=True,  # its only step, the first task's CE, replays as a CUDA graph (tests/test_graphs.py)
 )
 class FeCAM(Method):
@@ -136,6 +138,15 @@ class FeCAM(Method):
 
     def eval_state(self) -> dict[str, Any]:
         return {"means": self.means, "precisions": self.precisions, "tasks": self.tasks} if self.tasks else {}
+
+    def eval_recipe(self) -> str:
+        c = self.cfg
+        return (
+            "after one task: net(x).logits (the cosine head); after more: z = F.normalize(dfcil.methods.fecam.tukey("
+            f"net(x).features, {c.tukey_beta!r}, {c.nonnegative!r}), dim=1); scores = -dfcil.methods.fecam.mahalanobis("
+            "z, state['method.means'], state['method.precisions']); the prediction is scores.argmax(1), the class "
+            "of least squared Mahalanobis distance (output k as in output_names)"
+        )
 
     def load_eval_state(self, state: dict[str, Any]) -> None:
         self.means, self.precisions, self.tasks = state["means"], state["precisions"], int(state["tasks"])

@@ -267,6 +267,13 @@ class NearestMeanClassifier:
     def eval_state(self) -> dict[str, Any]:
         return {"means": self.memory.means}
 
+    @staticmethod
+    def recipe() -> str:
+        return (
+            "scores = dfcil.losses.prototypes.ncm_scores(net(x).features, state['method.means']), i.e. "
+            "-|normalize(f) - normalize(mean_c)|^2; the prediction is scores.argmax(1) (output k as in output_names)"
+        )
+
     def load_eval_state(self, state: dict[str, Any]) -> None:
         if "means" in state:
             self.memory.means = state["means"]

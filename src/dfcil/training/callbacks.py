@@ -63,7 +63,7 @@ class ConsoleLogger(Callback):
             info["n_new"],
             info["n_seen"],
             info["train_images"],
-            ", ".join(f"{p['name']}×{p['epochs']}" for p in info["phases"]),
+            ", ".join(f"{p['name']}×{p['epochs']}" for p in info["phases"]) or "none: no training in this task",
         )
 
     def on_phase_start(self, phase: Phase) -> None:

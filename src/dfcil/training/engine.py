@@ -115,6 +115,7 @@ def run(
         split = protocol.split
         summary = {
             "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "stores": loop.method.stores,
+            **({"scoring": loop.method.info.scoring} if loop.method.info.scoring else {}),
             "dataset": protocol.dataset.name,
             "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
             **state.acc.summary(), "wall_time_s": round(time.perf_counter() - started, 2),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -151,8 +151,12 @@ def load_protocol(cfg: RunConfig, progress: ProgressFactory | None = None) -> Pr
         DatasetError: the data is missing or cannot be read.
         SplitError: the tasks cannot be built, or one has no test images.
     """
+    return cut_tasks(cfg, build_dataset(cfg.data, progress=progress))
+
+
+def cut_tasks(cfg: RunConfig, dataset: ImageDataset) -> Protocol:
+    """Cut ``dataset`` into the config's tasks (:class:`SplitError` where they cannot be built)."""
     d = cfg.data
-    dataset = build_dataset(d, progress=progress)
     split = ClassIncrementalSplit.build(
         dataset.num_classes, d.num_tasks, d.base_classes, d.class_order, d.class_order_seed, d.num_classes
     )
@@ -169,32 +173,91 @@ def load_protocol(cfg: RunConfig, progress: ProgressFactory | None = None) -> Pr
 
 
 def check_training(cfg: RunConfig, method: Method, protocol: Protocol) -> None:
-    """Refuse a protocol that ``method`` cannot train: a task with fewer images than a batch (it would never train),
-    lr milestones outside their phase, an image size the method or its synthesizer is not built for."""
-    for t, n in enumerate(protocol.train_images):
-        if n < cfg.train.batch_size:
-            raise SplitError(
-                f"task {t} has {n} training images, fewer than train.batch_size={cfg.train.batch_size}; with drop_last "
-                f"it would never train. Use fewer tasks, more images per class or a smaller batch"
-            )
-    check_phases(method, protocol.split)
-    check_schedule_read(cfg, method, protocol.split)
+    """Refuse a protocol that ``method`` cannot train (:func:`training_problems`), naming every problem at once."""
+    refuse(training_problems(cfg, method, protocol.dataset, protocol))
+
+
+def training_problems(
+    cfg: RunConfig, method: Method, dataset: ImageDataset, protocol: Protocol | None
+) -> list[Exception]:
+    """Every reason ``method`` cannot train the protocol: a task with fewer images than a batch (it would never
+    train), lr milestones outside their phase, a schedule key no phase reads, an image size the method or its
+    synthesizer is not built for. Without a protocol (its tasks could not be cut) the batch is checked against all
+    the kept classes' images and the phases against a first and a later task, so that one dry run lists them all."""
+    problems = batch_problems(cfg, dataset, protocol)
+    tasks = tasks_of(protocol.split) if protocol else stand_in_tasks(cfg.data.num_tasks)
+    for check in (check_phases, check_schedule_read):
+        try:
+            check(cfg, method, tasks)
+        except ConfigError as err:
+            problems.append(err)
     try:  # an image size the method (DGR's VAE) or its synthesizer is not built for, refused with the sizes it takes
-        method.check_image_size(protocol.dataset.image_size)
+        method.check_image_size(dataset.image_size)
         if method.synthesizer() is not None:
-            generator_layout(protocol.dataset.image_size)
+            generator_layout(dataset.image_size)
     except ValueError as err:
-        raise ConfigError(str(err)) from None
+        problems.append(ConfigError(str(err)))
+    return problems
+
+
+def batch_problems(cfg: RunConfig, dataset: ImageDataset, protocol: Protocol | None) -> list[Exception]:
+    """A task with fewer training images than ``train.batch_size``: with ``drop_last`` it would never train."""
+    b = cfg.train.batch_size
+    if protocol is None:  # no tasks: an upper bound, the kept classes' images all together
+        counts = np.sort(np.bincount(np.asarray(dataset.train.y), minlength=dataset.num_classes))[::-1]
+        kept = counts[: cfg.data.num_classes or len(counts)]
+        total = int(np.minimum(kept, cfg.data.train_per_class or kept.max(initial=0)).sum())
+        if total >= b:
+            return []
+        return [
+            SplitError(
+                f"train.batch_size={b} is more than all {total} training images of the kept classes: no task could "
+                f"fill a batch, and with drop_last none would train. Use a smaller batch"
+            )
+        ]
+    short = [(t, n) for t, n in enumerate(protocol.train_images) if n < b]
+    if not short:
+        return []
+    tasks, counts = ", ".join(str(t) for t, _ in short), ", ".join(str(n) for _, n in short)
+    which = f"task {tasks} has {counts}" if len(short) == 1 else f"tasks {tasks} have {counts}"
+    return [
+        SplitError(
+            f"{which} training images, fewer than train.batch_size={b}; with drop_last it would never train. Use "
+            f"fewer tasks, more images per class or a smaller batch"
+        )
+    ]
+
+
+def refuse(problems: Sequence[Exception]) -> None:
+    """Raise the one problem as it is, or every problem in one :class:`ConfigError`, one numbered line each."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        lines = "".join(f"\n  {i}. {p}" for i, p in enumerate(problems, 1))
+        raise ConfigError(f"{len(problems)} problems, each with its fix:{lines}")
 
 
 def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
-    """Everything a run checks before it starts (:func:`validate`, :func:`check_environment`,
-    :func:`load_protocol`, :func:`check_training`), raising a clear error for anything that cannot run; returns
-    the protocol."""
-    method = validate(cfg)
+    """Everything a run checks before it starts (:func:`validate`, :func:`check_environment`, the data, the tasks
+    and :func:`training_problems`), raising a clear error for anything that cannot run: the method's, the
+    protocol's and the schedule's problems all in one error; returns the protocol."""
+    try:
+        method, problems = validate(cfg), []
+    except ConfigError as err:  # the method's own checks (chr_epochs against train.epochs): the data's still run
+        method, problems = None, [err]
     check_environment(cfg)
-    protocol = load_protocol(cfg, progress)
-    check_training(cfg, method, protocol)
+    dataset = build_dataset(cfg.data, progress=progress)
+    try:
+        protocol = cut_tasks(cfg, dataset)
+    except SplitError as err:
+        protocol = None
+        problems.append(err)
+    if method is None:
+        problems += batch_problems(cfg, dataset, protocol)
+    else:
+        problems += training_problems(cfg, method, dataset, protocol)
+    refuse(problems)
+    assert protocol is not None  # refused above otherwise
     return protocol
 
 
@@ -208,27 +271,23 @@ def tasks_of(split: ClassIncrementalSplit) -> list[Task]:
     ]
 
 
-def check_schedule_read(cfg: RunConfig, method: Method, split: ClassIncrementalSplit) -> None:
+def stand_in_tasks(num_tasks: int) -> list[Task]:
+    """A first task and a later one of one class each: what the schedule checks read where the tasks could not be
+    cut (a method's phases depend on whether a task is the first, not on its classes)."""
+    return [Task(task_id=t, n_old=t, n_new=1, num_tasks=num_tasks) for t in range(min(num_tasks, 2))]
+
+
+def check_schedule_read(cfg: RunConfig, method: Method, tasks: Sequence[Task]) -> None:
     """Refuse a schedule key of ``train`` (:data:`SCHEDULE_KEYS`) set away from its default that no phase of any
     task reads: the method's phases stay the same when the key takes another value (EFC's Adam phases read neither
     ``train.lr`` nor ``train.momentum``). A value that some phase uses anyway (a preset repeating a method's own
     lr there) is accepted: it changes nothing, and says nothing false."""
-    tasks, defaults = tasks_of(split), TrainConfig()
-    phases = [method.phases(task) for task in tasks]
-    for key in SCHEDULE_KEYS:
+    defaults, phases = TrainConfig(), [p for task in tasks for p in method.phases(task)]
+    for key in unread_schedule_keys(cfg, method, tasks):
         value = getattr(cfg.train, key)
-        if value == getattr(defaults, key) or value == ():
+        if value == getattr(defaults, key) or value == () or value in {getattr(p, key) for p in phases}:
             continue
-        another = () if key == "milestones" else value * 2 if value else 0.5  # any other valid value
-        try:
-            other = build_method(cfg.method, dataclasses.replace(cfg.train, **{key: another}))
-        except (ConfigError, ValueError):  # the method, or the train section, refuses it: the key is read
-            continue
-        if [other.phases(task) for task in tasks] != phases:
-            continue
-        if value in {getattr(p, key) for task_phases in phases for p in task_phases}:
-            continue
-        described = "; ".join(dict.fromkeys(p.describe() for task_phases in phases for p in task_phases))
+        described = "; ".join(dict.fromkeys(p.describe() for p in phases))
         raise ConfigError(
             f"train.{key} ({list(value) if isinstance(value, tuple) else value}) changes nothing: no phase of "
             f"{method.name} reads it (its phases: {described or 'none'}); drop it, or set the method's own keys "
@@ -236,18 +295,35 @@ def check_schedule_read(cfg: RunConfig, method: Method, split: ClassIncrementalS
         )
 
 
-def check_phases(method: Method, split: ClassIncrementalSplit) -> None:
+def unread_schedule_keys(cfg: RunConfig, method: Method, tasks: Sequence[Task]) -> list[str]:
+    """The schedule keys of ``train`` that no phase of ``tasks`` reads: another value leaves every phase as it is."""
+    phases = [method.phases(task) for task in tasks]
+    unread = []
+    for key in SCHEDULE_KEYS:
+        value = getattr(cfg.train, key)
+        another = (() if value else (0.5,)) if key == "milestones" else value * 2 if value else 0.5  # valid, other
+        try:
+            other = build_method(cfg.method, dataclasses.replace(cfg.train, **{key: another}))
+        except (ConfigError, ValueError):  # the method, or the train section, refuses it: the key is read
+            continue
+        if [other.phases(task) for task in tasks] == phases:
+            unread.append(key)
+    return unread
+
+
+def check_phases(cfg: RunConfig, method: Method, tasks: Sequence[Task]) -> None:
     """Refuse a phase whose lr milestones (counted from the phase's start) do not fall inside it: such a milestone
     never lowers the lr, silently (R-DFCIL's RRL phase, for one, is ``train.epochs - method.chr_epochs`` long)."""
-    for t, task in enumerate(tasks_of(split)):
+    for task in tasks:
         for phase in method.phases(task):
             late = [m for m in phase.milestones if m >= phase.epochs]
             if late:
                 raise ConfigError(
-                    f"the {phase.name} phase of task {t} lasts {phase.epochs} epochs, but its lr milestones "
-                    f"{list(phase.milestones)} (epochs from the phase's start) reach {late[0]}: a milestone there "
-                    f"never lowers the lr. Use milestones below {phase.epochs} (train.milestones; dfcil train "
-                    f"--dry-run prints every phase's schedule)"
+                    f"the {phase.name} phase of task {task.task_id} lasts {phase.epochs} epochs, but its lr "
+                    f"milestones {list(phase.milestones)} (epochs from the phase's start) reach {late[0]}: a "
+                    f"milestone there never lowers the lr. Use milestones below {phase.epochs}, or fractions of "
+                    f"each phase (train.milestones: [0.5, 0.75] lowers the lr at half and three quarters of it); "
+                    f"dfcil train --dry-run prints every phase's schedule"
                 )
 
 
