@@ -136,7 +136,8 @@ def test_a_run_trains_task_0_only_and_classifies_by_mahalanobis_distance(tmp_pat
         shipped.expand(size)
     shipped.load_state_dict({k: v for k, v in state.items() if not k.startswith("method.")})
     with torch.no_grad():
-        z = torch.nn.functional.normalize(tukey(shipped.eval()(test.normalizer(test.x[:n])).features, 0.5, "relu"), dim=1)
+        feats = shipped.eval()(test.normalizer(test.x[:n])).features
+        z = torch.nn.functional.normalize(tukey(feats, 0.5, "relu"), dim=1)
         scores = -mahalanobis(z, state["method.means"], state["method.precisions"])
     assert torch.equal(scores.argmax(1), pred)
 
