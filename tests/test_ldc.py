@@ -105,6 +105,8 @@ def test_ldc_switch_classifies_by_nearest_mean_and_dfcil_eval_agrees(name, head,
         extra += [("method.head", "cosine"), ("method.ce", "local")]
     summary = _run(tmp_path / "run", name, extra)
     assert summary["stores"] == "class statistics"
+    timing = summary["timings"][1]  # the drift compensation has its own entry in the task's timings
+    assert timing["drift_s"] > 0 and "drift_s" not in summary["timings"][0]
     saved = loads((tmp_path / "run" / "model.pt").read_bytes())
     assert saved["head"] == head and ("head.sigma" in saved["net"]) == (head == "cosine")
     state = saved["method_state"]
@@ -256,3 +258,53 @@ def test_drift_settings_without_the_switch_are_refused_by_the_part():
         ClassMemory.for_switch(True, DriftConfig(synthetic=True), generator=False)
     memory = ClassMemory.for_switch(True, DriftConfig(kind="lstsq"), generator=True)
     assert memory is not None and memory.drift.passes == 1 and not memory.covariances
+
+
+def test_the_projector_fit_reports_each_epoch_and_starts_where_asked():
+    from dfcil.losses.prototypes import fit_projector
+
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(256, 4, generator=g)
+    seen = []
+    fitted = fit_projector([(old, old)], 3, 1e-9, 64, torch.Generator().manual_seed(1), "identity",
+                           lambda e, mse: seen.append((e, mse)))  # fmt: skip
+    assert torch.allclose(fitted, torch.eye(4), atol=1e-6)  # the identity already maps old onto old: MSE 0
+    assert [e for e, _ in seen] == [1, 2, 3] and all(mse < 1e-12 for _, mse in seen)
+    random = fit_projector([(old, old)], 1, 1e-9, 64, torch.Generator().manual_seed(1))  # nn.Linear's init, LDC's
+    assert (random - torch.eye(4)).abs().max() > 0.1 and random.abs().max() <= 0.5  # U(-1/2, 1/2) for d = 4
+
+
+def test_map_errors_and_the_warning_of_an_unconverged_fit(caplog):
+    from dfcil.losses.prototypes import map_errors
+    from dfcil.methods.memory import check_fit
+
+    old = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    new = 2 * old
+    errors = map_errors(old, new, torch.eye(2))
+    # leaving them: mean((2x - x)^2) = mean(x^2) = (1 + 0 + 0 + 1 + 1 + 1) / 6; the map 2I is exact
+    assert errors["stay"] == pytest.approx(4 / 6) and errors["fit"] == pytest.approx(4 / 6)
+    assert errors["best"] == pytest.approx(0.0, abs=1e-6)
+    assert map_errors(old, new, 2 * torch.eye(2))["fit"] == pytest.approx(0.0)
+    caplog.set_level("INFO", logger="dfcil")
+    check_fit({"fit": 0.10, "best": 0.09, "stay": 0.5}, "task 1 drift")  # within 1.25 times the best: no warning
+    assert "MSE 0.1 (least squares 0.09" in caplog.text and "WARNING" not in caplog.text
+    check_fit({"fit": 0.6, "best": 0.1, "stay": 0.5}, "task 2 drift")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "task 2 drift: LDC's projector fit has not converged" in warned[0]
+    assert "6.0 times the least-squares map's" in warned[0] and "worse than leaving the means in place" in warned[0]
+    assert "method.drift.init: identity" in warned[0]
+
+
+def test_an_identity_start_keeps_ldc_from_losing_the_old_classes_on_the_smoke_preset(tmp_path):
+    """The smoke preset's tasks give LDC's fit 2 Adam steps an epoch: from nn.Linear's random start it moves the old
+    means far off (old accuracy 0); from the identity the old classes are kept."""
+    from dfcil.load import load_config
+    from dfcil.runs.runner import train
+    from dfcil.training.loop import RunOptions
+
+    def old_accuracy(init):
+        cfg, _ = load_config(smoke_configs("lwf"), [("method.name", "lwf"), ("method.ldc", "true"),
+                                                    ("method.drift.init", init)])  # fmt: skip
+        return train(cfg, tmp_path / init, options=RunOptions(progress=False))["old_acc"][-1]
+
+    assert old_accuracy("random") < 10 and old_accuracy("identity") > 80  # measured: 0.00 and 95.00

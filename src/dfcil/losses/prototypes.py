@@ -4,6 +4,9 @@ into a newer feature space (drift compensation). Pure functions of tensors; feat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -81,15 +84,20 @@ def fit_projector(
     lr: float,
     batch_size: int,
     generator: torch.Generator | None,
+    init: Literal["random", "identity"] = "random",
+    on_epoch: Callable[[int, float], None] | None = None,
 ) -> Tensor:
     """LDC's forward projector: a bias-free linear map P (d, d) with P·f_old ≈ f_new, trained with Adam (default
-    betas, no weight decay) on the MSE (mean over samples and dimensions) from PyTorch's default initialisation.
+    betas, no weight decay) on the MSE (mean over samples and dimensions).
 
     Args:
         pairs: feature pairs (old model's, new model's), each (N, d), one per pass over the task's images; epoch e
             uses pass e mod len(pairs) (LDC draws fresh augmentations every epoch: as many passes as epochs).
         epochs, lr, batch_size: the fit (LDC: 20, 1e-3, 128).
         generator: the random stream for the initialisation and the batch order.
+        init: "random", PyTorch's default initialisation of ``nn.Linear`` (LDC's); "identity", P = I: the fit
+            starts from leaving the features where they are.
+        on_epoch: called after every epoch with (epochs done, the epoch's mean MSE over its batches).
 
     Returns:
         P as a (d, d) matrix acting on column vectors: map rows with ``f @ P.T``.
@@ -97,20 +105,39 @@ def fit_projector(
     d = pairs[0][0].shape[1]
     device = pairs[0][0].device
     bound = 1 / d**0.5  # nn.Linear's default: kaiming_uniform(a=√5) gives U(−1/√d, 1/√d)
-    weight = (torch.rand(d, d, generator=generator, device=device) * 2 - 1) * bound
+    weight = (torch.rand(d, d, generator=generator, device=device) * 2 - 1) * bound  # drawn either way: one stream
+    if init == "identity":
+        weight = torch.eye(d, device=device)
     weight.requires_grad_(True)
     opt = torch.optim.Adam([weight], lr=lr)
     with torch.enable_grad():
         for epoch in range(epochs):
             old, new = pairs[epoch % len(pairs)]
             perm = torch.randperm(len(old), generator=generator, device=device)
+            losses = []
             for i in range(0, len(old), batch_size):
                 idx = perm[i : i + batch_size]
                 loss = F.mse_loss(old[idx].float() @ weight.T, new[idx].float())
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
+                losses.append(loss.detach())
+            if on_epoch is not None:
+                on_epoch(epoch + 1, float(torch.stack(losses).mean()))
     return weight.detach()
+
+
+def map_errors(old: Tensor, new: Tensor, projector: Tensor, ridge: float = 1e-6) -> dict[str, float]:
+    """How well a map P carries ``old`` features (N, d) onto ``new`` ones, as MSEs (mean over samples and
+    dimensions): ``fit``, of P; ``best``, of the least-squares map (:func:`lstsq_projector`, the least any linear
+    map reaches up to its small ridge); ``stay``, of leaving the features where they are (P = I)."""
+    fo, fn = old.float(), new.float()
+    best = lstsq_projector(fo, fn, ridge)
+    return {
+        "fit": float(F.mse_loss(fo @ projector.T.to(fo.device), fn)),
+        "best": float(F.mse_loss(fo @ best.T, fn)),
+        "stay": float(F.mse_loss(fo, fn)),
+    }
 
 
 def lstsq_projector(old: Tensor, new: Tensor, ridge: float = 1e-3) -> Tensor:

@@ -139,6 +139,12 @@ class Method:
         final model file keeps it, so that ``dfcil eval`` predicts as the run did. Default: the classifier's."""
         return self.classifier.eval_state() if self.classifier is not None else {}
 
+    def task_seconds(self, task: int) -> dict[str, float]:
+        """Seconds of named work of the method in ``task`` outside its phases' epochs (LDC's drift compensation at
+        a phase's end), each an entry ``<name>_s`` of the task's timings: its components' (``task_seconds``)."""
+        parts = [p for p in self.components().values() if hasattr(p, "task_seconds")]
+        return {k: v for part in parts for k, v in part.task_seconds(task).items()}
+
     def eval_recipe(self) -> str:
         """How :meth:`eval_logits` classifies with :meth:`eval_state`, as code a user can run on the exported tensors
         (``state["method.<key>"]``): the model card's ``classify``. Empty where the network's logits decide."""

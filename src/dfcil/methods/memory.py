@@ -15,6 +15,8 @@ expects); the maths is in :mod:`dfcil.losses.prototypes` and :mod:`dfcil.losses.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, Protocol
 
@@ -30,10 +32,14 @@ from dfcil.losses.prototypes import (
     fit_projector,
     gaussian_factors,
     lstsq_projector,
+    map_errors,
     ncm_scores,
     project_statistics,
 )
 from dfcil.models.network import IncrementalNet, NetOutput
+from dfcil.progress import ProgressLog
+
+log = logging.getLogger("dfcil")
 
 
 @configclass
@@ -43,6 +49,9 @@ class DriftConfig:
     # "ldc": LDC's projector, a bias-free linear map trained with Adam on the MSE; "lstsq": the same map in closed
     # form (ridge least squares, one solve); "none": statistics stay where they were computed
     kind: Literal["ldc", "lstsq", "none"] = "ldc"
+    # ldc: where the Adam fit starts. random: nn.Linear's default initialisation (the authors' code); identity:
+    # P = I, leaving the means where they are, which a fit too short to converge then moves less far from the truth
+    init: Literal["random", "identity"] = "random"
     epochs: PositiveInt = 20  # LDC: 20 Adam epochs
     lr: PositiveFloat = 0.001  # LDC: Adam lr 1e-3
     batch_size: PositiveInt = 128  # LDC: 128
@@ -66,9 +75,9 @@ class Drift(Protocol):
     synthetic: bool  # whether synthetic images of the old classes join the task's own in those passes
 
     def move(
-        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator
+        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator, desc: str
     ) -> tuple[Tensor, Tensor | None]:
-        """The statistics carried into the new feature space."""
+        """The statistics carried into the new feature space (``desc``: what the log lines say runs)."""
         ...
 
 
@@ -83,14 +92,40 @@ class LinearDrift:
         self.synthetic = cfg.synthetic
 
     def move(
-        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator
+        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator, desc: str
     ) -> tuple[Tensor, Tensor | None]:
         d = self.cfg
         if d.kind == "ldc":
-            projector = fit_projector(pairs, d.epochs, d.lr, d.batch_size, rng)
+            lines = ProgressLog(f"{desc} projector fit", d.epochs, parts=min(d.epochs, 5))
+
+            def on_epoch(epoch: int, mse: float) -> None:
+                if lines.due(epoch):
+                    lines.log(epoch, {"mse": mse})
+
+            projector = fit_projector(pairs, d.epochs, d.lr, d.batch_size, rng, d.init, on_epoch)
+            check_fit(map_errors(*pairs[(d.epochs - 1) % len(pairs)], projector), desc)
         else:
             projector = lstsq_projector(pairs[0][0], pairs[0][1], d.ridge)
         return project_statistics(means, covs, projector.to(means.device))
+
+
+UNCONVERGED = 1.25  # the fit's MSE over the least-squares map's above which the fit is said not to have converged
+
+
+def check_fit(errors: dict[str, float], desc: str) -> None:
+    """Log how far LDC's Adam fit got on its last pass of feature pairs, against the least-squares map and against
+    leaving the means where they are, and warn where it has not converged (its MSE above :data:`UNCONVERGED` times
+    the least-squares map's), saying whether it then moves the means further than leaving them would."""
+    fit, best, stay = errors["fit"], errors["best"], errors["stay"]
+    log.info("%s: projector MSE %.4g (least squares %.4g, means left in place %.4g)", desc, fit, best, stay)
+    if fit <= UNCONVERGED * best:
+        return
+    worse = ", worse than leaving the means in place" if fit > stay else ""
+    log.warning(
+        "%s: LDC's projector fit has not converged: its MSE %.4g is %.1f times the least-squares map's (%.4g)%s. "
+        "Raise method.drift.epochs, start it at method.drift.init: identity, or use method.drift.kind: lstsq",
+        desc, fit, fit / best if best > 0 else float("inf"), best, worse,
+    )  # fmt: skip
 
 
 class KernelDrift:
@@ -105,7 +140,7 @@ class KernelDrift:
         self.sigma, self.efm = sigma, efm
 
     def move(
-        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator
+        self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator, desc: str
     ) -> tuple[Tensor, Tensor | None]:
         old, new = pairs[0]
         return drift_means(means, old, new, self.efm(), self.sigma), covs
@@ -141,6 +176,7 @@ class ClassMemory:
         self.covs: Tensor | None = None  # (n_classes, d, d) when covariances
         self.factors: Tensor | None = None  # Cholesky factors of covs + jitter·I, derived, for sampling
         self.compensated = -1  # the last task whose drift moved the statistics
+        self.seconds = 0.0  # what the last compensation took (the task's timings: drift_s)
 
     def __len__(self) -> int:
         return len(self.means)
@@ -179,12 +215,12 @@ class ClassMemory:
         feats, labels = features_of(ctx.net, self._images(ctx))
         self.add(feats, labels, range(ctx.n_old, ctx.n_seen))
 
-    def move(self, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator) -> None:
+    def move(self, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator, desc: str = "drift") -> None:
         """Carry the stored statistics into the new feature space with :attr:`drift`, from feature pairs of the
         same images (the method's own pass: EFC's)."""
         if self.drift is None or not len(self):
             return
-        self.means, self.covs = self.drift.move(self.means, self.covs, pairs, rng)
+        self.means, self.covs = self.drift.move(self.means, self.covs, pairs, rng, desc)
         if self.covs is not None:
             self.factors = gaussian_factors(self.covs, self.jitter)
 
@@ -195,16 +231,25 @@ class ClassMemory:
         model) and the network; ``synthetic(n)``: n synthetic images, added where the drift asks for them."""
         if ctx.task_id <= self.compensated or not len(self) or self.drift is None:
             return
-        pairs = []
-        for _ in range(self.drift.passes):
+        started, desc, passes = time.perf_counter(), f"task {ctx.task_id} drift", self.drift.passes
+        log.info("%s: moving %d class means, from %d passes of feature pairs", desc, len(self), passes)
+        lines, pairs = ProgressLog(f"{desc} features", passes, parts=min(passes, 5)), []
+        for done in range(1, passes + 1):
             batches = list(ctx.data)  # one augmented pass (full batches, shuffled)
             if self.drift.synthetic and synthetic is not None:
                 batches += [(synthetic(len(x)), None) for x, _ in batches]
             old_f, _ = features_of(old, batches)
             new_f, _ = features_of(ctx.net, batches)
             pairs.append((old_f, new_f))
-        self.move(pairs, ctx.rng)
-        self.compensated = ctx.task_id
+            if lines.due(done):
+                lines.log(done, {}, f"{len(old_f)} images a pass")
+        self.move(pairs, ctx.rng, desc)
+        self.compensated, self.seconds = ctx.task_id, time.perf_counter() - started
+        log.info("%s: done in %.1fs", desc, self.seconds)
+
+    def task_seconds(self, task: int) -> dict[str, float]:
+        """The seconds of this memory's own work in ``task`` (its drift compensation), for the task's timings."""
+        return {"drift": self.seconds} if self.compensated == task and self.seconds else {}
 
     def ncm(self, features: Tensor) -> Tensor:
         """Nearest-class-mean scores (B, n_classes) of ``features`` (LDC's classifier)."""

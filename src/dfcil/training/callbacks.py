@@ -112,6 +112,8 @@ class ConsoleLogger(Callback):
         )
         t = record["timing"]
         phases = ", ".join(f"{k} {v['time_s']:.1f}s ({v['images_per_s']:.0f} img/s)" for k, v in t["phases"].items())
+        own = {"setup_s", "eval_s", "compile_s"}  # the method's own work besides: LDC's drift_s
+        phases += "".join(f", {k[:-2]} {v:.1f}s" for k, v in t.items() if k.endswith("_s") and k not in own)
         log.info(
             "task %d time: setup %.1fs, %s, eval %.1fs; peak memory %.0f MB",
             record["task"],
@@ -268,8 +270,13 @@ class Timer(Callback):
         self._note_compile()
 
     def on_phase_end(self, phase: Phase) -> None:
-        self._note_phase()
+        # the phase's time stands as its last epoch left it: the method's work at its end has an entry of its own
+        self._note_method()
         self.phase = None
+
+    def _note_method(self) -> None:
+        for name, seconds in self.loop.method.task_seconds(self.loop.ctx.task_id).items():
+            self.timing[f"{name}_s"] = round(seconds, 3)
 
     def on_interrupt(self) -> None:
         if self.setup is not None:
@@ -278,6 +285,7 @@ class Timer(Callback):
             self._note_phase()
 
     def on_eval_start(self) -> None:
+        self._note_method()  # the method's work at the task's end (none yet: each method's is at a phase's end)
         self.eval_started = time.perf_counter()
 
     def on_eval_end(self) -> None:
