@@ -87,6 +87,36 @@ def test_inspect_synthetic_prints_and_plots_them(smoke_run, tmp_path, capsys):
     assert (tmp_path / "out" / "synthetic_diagnostics.png").stat().st_size > 10_000
 
 
+def _record(confidence, coverage, entropy, distance, nearest_own, old):
+    return {"confidence": confidence, "coverage": coverage, "entropy": entropy, "old_classes": old,
+            "feature_gap": {"distance": distance, "nearest_own": nearest_own}}  # fmt: skip
+
+
+def test_the_diagnostics_figure_has_one_panel_per_statistic(tmp_path):
+    """On one axis the class-mean gap (up to about 3) squeezed the shares and probabilities (0 to 1) together, and
+    the legend covered a point: one panel per statistic now, on a shared task axis, titled instead of a legend."""
+    from PIL import Image
+
+    found = [(1, _record(0.5, 1.0, 0.9, 0.3, 1.0, 5)), (2, _record(0.2, 0.6, 0.4, 2.8, 0.1, 10)),
+             (3, _record(0.1, 0.5, 0.3, None, 0.0, 15))]  # fmt: skip
+    Image.new("RGB", (20, 20)).save(tmp_path / "grid.png")
+    for grids in ([], [(1, tmp_path / "grid.png")]):
+        fig = inversions.diagnostics_figure("run", found, grids)
+        panels = fig.subfigs[0].axes if grids else fig.axes
+        assert len(panels) == len(inversions.PANELS) == 5 and len(fig.axes) == 5 + len(grids)
+        titles = [ax.get_title() for ax in panels]
+        assert [t.split(" (")[0] for t in titles] == [title for title, *_ in inversions.PANELS]
+        assert titles[0] == "teacher confidence (- - 1/K)" and titles[3] == "class-mean gap (- - 1)"
+        assert all(ax.get_legend() is None for ax in fig.axes)
+        assert all(panels[0].get_shared_x_axes().joined(panels[0], ax) for ax in panels)
+        assert [ax.get_ylabel() for ax in panels][:2] == ["mean top-1 probability", "share of old classes drawn"]
+        gap = panels[3].get_lines()[-1].get_ydata()
+        assert gap[:2].tolist() == [0.3, 2.8] and math.isnan(gap[2]) and panels[3].get_ylim()[1] > 2.8
+        assert panels[0].get_ylim()[1] == pytest.approx(1.05)
+        chance = panels[0].collections[0].get_segments()  # a dash at 1/K of each task
+        assert [seg[0][1] for seg in chance] == pytest.approx([1 / 5, 1 / 10, 1 / 15])
+
+
 def test_inspect_synthetic_on_a_run_without_inversions_says_so(smoke_run, tmp_path, capsys):
     out = tmp_path / "ft"  # a fine-tuning run's records: a task record of each task, no inversion in any
     out.mkdir()

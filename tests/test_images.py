@@ -551,6 +551,29 @@ def test_tiny_imagenet_from_its_zip_or_its_folder(tmp_path):
     assert direct.source == d.source
 
 
+def test_tiny_imagenet_classes_show_with_their_first_word_from_words_txt(tmp_path):
+    """Classes showed as wnids (n01443537) though the release's words.txt names them: shown as ``wnid (first
+    word)`` now. The wnids stay the classes' names (what runs record, what caches and shared task-0 models key
+    on); without words.txt, or for a class it does not list, a class shows as its wnid."""
+    wnids = sorted(tiny_wnids())
+    lines = ["n00001740\tentity", f"{wnids[0]}\tgoldfish, Carassius auratus", f"{wnids[1]}\t great white shark, shark"]
+    add = lambda m: m.update({"tiny-imagenet-200/words.txt": "\n".join(lines) + "\n"})  # noqa: E731 - words.txt too
+    archive = write_tiny_zip(tmp_path / "data" / "tiny-imagenet-200.zip", per_class=1, damage=add)
+    d = build_dataset(tiny_config(tmp_path / "data", tmp_path))
+    assert d.classes == tuple(wnids) and len(d.words) == 200
+    shown = [d.class_label(c) for c in range(3)]  # wnids[2] is not in words.txt
+    assert shown == [f"{wnids[0]} (goldfish)", f"{wnids[1]} (great white shark)", wnids[2]]
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(tmp_path / "extracted")
+    folder = build_dataset(tiny_config(tmp_path / "extracted", tmp_path))
+    assert folder.words == d.words and folder.classes == d.classes
+    plain_zip = write_tiny_zip(tmp_path / "plain" / "tiny-imagenet-200.zip", per_class=1)  # no words.txt
+    plain = build_dataset(tiny_config(plain_zip, tmp_path))
+    assert plain.words == () and plain.classes == d.classes and plain.class_label(0) == wnids[0]
+    unnamed = build_dataset(DataConfig(name="fake"))
+    assert unnamed.classes == () and unnamed.class_label(3) == "class 3"
+
+
 def test_tiny_imagenet_zip_kept_in_a_folder_of_its_name_is_found_and_a_partial_folder_is_named(tmp_path):
     """DATA/tiny-imagenet-200/ holding the archive (under any tiny-imagenet-200*.zip name), not its extracted files,
     is read from the archive; a folder with neither names the missing file by its full path, and the fix."""

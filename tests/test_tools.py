@@ -409,6 +409,39 @@ def test_inspect_plots_the_features_of_real_and_stored_synthetic_images(finished
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+def test_class_colours_never_take_the_legends_neutral_colour():
+    """tab10's grey was the 8th class's colour and the legend's "real"/"synthetic" marker's too: a class that
+    looked uncoloured. No class colour is grey or black (the neutral marker's), for up to 200 classes, and
+    the classes of one figure have different colours."""
+    import numpy as np
+
+    from dfcil.analysis.features import NEUTRAL, class_colours
+
+    for n in range(1, 201):
+        colours = class_colours(n)
+        rgb = colours[:, :3]
+        assert colours.shape == (n, 4) and not (np.abs(colours - NEUTRAL).max(axis=1) < 0.05).any(), n
+        assert (rgb.max(axis=1) - rgb.min(axis=1) > 0.12).all(), n  # chroma: no grey (tab20's palest, lavender: 0.15)
+        assert len(np.unique(colours.round(4), axis=0)) == n, n
+
+
+def test_the_embedding_legend_says_synthetic_points_are_coloured_by_predicted_class():
+    import numpy as np
+
+    from dfcil.analysis.features import NEUTRAL, plot_embedding
+
+    labels = np.array([0, 1, 7, 7, 0])
+    fig = plot_embedding(
+        np.random.default_rng(0).normal(size=(5, 2)), labels, labels == 7, [f"c{k}" for k in range(10)], "t"
+    )
+    legend = fig.axes[0].get_legend()
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts[:2] == ["real test image (colour: its class)", "synthetic (colour: predicted class)"]
+    for handle in legend.legend_handles[:2]:  # hollow, black: no class's colour
+        assert handle.get_markerfacecolor() == "none" and tuple(handle.get_markeredgecolor()) == NEUTRAL
+    assert texts[2:] == [f"c{k}" for k in range(10)]
+
+
 def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path, capsys):
     from dfcil.analysis.features import inspect_features, synthetic_images
     from dfcil.analysis.tools import FinishedRun

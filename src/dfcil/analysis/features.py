@@ -1,5 +1,6 @@
 """``dfcil inspect RUN --features``: a 2-D t-SNE of the final model's features (the pooled backbone output the
-head reads), real test images of the learned classes against synthetic ones, coloured by class.
+head reads), real test images of the learned classes, coloured by their class, against synthetic ones, coloured by
+the class the model that labels them predicts (the generator has no labels of its own).
 
 The synthetic images are the run's own where it kept them: a synthetic-replay method's last task inverted a
 generator from the model before that task, and ``checkpoints/task<t>-static.pt`` keeps it with that model (the
@@ -43,6 +44,7 @@ class Synthetic:
     x: Tensor  # (N, 3, H, W) normalised synthetic images
     y: Tensor  # (N,) labels (order positions) given by the model that labelled them
     source: str  # where they came from, for the plot's title
+    labeller: str = "the final model"  # the model whose argmax gave ``y``, for the plot's title
 
 
 def stored_generator(run: FinishedRun, device: torch.device) -> tuple[torch.nn.Module, IncrementalNet, str] | None:
@@ -90,11 +92,12 @@ def fresh_generator(
 def synthetic_images(run: FinishedRun, net: IncrementalNet, n: int, steps: int, seed: int) -> Synthetic:
     """``n`` synthetic images: from the run's stored generator, else from a freshly inverted one."""
     device = next(net.parameters()).device
-    generator, teacher, source = stored_generator(run, device) or fresh_generator(run, net, steps, seed, device)
+    stored = stored_generator(run, device)
+    generator, teacher, source = stored or fresh_generator(run, net, steps, seed, device)
     x = sample_images(generator, n, seed)
     with torch.no_grad():
         y = teacher(x).logits.argmax(dim=1)
-    return Synthetic(x, y, source)
+    return Synthetic(x, y, source, "the model before the last task" if stored else "the final model")
 
 
 def real_images(protocol: Protocol, per_class: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -125,20 +128,29 @@ def tsne_2d(points: np.ndarray, seed: int = 0) -> np.ndarray:
         return tsne.fit_transform(points)
 
 
+NEUTRAL = (0.0, 0.0, 0.0, 1.0)  # RGBA: the outline of the legend's hollow real/synthetic markers, no class's colour
+# tab20 without its two greys (14, 15), whose grey read as the legend's neutral marker: tab10's hues first (tab20's
+# even entries, the same colours), then their light shades
+TAB20_NO_GREY = (0, 2, 4, 6, 8, 10, 12, 16, 18, 1, 3, 5, 7, 9, 11, 13, 17, 19)
+
+
 def class_colours(n: int) -> np.ndarray:
-    """(n, 4) RGBA colours for n classes: tab10/tab20 up to 20 classes, evenly spaced on turbo beyond."""
+    """(n, 4) RGBA colours for n classes: tab10's nine hues without its grey, then their light shades (tab20) up
+    to 18 classes; evenly spaced on turbo beyond, without its near-black ends. No class is grey or black, so none
+    looks like :data:`NEUTRAL`, the legend's marker for "real" and "synthetic" whatever the class."""
     colormaps = require("matplotlib", "plot", "dfcil inspect --features").colormaps
-    if n <= 20:
-        cmap = colormaps["tab10" if n <= 10 else "tab20"]
-        return np.array([cmap(k) for k in range(n)])
-    return colormaps["turbo"](np.linspace(0.0, 1.0, n))
+    if n <= len(TAB20_NO_GREY):
+        cmap = colormaps["tab20"]
+        return np.array([cmap(k) for k in TAB20_NO_GREY[:n]])
+    return colormaps["turbo"](np.linspace(0.05, 0.95, n))
 
 
 def plot_embedding(
     points: np.ndarray, labels: np.ndarray, synthetic: np.ndarray, names: Sequence[str], title: str
 ) -> Any:
-    """A figure of 2-D ``points`` coloured by ``labels`` (order positions, named ``names``), circles for real
-    images and triangles for ``synthetic`` ones (a boolean mask)."""
+    """A figure of 2-D ``points`` coloured by ``labels`` (order positions, named ``names``: a real image's class,
+    a synthetic one's predicted class), circles for real images and triangles for ``synthetic`` ones (a boolean
+    mask). The legend's marker shapes are hollow and black (:data:`NEUTRAL`), a colour no class has."""
     require("matplotlib", "plot", "dfcil inspect --features")
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -148,12 +160,13 @@ def plot_embedding(
     ax = fig.add_subplot()
     for mask, marker, size, edge in ((~synthetic, "o", 14, "none"), (synthetic, "^", 30, "black")):
         ax.scatter(*points[mask].T, c=colours[labels[mask]], marker=marker, s=size, edgecolors=edge, linewidths=0.4)
-    handles = [Line2D([], [], ls="", marker="o", color="grey", label="real (test)")]
-    handles += [Line2D([], [], ls="", marker="^", color="grey", mec="black", label="synthetic")]
+    hollow = {"ls": "", "mfc": "none", "mec": NEUTRAL}
+    handles = [Line2D([], [], marker="o", label="real test image (colour: its class)", **hollow)]
+    handles += [Line2D([], [], marker="^", label="synthetic (colour: predicted class)", **hollow)]
     if len(names) <= 20:
         handles += [Line2D([], [], ls="", marker="s", color=colours[k], label=name) for k, name in enumerate(names)]
     ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
-    ax.set_title(title, fontsize=10)
+    fig.suptitle(title, fontsize=10)
     ax.set_xticks([])
     ax.set_yticks([])
     return fig
@@ -183,11 +196,12 @@ def inspect_features(
     labels = torch.cat([y_real, syn.y]).cpu().numpy()
     is_synthetic = np.arange(len(labels)) >= len(y_real)
     split = protocol.split
-    names = run.description()["class_names"] or [f"class {c}" for c in split.class_order]
-    names = [f"{name} (task {t})" for name, t in zip(names, split.task_of_label(), strict=True)]
+    names = [protocol.dataset.class_label(c) for c in split.class_order]  # n01443537 (goldfish), class 7
+    names = [f"{name}, task {t}" for name, t in zip(names, split.task_of_label(), strict=True)]
     title = (
-        f"{run.cfg.method.name} on {protocol.dataset.name}: final model's features (t-SNE), {len(y_real)} real test "
-        f"images,\n{len(syn.y)} synthetic from {syn.source}"
+        f"{run.cfg.method.name} on {protocol.dataset.name}: the final model's features (t-SNE)\n"
+        f"{len(y_real)} real test images, coloured by their class\n"
+        f"{len(syn.y)} synthetic images from {syn.source},\ncoloured by the class {syn.labeller} predicts"
     )
     fig = plot_embedding(points, labels, is_synthetic, names, title)
     out = Path(out_dir) if out_dir is not None else run.dir / "inspect"

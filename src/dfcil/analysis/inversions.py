@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,31 +67,63 @@ def _num(v: float | None) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
 
-def plot_diagnostics(run_dir: Path, found: list[tuple[int, dict[str, Any]]], out_dir: Path) -> list[Path]:
-    """``synthetic_diagnostics.png`` and ``.pdf`` in ``out_dir``: the statistics per task, and each task's
-    synthetic grid (``synthetic_task<t>.png``) below them."""
+# The panels of the figure, one per statistic: (title, y label with the unit, the value of one task's record,
+# the dashed reference: "1/K", chance for K old classes, which a collapsed generator sits at; "1", the real class
+# means' spacing; or None). Each has its own y axis: the gap exceeds 1 where the others cannot, and on one axis
+# the shares near 0 and 1 were hard to tell apart.
+PANELS: tuple[tuple[str, str, Callable[[dict[str, Any]], Any], str | None], ...] = (
+    ("teacher confidence", "mean top-1 probability", lambda d: d["confidence"], "1/K"),
+    ("class coverage", "share of old classes drawn", lambda d: d["coverage"], None),
+    ("prediction entropy", "entropy / log K", lambda d: d["entropy"], None),
+    ("class-mean gap", "distance / real means' spacing", lambda d: d["feature_gap"]["distance"], "1"),
+    ("nearest own class", "share of old classes", lambda d: d["feature_gap"]["nearest_own"], "1/K"),
+)
+
+
+def _value(v: Any) -> float:
+    return math.nan if v is None else float(v)
+
+
+def diagnostics_figure(name: str, found: list[tuple[int, dict[str, Any]]], grids: list[tuple[int, Path]]) -> Any:
+    """The figure of :func:`plot_diagnostics`: one panel per statistic of :data:`PANELS` against the task (one
+    shared x axis, no legends: each panel's title names its statistic), and each task's synthetic grid below."""
     figure = require("matplotlib.figure", "plot", "dfcil inspect --synthetic", "matplotlib")
     image = require("matplotlib.image", "plot", "dfcil inspect --synthetic", "matplotlib")
-    grids = [(t, p) for t, _ in found if (p := synthetic_images_path(run_dir, t)).exists()]
     cols = max(len(grids), 1)
-    fig = figure.Figure(figsize=(max(8.0, 2.6 * cols), 7.5 if grids else 4.0), layout="constrained")
-    rows = fig.subfigures(2 if grids else 1, 1, height_ratios=[1.1, 1] if grids else None)
+    fig = figure.Figure(figsize=(max(12.0, 2.6 * cols), 7.0 if grids else 3.4), layout="constrained")
+    rows = fig.subfigures(2 if grids else 1, 1, height_ratios=[1, 1.5] if grids else None)
     top = rows[0] if grids else rows
-    ax = top.subplots()
+    axes = top.subplots(1, len(PANELS), sharex=True)
     tasks = [t for t, _ in found]
-    for key, label in (("confidence", "teacher confidence"), ("coverage", "class coverage"), ("entropy", "entropy")):
-        ax.plot(tasks, [d[key] for _, d in found], marker="o", label=label)
-    ax.plot(tasks, [d["feature_gap"]["distance"] for _, d in found], marker="s", label="class-mean gap")
-    ax.plot(tasks, [d["feature_gap"]["nearest_own"] for _, d in found], marker="^", label="nearest own class")
-    ax.set(xlabel="task", title=f"{run_dir.name}: inversion diagnostics", xticks=tasks)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncols=3)
+    chance = [1 / d["old_classes"] if d.get("old_classes") else math.nan for _, d in found]
+    for ax, (title, unit, value, reference) in zip(axes, PANELS, strict=True):
+        values = [_value(value(d)) for _, d in found]
+        if reference == "1/K":  # a dash at each task: K changes from task to task
+            ax.hlines(chance, np.subtract(tasks, 0.3), np.add(tasks, 0.3), ls="--", lw=1, color="0.4")
+        elif reference == "1":
+            ax.axhline(1.0, ls="--", lw=1, color="0.4")
+        ax.plot(tasks, values, marker="o", color="C0")
+        top_ = max(1.05, 1.1 * float(np.nanmax([0.0, *values])))  # 0 to 1, the gap up to its largest
+        ax.set(title=title + (f" (- - {reference})" if reference else ""), ylabel=unit, xlabel="task", xticks=tasks)
+        ax.set_ylim(-0.05 * top_, top_)
+        ax.title.set_fontsize(9)
+        ax.yaxis.label.set_fontsize(8)
+        ax.grid(alpha=0.3)
+    top.suptitle(f"{name}: inversion diagnostics of each task's generator (K: the task's old classes)", fontsize=10)
     if grids:
-        axes = np.atleast_1d(rows[1].subplots(1, cols))
-        for a, (task, path) in zip(axes, grids, strict=True):
+        grid_axes = np.atleast_1d(rows[1].subplots(1, cols))
+        for a, (task, path) in zip(grid_axes, grids, strict=True):
             a.imshow(image.imread(path))
             a.set_title(f"task {task}", fontsize=9)
             a.axis("off")
+    return fig
+
+
+def plot_diagnostics(run_dir: Path, found: list[tuple[int, dict[str, Any]]], out_dir: Path) -> list[Path]:
+    """``synthetic_diagnostics.png`` and ``.pdf`` in ``out_dir``: the statistics per task
+    (:func:`diagnostics_figure`), and each task's synthetic grid (``synthetic_task<t>.png``) below them."""
+    grids = [(t, p) for t, _ in found if (p := synthetic_images_path(run_dir, t)).exists()]
+    fig = diagnostics_figure(run_dir.name, found, grids)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "synthetic_diagnostics.png", out_dir / "synthetic_diagnostics.pdf"]
     for path in paths:

@@ -42,6 +42,16 @@ class ImageDataset:
     test: ImageArrays
     source: str  # where it was read from, for the log
     classes: tuple[str, ...] = ()  # the classes' names by raw label (wnids, folder names); () where unnamed
+    # what each class is, by raw label, for people (Tiny-ImageNet: the first entry of words.txt, "goldfish"); ""
+    # or () where not known. Display only: ``classes`` stays the identifier runs record and caches key on
+    words: tuple[str, ...] = ()
+
+    def class_label(self, label: int) -> str:
+        """Raw class ``label`` as shown to a person: its name and what it is where known (``n01443537
+        (goldfish)``), its name alone otherwise, ``class <label>`` where the dataset names no classes."""
+        name = self.classes[label] if self.classes else f"class {label}"
+        word = self.words[label] if label < len(self.words) else ""
+        return f"{name} ({word})" if word else name
 
     def normalised_by(self, cfg: DataConfig) -> ImageDataset:
         """This dataset with the configured normalisation constants, where the config gives them."""

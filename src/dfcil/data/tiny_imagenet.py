@@ -4,10 +4,11 @@ each; the validation split is the test set, as in the reference (docs/reference.
 The data root holds the official ``tiny-imagenet-200.zip`` (or is that zip, or holds one ``tiny-imagenet-200*.zip``,
 such as a subset in the same layout) or its extracted ``tiny-imagenet-200/`` folder; ``data.download`` fetches
 and checks the zip. Inside: ``wnids.txt`` (the class ids), ``train/<wnid>/images/<wnid>_<i>.JPEG`` and
-``val/images/val_<i>.JPEG`` with ``val/val_annotations.txt`` (``file<TAB>wnid<TAB>box``); ``test/`` has no labels and
-is not read. Labels are the wnids in sorted order (ImageFolder's convention); images are decoded once into the
-cache (:mod:`dfcil.data.cache`), resized to 64 as the reference does (``Resize(64)`` leaves 64-pixel images as
-they are).
+``val/images/val_<i>.JPEG`` with ``val/val_annotations.txt`` (``file<TAB>wnid<TAB>box``), and ``words.txt``
+(``wnid<TAB>words``), whose first word names each class where one is shown (``n01443537 (goldfish)``); ``test/``
+has no labels and is not read. Labels are the wnids in sorted order (ImageFolder's convention); images are
+decoded once into the cache (:mod:`dfcil.data.cache`), resized to 64 as the reference does (``Resize(64)`` leaves
+64-pixel images as they are).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class _Source:
         if self.zip:
             with zipfile.ZipFile(self.path) as z:
                 return z.read(name).decode()
-        return (self.path.parent / name).read_text()
+        return (self.path.parent / name).read_text(encoding="utf-8")  # as the zip's members are decoded
 
     def image(self, name: str) -> ImageFile:
         return ImageFile(name, str(self.path)) if self.zip else ImageFile(str(self.path.parent / name))
@@ -106,6 +107,24 @@ def find_source(root: Path, cfg: DataConfig, downloader: Downloader | None) -> P
             f"(248 MB, md5-checked)."
         )
     return fetch(TINY_URL, f"md5:{TINY_MD5}", root, TINY_ARCHIVE, downloader=downloader)
+
+
+def class_words(source: _Source, wnids: list[str]) -> tuple[str, ...]:
+    """The first entry of each class's ``words.txt`` line (``n01443537<TAB>goldfish, Carassius auratus`` gives
+    ``goldfish``), "" for a class it does not list, by label; () without the file, or for one that is not text: the
+    classes then show as their wnids. Display only: neither the cache nor a run's records depend on it."""
+    name = f"{TOP}/words.txt"
+    if name not in source.names:
+        return ()
+    try:
+        text = source.read_text(name)
+    except UnicodeDecodeError:
+        return ()
+    first: dict[str, str] = {}
+    for line in text.splitlines():
+        wnid, _, words = line.partition("\t")
+        first[wnid.strip()] = words.split(",")[0].strip()
+    return tuple(first.get(w, "") for w in wnids)
 
 
 def list_splits(source: _Source, wnids: list[str]) -> dict[str, Split]:
@@ -169,6 +188,5 @@ def tiny_imagenet200(
         path, identity, lambda: Preparation(list_splits(source, wnids), transform), cfg.workers, progress, cfg.rebuild
     )
     train, test = ImageArrays(*arrays["train"]), ImageArrays(*arrays["test"])
-    return ImageDataset(
-        "tiny_imagenet200", 200, size, TINY_MEAN, TINY_STD, train, test, f"{source.path} (cache {path})", tuple(wnids)
-    )
+    where, words = f"{source.path} (cache {path})", class_words(source, wnids)
+    return ImageDataset("tiny_imagenet200", 200, size, TINY_MEAN, TINY_STD, train, test, where, tuple(wnids), words)
