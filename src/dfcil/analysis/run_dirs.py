@@ -35,7 +35,10 @@ METHOD_ORDER = ("joint", "finetune", "lwf", "lwf_mc", "deepinversion", "dgr", "u
 # head switch trained the linear head): a saved method section that lacks one reads it so, and the run joins the
 # later runs of its experiment. The report imports no method; tests/test_report.py checks these against the
 # methods' own defaults.
-_DRIFT = {"kind": "ldc", "epochs": 20, "lr": 0.001, "batch_size": 128, "passes": 20, "ridge": 0.001, "synthetic": False}
+_DRIFT = {
+    "kind": "ldc", "init": "random", "epochs": 20, "lr": 0.001, "batch_size": 128, "passes": 20, "ridge": 0.001,
+    "synthetic": False,
+}  # fmt: skip
 METHOD_KEYS_ADDED: dict[str, dict[str, Any]] = {
     "lwf": {"head": "linear", "ce": "seen", "ldc": False, "drift": _DRIFT},
     "rdfcil": {"ldc": False, "drift": _DRIFT},

@@ -30,7 +30,7 @@ from dfcil.config import RunConfig, TrainConfig
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import Normalizer, TrainBatches, class_indices, to_device
 from dfcil.data.splits import ClassIncrementalSplit
-from dfcil.errors import ConfigError, SplitError
+from dfcil.errors import ConfigError, DatasetError, SplitError
 from dfcil.io import check_creatable_dir
 from dfcil.methods import METHODS, Method, Task, build_method
 from dfcil.models.backbones import BACKBONES
@@ -246,7 +246,11 @@ def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol
     except ConfigError as err:  # the method's own checks (chr_epochs against train.epochs): the data's still run
         method, problems = None, [err]
     check_environment(cfg)
-    dataset = build_dataset(cfg.data, progress=progress)
+    try:
+        dataset = build_dataset(cfg.data, progress=progress)
+    except DatasetError:  # no data to check the rest against: the config's own problems first, else the data's
+        refuse(problems)
+        raise
     try:
         protocol = cut_tasks(cfg, dataset)
     except SplitError as err:
