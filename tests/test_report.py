@@ -571,31 +571,123 @@ def test_against_pairs_by_training_seed_and_counts_each_metric_own_pairs(tmp_pat
     assert float(lwf["last_acc_vs_mean"]) == 2.0 and float(lwf["forgetting_vs_mean"]) == 6.0 and lwf["vs"]
 
 
-def test_against_refuses_two_runs_of_one_order_and_seed(tmp_path):
-    """A run repeated (or runs that differ only in keys that never split a group, e.g. engine.compile) gives two
-    candidates for one pair: refused with both names, not paired with whichever was read last."""
-    root = tmp_path / "runs"
+def repeated_root(root: Path) -> Path:
+    """R-DFCIL and LwF on class orders 0 and 1, and R-DFCIL's order 0 once more with ``engine.compile`` on (a key
+    that never splits a group), in ``rdfcil/o0-again``: two candidates for one pair. Its summary.json is cut short
+    in ``broken/``."""
     for order in (0, 1):
-        write_run(root, f"rdfcil/o{order}", C100_N10 | {"class_order_seed": order}, RDFCIL, summary=summary(40, 60))
-        write_run(
-            root, f"lwf/o{order}", C100_N10 | {"class_order_seed": order}, {"name": "lwf"}, summary=summary(45, 60)
-        )
+        data = C100_N10 | {"class_order_seed": order}
+        write_run(root, f"rdfcil/o{order}", data, RDFCIL, summary=summary(40 + order, 60))
+        write_run(root, f"lwf/o{order}", data, {"name": "lwf"}, summary=summary(45 + 3 * order, 60))
     again = write_run(root, "rdfcil/o0-again", C100_N10, RDFCIL, summary=summary(50.0, 60.0))
     config = yaml.safe_load((again / "config.yaml").read_text()) | {"engine": {"compile": "default"}}
     (again / "config.yaml").write_text(yaml.safe_dump(config))
+    return root
+
+
+def test_against_leaves_out_only_an_ambiguous_class_order_and_seed_with_one_warning(tmp_path, capsys):
+    """A run repeated (as runs/smoke and runs/smoke-logs, or runs that differ only in keys that never split a group,
+    e.g. engine.compile) gives two candidates for one pair: that class order and seed is left out, with one warning
+    naming both runs and --exclude, and the rest is paired as before; never paired with whichever was read last."""
+    root = repeated_root(tmp_path / "runs")
     assert len(group_runs(find_runs([root]))) == 2  # the compiled run joins its experiment
-    with pytest.raises(
-        ReportError, match=r"two finished runs of order seed 0, seed 1 \(runs/rdfcil/o0 and runs/rdfcil/o0-again\)"
-    ):
-        report(find_runs([root]), against="rdfcil")
+    capsys.readouterr()
+    lwf = next(r for r in records(group_runs(find_runs([root])), against="rdfcil") if r["method"] == "lwf")
+    assert (lwf["last_acc_vs_mean"], lwf["last_acc_vs_n"], lwf["last_acc_vs_unpaired"]) == (7.0, 1, 0)  # 48 − 41
+    warnings = capsys.readouterr().err.splitlines()
+    assert warnings == [
+        "dfcil report: warning: --against: 'rdfcil · cifar100 · n10' has 2 finished runs of class order 0, seed 1 "
+        "(runs/rdfcil/o0 and runs/rdfcil/o0-again), so which one to pair is ambiguous: that class order and seed is "
+        "left out of its pairs; leave all but one out with --exclude, e.g. --exclude runs/rdfcil/o0-again"
+    ]
+    assert main(["report", str(root), "--against", "rdfcil"]) == 0  # the report goes on
+    out, err = capsys.readouterr()
+    assert "| lwf · cifar100 · n10 | rdfcil | 1 | +7.00 |" in out and err.count("warning") == 1
+    assert "order seed" not in err
     with pytest.raises(ReportError, match="no other group shares a dataset and protocol"):
         report(find_runs([root / "rdfcil"]), fmt="csv", against="rdfcil")  # CSV refuses as the table does
     # without --against the repeated run is counted (n = 3 over two class orders), and the report says so
     text = report(find_runs([root]))
-    assert "| 3 | 43.33 ± 4.71" in text
+    assert "| 3 | 43.67 ± 4.50" in text
     assert "Warning: runs of one class order and seed in one group" in text
     assert "rdfcil · cifar100 · n10: runs/rdfcil/o0, runs/rdfcil/o0-again." in text
     assert "Warning" not in report(find_runs([root / "lwf"]))
+
+
+def test_exclude_leaves_out_matching_run_directories_before_anything_else(tmp_path, capsys):
+    """--exclude GLOB (repeatable) matches a run directory's own name, its name from the folder given or its
+    absolute path; a run left out is never read (no warning for its damaged files), and a glob that matches nothing
+    is said."""
+    root = repeated_root(tmp_path / "runs")
+    write_run(root, "broken/o0", C100_N10, RDFCIL, summary=summary(1.0, 1.0))
+    (root / "broken" / "o0" / "summary.json").write_text('{"last_acc": 4')  # cut short
+    names = sorted(r.name for r in find_runs([root], exclude=["o0-again", "runs/broken/*"]))
+    assert names == ["runs/lwf/o0", "runs/lwf/o1", "runs/rdfcil/o0", "runs/rdfcil/o1"]
+    assert capsys.readouterr().err == ""  # broken/o0 left out unread
+    absolute = sorted(r.name for r in find_runs([root], exclude=[f"{root.resolve()}/rdfcil/*", "*/broken/*"]))
+    assert absolute == ["runs/lwf/o0", "runs/lwf/o1"]
+    capsys.readouterr()
+    assert main(["report", str(root), "--against", "rdfcil", "--exclude", "o0-again", "--exclude", "broken"]) == 0
+    out, err = capsys.readouterr()
+    assert "| lwf · cifar100 · n10 | rdfcil | 2 | +6.00 ± 1.00 |" in out and err == ""  # 5 and 7: both orders paired
+    assert main(["report", str(root), "--exclude", "*", "--exclude", "nothing-like-it"]) == 2
+    err = capsys.readouterr().err
+    assert "--exclude 'nothing-like-it' matches no run directory" in err
+    assert "no run directories (folders with a config.yaml) that --exclude '*' nothing-like-it leaves under" in err
+
+
+def test_bwt_is_a_metric_of_by_and_the_csv_with_its_sign(tmp_path, capsys):
+    """summary.json's ``bwt`` (as AccuracyMatrix writes it) is a --metric: negative where forgetting is positive;
+    a run from before BWT was saved has none, and a bwt that is no number skips its run."""
+    m = AccuracyMatrix(2)
+    m.record(0, np.array([80]), np.array([100]))
+    m.record(1, np.array([50, 90]), np.array([100, 100]))  # task 0: 80 → 50
+    s = m.summary() | {"task_sizes": [10, 10]}
+    assert (s["bwt"], s["forgetting"]) == (-30.0, 30.0)
+    data = C100_N10 | {"num_tasks": 2}
+    write_run(tmp_path / "runs", "o0", data, RDFCIL, summary=s)
+    write_run(tmp_path / "runs", "o1", data | {"class_order_seed": 1}, RDFCIL, summary=s | {"bwt": -20.0})
+    old = {k: v for k, v in s.items() if k != "bwt"}
+    write_run(tmp_path / "runs", "o2", data | {"class_order_seed": 2}, RDFCIL, summary=old)
+    assert main(["report", str(tmp_path / "runs"), "--by", "method,protocol", "--metric", "bwt"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| BWT: method \\ protocol | n2 |\n") and "| rdfcil | -25.00 ± 5.00 (2) |" in out
+    assert "Cells: BWT, backward transfer: " in out and "negative is forgetting" in out
+    row = next(csv.DictReader(io.StringIO(report(find_runs([tmp_path / "runs"]), "csv"))))
+    assert (row["bwt_mean"], row["bwt_n"], row["forgetting_mean"]) == ("-25.0", "2", "30.0")
+    write_run(tmp_path / "runs", "bad", data, RDFCIL, summary=s | {"bwt": "-30"})
+    capsys.readouterr()
+    assert len(find_runs([tmp_path / "runs"])) == 3
+    assert "its summary.json is not a dfcil summary (bwt is" in capsys.readouterr().err
+
+
+def test_std_sample_or_population_is_said_under_each_table_and_used_for_pairs(tmp_path, capsys):
+    """--std sample: n − 1 in the denominator for a group's runs and for --against's pairs; the kind is said on its
+    own line right under each table (markdown, LaTeX) or on stderr (CSV); population stays the default."""
+    runs = find_runs([paired_root(tmp_path / "runs")])
+    recs = {r["group"]: r for r in records(group_runs(runs), against="rdfcil", std="sample")}
+    assert recs["rdfcil · cifar100 · n10"]["last_acc_std"] == pytest.approx(2.0)  # 40, 42, 44
+    assert recs["lwf · cifar100 · n10"]["last_acc_vs_std"] == pytest.approx((7 / 3) ** 0.5)  # pairs 1, 3, 0
+    sample = "± is the sample standard deviation (n − 1 in the denominator) over "
+    population = "± is the population standard deviation (n in the denominator) over "
+    for std, words in (("sample", sample), ("population", population)):
+        lines = report(runs, against="rdfcil", std=std).splitlines()
+        under = [i for i, line in enumerate(lines) if line.startswith("± is the")]
+        assert [lines[i] for i in under] == [words + "a group's finished runs.", words + "the pairs."]
+        assert all(lines[i - 1] == "" and lines[i - 2].startswith("|") for i in under)  # right under a table
+    assert "| lwf · cifar100 · n10 | rdfcil | 3 (+1 unpaired) | +1.33 ± 1.53 |" in report(runs, against="rdfcil",
+                                                                                          std="sample")  # fmt: skip
+    by = report(runs, by=("method", "protocol"), std="sample")
+    assert "| 42.00 ± 2.00 (3) [paper 42.37 ± 0.72, −0.37 ✓] |" in by and f"\n\n{sample}a group's" in by
+    latex = report(runs, "latex", against="rdfcil", std="sample")
+    assert f"\\end{{tabular}}\n% {sample}a group's finished runs.\n" in latex
+    assert f"\\end{{tabular}}\n% {sample}the pairs.\n" in latex
+    assert main(["report", str(tmp_path / "runs"), "--format", "csv", "--against", "rdfcil", "--std", "sample"]) == 0
+    out, err = capsys.readouterr()
+    assert f"dfcil report: {sample}a group's finished runs." in err and f"dfcil report: {sample}the pairs." in err
+    assert main(["report", str(tmp_path / "runs")]) == 0 and population + "a group's" in capsys.readouterr().out
+    with pytest.raises(ReportError, match="std must be population or sample"):
+        report(runs, std="unbiased")
 
 
 def test_own_data_from_two_folders_is_never_averaged_and_pairs_within_its_folder(tmp_path):

@@ -19,6 +19,7 @@ import csv
 import dataclasses
 import io
 import re
+import shlex
 import statistics
 import sys
 from collections.abc import Sequence
@@ -38,7 +39,10 @@ METRICS = {
     "forgetting": "forgetting",
     "old_acc": "old acc",
     "new_acc": "new acc",
+    "bwt": "BWT",
 }
+# The long table's columns: all but BWT, which forgetting already shows from the other side (--by, CSV have it)
+LONG_METRICS = ("last_acc", "avg_inc_acc", "forgetting", "old_acc", "new_acc")
 # What a --by table's cells hold, said under it
 MEANINGS = {
     "last_acc": "A_N, the accuracy on all seen classes after the last task (%)",
@@ -46,13 +50,17 @@ MEANINGS = {
     "forgetting": "forgetting after the last task (points)",
     "old_acc": "old acc, the accuracy on the classes of the tasks before the last, after the last (%)",
     "new_acc": "new acc, the accuracy on the last task's classes after it (%)",
+    "bwt": "BWT, backward transfer: the mean over the tasks before the last of their accuracy after the last task "
+    "minus that just after their own (points; negative is forgetting, positive old tasks gained)",
 }
 PAPER_METRICS = ("last_acc", "avg_inc_acc")
 DIMENSIONS = ("method", "dataset", "protocol", "config")  # what --by may name
-STD_NOTE = (
-    "± is the population standard deviation (n in the denominator) over a group's finished runs, which differ "
-    "only in class order or training seed"
-)
+# --std: how ± is computed, for runs and pairs alike, said under every table
+STDS = {
+    "population": "population standard deviation (n in the denominator)",
+    "sample": "sample standard deviation (n − 1 in the denominator)",
+}
+RUNS_NOTE = "A group's finished runs differ only in class order or training seed"
 PAPER_STD_NOTE = "; the paper's ± is over its 3 class orders (convention not stated)"
 OTHER_PROTOCOL = "†: another paper's number, on that paper's own protocol, not R-DFCIL's nor this run's"
 
@@ -64,10 +72,17 @@ class Stat:
     n: int
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> Stat:
+    def of(cls, values: Sequence[float], std: str = "population") -> Stat:
+        """Mean and ``std`` (a key of :data:`STDS`) of ``values``; no std for fewer than two."""
         if not values:
             return cls(None, None, 0)
-        return cls(statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else None, len(values))
+        spread = statistics.pstdev if std == "population" else statistics.stdev
+        return cls(statistics.fmean(values), spread(values) if len(values) > 1 else None, len(values))
+
+
+def std_line(std: str, over: str) -> str:
+    """The line under a table that says which std its ± is (``std``, a key of :data:`STDS`), over what."""
+    return f"± is the {STDS[std]} over {over}."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,12 +100,12 @@ class Comparison:
 
 
 def pairing_key(run: Run) -> str:
-    """What pairs two runs of a comparison: the class order (its seed, or the explicit order) and the training
-    seed, as text."""
+    """What pairs two runs of a comparison, as text: the class order (the explicit list, else its
+    ``data.class_order_seed``) and the training seed, e.g. ``class order 0, seed 1``."""
     data = run.config.get("data") or {}
     order = data.get("class_order")
-    order_text = f"order {order}" if order is not None else f"order seed {data.get('class_order_seed', 0)}"
-    return f"{order_text}, seed {run.config.get('seed', 1)}"
+    order = order if order is not None else data.get("class_order_seed", 0)
+    return f"class order {order}, seed {run.config.get('seed', 1)}"
 
 
 def references(groups: Sequence[Group], against: str) -> dict[tuple[str, ...], Group]:
@@ -123,18 +138,22 @@ def _finished_by_pair(group: Group) -> dict[str, list[Run]]:
     return out
 
 
-def _runs_by_pair(group: Group) -> dict[str, Run]:
-    """``group``'s finished runs by :func:`pairing_key`; two runs of one class order and seed would make the pairs
-    ambiguous, and are an error naming both."""
-    out = {}
-    for key, runs in _finished_by_pair(group).items():
-        if len(runs) > 1:
-            raise ReportError(
-                f"--against: {group.label!r} has two finished runs of {key} ({runs[0].name} and {runs[1].name}), so "
-                f"which one to pair is ambiguous: report one of them (give the folders without the other)"
-            )
-        out[key] = runs[0]
-    return out
+def _runs_by_pair(group: Group) -> dict[str, Run | None]:
+    """``group``'s finished runs by :func:`pairing_key`; None under a class order and seed with more than one run,
+    where which one to pair is ambiguous (:func:`ambiguous_pairs` says so)."""
+    return {key: runs[0] if len(runs) == 1 else None for key, runs in _finished_by_pair(group).items()}
+
+
+def ambiguous_pairs(group: Group) -> list[str]:
+    """One warning line per class order and seed with more than one finished run in ``group``: naming the runs,
+    saying that this class order and seed is left out of ``--against``'s pairs, and how to keep it."""
+    return [
+        f"dfcil report: warning: --against: {group.label!r} has {len(runs)} finished runs of {key} "
+        f"({' and '.join(r.name for r in runs)}), so which one to pair is ambiguous: that class order and seed is "
+        f"left out of its pairs; leave all but one out with --exclude, e.g. --exclude {shlex.quote(runs[-1].name)}"
+        for key, runs in _finished_by_pair(group).items()
+        if len(runs) > 1
+    ]
 
 
 def repeated_runs(groups: Sequence[Group]) -> list[tuple[str, list[str]]]:
@@ -144,30 +163,36 @@ def repeated_runs(groups: Sequence[Group]) -> list[tuple[str, list[str]]]:
     ]
 
 
-def paired(group: Group, reference: Group, metric: str) -> tuple[Stat, int]:
+def paired(group: Group, reference: Group, metric: str, std: str = "population") -> tuple[Stat, int]:
     """``metric`` of each of ``group``'s finished runs minus that of the reference's run with the same class
-    order and training seed (:func:`pairing_key`): their mean ± std over the pairs where both runs have the
-    metric, and how many of ``group``'s runs have no partner run at all."""
+    order and training seed (:func:`pairing_key`): their mean ± ``std`` over the pairs where both runs have the
+    metric, and how many of ``group``'s runs have no partner run at all. A class order and seed with two runs on
+    either side is ambiguous, and left out (:func:`ambiguous_pairs`)."""
     ref = _runs_by_pair(reference)
     diffs, alone = [], 0
     for key, r in _runs_by_pair(group).items():
-        if (partner := ref.get(key)) is None:
+        if key not in ref:
             alone += 1
+        elif r is None or (partner := ref[key]) is None:
+            continue
         elif (v := r.metric(metric)) is not None and (w := partner.metric(metric)) is not None:
             diffs.append(v - w)
-    return Stat.of(diffs), alone
+    return Stat.of(diffs, std), alone
 
 
 # ------------------------------------------------------------------------------------------------ tables
 
 
-def records(groups: Sequence[Group], against: str | None = None) -> list[dict[str, Any]]:
-    """One record per group: labels, run counts, each metric's mean/std/n and the paper comparison (numbers); with
-    ``against``, also each metric's paired difference to the reference group of its setting (:func:`paired`:
+def records(groups: Sequence[Group], against: str | None = None, std: str = "population") -> list[dict[str, Any]]:
+    """One record per group: labels, run counts, each metric's mean/``std``/n and the paper comparison (numbers);
+    with ``against``, also each metric's paired difference to the reference group of its setting (:func:`paired`:
     ``{metric}_vs_mean``, ``_vs_std``, ``_vs_n``, and ``vs`` the reference's label; empty for the reference itself
-    and for settings without one)."""
+    and for settings without one). A class order and seed that two runs of a compared group share is left out of
+    the pairs, with a warning on stderr (:func:`ambiguous_pairs`)."""
     out = []
     refs = references(groups, against) if against is not None else {}
+    for warning in (w for g in groups if g.comparable in refs for w in ambiguous_pairs(g)):
+        print(warning, file=sys.stderr)
     for g in groups:
         s, row = g.setting, g.setting.paper_row()
         rec: dict[str, Any] = {
@@ -176,11 +201,11 @@ def records(groups: Sequence[Group], against: str | None = None) -> list[dict[st
             "unfinished": len(g.runs) - len(g.finished),
         }  # fmt: skip
         for metric in METRICS:
-            stat = Stat.of(g.values(metric))
+            stat = Stat.of(g.values(metric), std)
             rec |= {f"{metric}_mean": stat.mean, f"{metric}_std": stat.std, f"{metric}_n": stat.n}
         for metric in PAPER_METRICS:
             paper: Value | None = getattr(row, metric) if row else None
-            cmp = Comparison.of(Stat.of(g.values(metric)), paper)
+            cmp = Comparison.of(Stat.of(g.values(metric), std), paper)
             rec |= {
                 f"{metric}_paper_mean": paper.mean if paper else None,
                 f"{metric}_paper_std": paper.std if paper else None,
@@ -190,19 +215,25 @@ def records(groups: Sequence[Group], against: str | None = None) -> list[dict[st
         rec["paper_row"] = f"{row.label} ({row.source})" + (" †" if row.own_protocol else "") if row else ""
         rec["paper_protocol"] = row.own_protocol if row else ""
         if against is not None:
-            ref = refs.get(g.comparable)
-            rec["vs"] = ref.label if ref is not None and ref is not g else ""
-            rec["vs_short"] = (
-                " · ".join(p for p in (ref.setting.method_label, ref.config_label) if p) if rec["vs"] else ""
-            )
-            for metric in METRICS:
-                stat, alone = paired(g, ref, metric) if rec["vs"] else (Stat(None, None, 0), 0)
-                rec |= {f"{metric}_vs_mean": stat.mean, f"{metric}_vs_std": stat.std, f"{metric}_vs_n": stat.n}
-                rec |= {f"{metric}_vs_unpaired": alone} if metric == "last_acc" else {}
+            rec |= _versus(g, refs.get(g.comparable), std)
         out.append(rec)
     if against is not None and not any(rec["vs"] for rec in out):
         raise ReportError(f"--against {against!r}: no other group shares a dataset and protocol with it")
     return out
+
+
+def _versus(group: Group, ref: Group | None, std: str) -> dict[str, Any]:
+    """A record's ``--against`` columns: the reference's labels and each metric's :func:`paired` difference to it,
+    empty for the reference itself and where the setting has none."""
+    if ref is None or ref is group:
+        ref, rec = None, {"vs": "", "vs_short": ""}
+    else:
+        rec = {"vs": ref.label, "vs_short": " · ".join(p for p in (ref.setting.method_label, ref.config_label) if p)}
+    for metric in METRICS:
+        stat, alone = paired(group, ref, metric, std) if ref is not None else (Stat(None, None, 0), 0)
+        rec |= {f"{metric}_vs_mean": stat.mean, f"{metric}_vs_std": stat.std, f"{metric}_vs_n": stat.n}
+        rec |= {f"{metric}_vs_unpaired": alone} if metric == "last_acc" else {}
+    return rec
 
 
 _LATEX_TOKENS = {"Ā_N": "$\\bar{A}_N$", "A_N": "$A_N$", "†": "$^\\dagger$", "±": "$\\pm$", "·": "$\\cdot$"}
@@ -244,8 +275,8 @@ def long_table(recs: Sequence[dict[str, Any]], style: _Style, paper: bool = True
     differences (left out when no group is on a dataset the paper ran: they would all be empty)."""
     compared = PAPER_METRICS if paper else ()
     head = ["group", "runs"]
-    for m, title in METRICS.items():
-        head += [title] + ([f"paper {title}", "Δ"] if m in compared else [])
+    for m in LONG_METRICS:
+        head += [METRICS[m]] + ([f"paper {METRICS[m]}", "Δ"] if m in compared else [])
     head += ["paper row"] if paper else []
     rows = []
     for r in recs:
@@ -253,7 +284,7 @@ def long_table(recs: Sequence[dict[str, Any]], style: _Style, paper: bool = True
             style.text(r["group"]),
             str(r["runs"]) + (f" (+{r['unfinished']} unfinished)" if r["unfinished"] else ""),
         ]
-        for m in METRICS:
+        for m in LONG_METRICS:
             row.append(style.stat(r[f"{m}_mean"], r[f"{m}_std"]))
             if m in compared:
                 row.append(style.stat(r[f"{m}_paper_mean"], r[f"{m}_paper_std"]))
@@ -287,7 +318,7 @@ def paired_table(recs: Sequence[dict[str, Any]], style: _Style) -> tuple[list[st
 
 PAIRED_NOTE = (
     "Paired: each run minus the reference run of the same class order and training seed, then mean ± std over the "
-    "pairs (population std); a positive Δ forgetting is more forgetting than the reference's. Beyond spread: "
+    "pairs; a positive Δ forgetting is more forgetting than the reference's. Beyond spread: "
     "|mean| > std, which needs at least two pairs (left blank with one)."
 )
 
@@ -354,10 +385,11 @@ def stores_of(runs: Sequence[Run]) -> dict[str, str]:
 
 
 def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: str | None = None) -> list[str]:
-    """The notes under a table: which std, what a ``--by`` table's cells hold (``metric``), what Δ and the marks
-    mean, the unfinished runs (a list). The paper is mentioned only when a group is on a dataset it ran."""
+    """The notes under the tables: what a group's runs differ in, what a ``--by`` table's cells hold (``metric``),
+    what Δ and the marks mean, the unfinished runs (a list). The paper is mentioned only when a group is on a dataset
+    it ran. Which std ± is goes right under each table (:func:`std_line`)."""
     paper = any(g.setting.in_paper for g in groups)
-    notes = [STD_NOTE + (PAPER_STD_NOTE if paper else "") + "."]
+    notes = [RUNS_NOTE + (PAPER_STD_NOTE if paper else "") + "."]
     if metric is not None:
         notes.append(
             f"Cells: {MEANINGS[metric]}, mean ± std (runs)" + (" [paper's value, ours − paper]." if paper else ".")
@@ -396,16 +428,20 @@ def report(
     by: tuple[str, str] | None = None,
     metric: str = "last_acc",
     against: str | None = None,
+    std: str = "population",
 ) -> str:
     """The report's text: a long table (default) or a ``by = (rows, cols)`` pivot of ``metric``, then notes; with
     ``against`` (a method or a group's label) a table of paired differences to that reference follows the long
-    table (in CSV: the ``*_vs_*`` columns)."""
+    table (in CSV: the ``*_vs_*`` columns). ``std`` (``population`` or ``sample``) is the ± of runs and pairs alike,
+    said under each table."""
     if fmt not in ("md", "csv", "latex"):
         raise ReportError(f"format must be md, csv or latex, got {fmt!r}")
+    if std not in STDS:
+        raise ReportError(f"std must be {' or '.join(STDS)}, got {std!r}")
     if against is not None and by is not None:
         raise ReportError("--against goes with the long table (or --format csv), not with --by: leave one out")
     groups = group_runs(runs)
-    recs = records(groups, against)
+    recs = records(groups, against, std)
     style = _Style(fmt)
     if fmt == "csv" and by is None:
         return render_csv(recs)
@@ -416,14 +452,28 @@ def report(
         csv.writer(buf, lineterminator="\n").writerows([head, *rows])
         return buf.getvalue()
     notes = footer(runs, groups, style, metric if by is not None else None)
-    text = render(head, rows, fmt)
+    text = render(head, rows, fmt) + _under(std_line(std, "a group's finished runs"), fmt)
     if against is not None:
         p_head, p_rows = paired_table(recs, style)
-        text += ("\n" if fmt == "md" else "") + render(p_head, p_rows, fmt)
+        text += ("\n" if fmt == "md" else "") + render(p_head, p_rows, fmt) + _under(std_line(std, "the pairs"), fmt)
         notes = ["", PAIRED_NOTE, *notes]
     if fmt == "latex":
         return text + "".join(f"% {n}\n" for n in notes if n)
     return text + "\n".join(notes) + "\n"
+
+
+def _under(line: str, fmt: str) -> str:
+    """``line`` right under a rendered table: a paragraph of its own in markdown (a line that follows a table's
+    rows would read as one more row), a comment in LaTeX."""
+    return f"% {line}\n" if fmt == "latex" else f"\n{line}\n"
+
+
+def csv_notes(runs: Sequence[Run], metric: str | None, against: str | None, std: str) -> list[str]:
+    """The notes a CSV report prints on stderr (a CSV has no room under its table): which std for runs (and for
+    pairs with ``against``), then :func:`footer`'s."""
+    notes = [std_line(std, "a group's finished runs")]
+    notes += [std_line(std, "the pairs"), PAIRED_NOTE] if against is not None else []
+    return notes + footer(runs, group_runs(runs), _Style("csv"), metric)
 
 
 # ------------------------------------------------------------------------------------------------ command line
@@ -448,13 +498,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH", help="run directories, or folders above them (sweeps)")
     p.add_argument("--format", choices=("md", "csv", "latex"), default="md", help="output format (default md)")
     p.add_argument("--by", metavar="ROWS,COLS", help=f"a table of one metric; ROWS and COLS among {DIMENSIONS}")
-    p.add_argument("--metric", choices=list(METRICS), default="last_acc", help="the metric of --by (last_acc)")
+    p.add_argument(
+        "--metric", choices=list(METRICS), default="last_acc",
+        help="the metric of --by (default last_acc); bwt is backward transfer, negative for forgetting",
+    )  # fmt: skip
     p.add_argument(
         "--against",
         metavar="METHOD",
         help="also each group's paired difference to this method's group (or a group's full label) on the same "
         "dataset and protocol: run minus run of the same class order and seed, mean ± std over the pairs",
     )
+    p.add_argument(
+        "--exclude", action="append", default=[], metavar="GLOB",
+        help="leave out, before anything else, the run directories (and folders of runs) whose name (smoke-logs), "
+        "path from PATH (runs/smoke-logs) or absolute path matches GLOB (* also crosses /); repeatable",
+    )  # fmt: skip
+    p.add_argument(
+        "--std", choices=tuple(STDS), default="population",
+        help="the ± over runs and over --against's pairs: population (n in the denominator, default) or sample "
+        "(n − 1)",
+    )  # fmt: skip
     p.add_argument("--plots", metavar="DIR", help="also write PNG and PDF figures into DIR (needs dfcil[plot])")
     p.add_argument(
         "--timing", action="store_true",
@@ -467,9 +530,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     """Run ``dfcil report`` on parsed arguments; 0 on success, 2 on an error (printed)."""
     try:
-        runs = find_runs(args.paths)
+        runs = find_runs(args.paths, args.exclude)
         if not runs:
-            raise ReportError(f"no run directories (folders with a config.yaml) under {', '.join(args.paths)}")
+            left = f" that --exclude {' '.join(map(shlex.quote, args.exclude))} leaves" if args.exclude else ""
+            raise ReportError(f"no run directories (folders with a config.yaml){left} under {', '.join(args.paths)}")
         if args.timing:
             from dfcil.analysis.timing import timing_table
 
@@ -477,10 +541,9 @@ def main(args: argparse.Namespace) -> int:
             print("\n\n".join(tables))
             return 0
         by = parse_by(args.by) if args.by else None
-        sys.stdout.write(report(runs, args.format, by, args.metric, args.against))
+        sys.stdout.write(report(runs, args.format, by, args.metric, args.against, args.std))
         if args.format == "csv":
-            notes = footer(runs, group_runs(runs), _Style("csv"), args.metric if by is not None else None)
-            notes = [PAIRED_NOTE, *notes] if args.against is not None else notes
+            notes = csv_notes(runs, args.metric if by is not None else None, args.against, args.std)
             print("".join(f"dfcil report: {n}\n" for n in notes if n), end="", file=sys.stderr)
         if args.plots:
             from dfcil.analysis.plots import write_plots

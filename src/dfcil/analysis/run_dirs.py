@@ -8,11 +8,12 @@ Pure reading: neither torch nor the engine is imported.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import math
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,21 +174,30 @@ class Group:
         )
 
 
-def find_runs(paths: Iterable[str | os.PathLike]) -> list[Run]:
+def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> list[Run]:
     """Every run directory (a folder with ``config.yaml``) at or below ``paths``, in path order. A sweep's root
-    (``sweep.json``) is not a run, and runs' checkpoint folders and hidden folders are not searched. A run whose
-    files cannot be used (unreadable, cut short, the wrong shape, not regular files) is skipped with a warning that
-    names it, and a last line says how many were: one damaged run never hides the rest."""
+    (``sweep.json``) is not a run, and runs' checkpoint folders and hidden folders are not searched. A folder matched
+    by one of the ``exclude`` globs (:func:`excluded`), run or not, is left out unread with everything below it; a
+    glob that matches nothing is said. A run whose files cannot be used (unreadable, cut short, the wrong shape, not
+    regular files) is skipped with a warning that names it, and a last line says how many were: one damaged run
+    never hides the rest."""
     runs: dict[Path, Run | None] = {}
+    unused = dict.fromkeys(exclude, True)  # globs that matched no run so far
     for given in map(Path, paths):
         if not given.exists():
             raise ReportError(f"{given} does not exist")
         root = given.resolve()
         for folder, subdirs, files in os.walk(root):
+            here, name = Path(folder), str(Path(root.name) / Path(folder).relative_to(root))
+            if matched := excluded(here, name, exclude):
+                unused |= dict.fromkeys(matched, False)
+                subdirs[:] = []  # nor anything below it
+                continue
             subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d != "checkpoints")
-            here = Path(folder)
             if "config.yaml" in files and "sweep.json" not in files and here not in runs:
-                runs[here] = _read_run(here, str(Path(root.name) / here.relative_to(root)))
+                runs[here] = _read_run(here, name)
+    for glob in (g for g, left in unused.items() if left):
+        print(f"dfcil report: warning: --exclude {glob!r} matches no run directory (a typo?)", file=sys.stderr)
     skipped = sum(r is None for r in runs.values())
     if skipped:
         print(
@@ -195,6 +205,13 @@ def find_runs(paths: Iterable[str | os.PathLike]) -> list[Run]:
             file=sys.stderr,
         )
     return [r for r in runs.values() if r is not None]
+
+
+def excluded(path: Path, name: str, globs: Sequence[str]) -> list[str]:
+    """The ``globs`` (``fnmatch``: ``*`` also crosses ``/``) that match a folder (a run directory, or one above runs):
+    its own name (``smoke-logs``), its name in the report (``runs/smoke-logs``, from the folder given on the command
+    line) or its absolute path."""
+    return [g for g in globs if any(fnmatch.fnmatchcase(text, g) for text in (path.name, name, str(path)))]
 
 
 def _read_run(path: Path, name: str) -> Run | None:
@@ -238,8 +255,9 @@ def summary_problem(summary: Any) -> str | None:
     for key in ("last_acc", "avg_inc_acc"):
         if not _number(summary.get(key)):
             return f"{key} is {quoted(summary.get(key))}, not a number"
-    if summary.get("forgetting") is not None and not _number(summary["forgetting"]):
-        return f"forgetting is {quoted(summary['forgetting'])}, not a number"
+    for key in ("forgetting", "bwt"):  # None (or absent) after one task, where neither is defined
+        if summary.get(key) is not None and not _number(summary[key]):
+            return f"{key} is {quoted(summary[key])}, not a number"
     for key, none in (("acc_per_task", False), ("new_acc", False), ("old_acc", True), ("task_sizes", False)):
         if not _numbers(summary.get(key), none):
             return f"{key} is {quoted(summary.get(key))}, not a list of numbers"
