@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -544,3 +545,36 @@ def test_switching_to_a_method_with_its_own_optimiser_says_which_train_keys_it_d
     assert "method switched to 'efc'" in err and "efc does not read train.lr, train.momentum, train.weight_decay" in err
     assert main(["train", "--config", SMOKE, "--method.name", "finetune", "--dry-run"]) == 0
     assert "does not read" not in capsys.readouterr().err  # fine-tuning's phases read the whole train section
+
+
+SLOW_COMMAND = """
+import sys, time
+from pathlib import Path
+from dfcil import cli
+
+def slow(args):
+    Path(sys.argv[1]).write_text("ready")
+    time.sleep(60)
+    return 0
+
+cli.COMMANDS["datasets"] = slow
+sys.exit(cli.main(["datasets"]))
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a POSIX shell's background job")
+def test_a_command_started_in_the_background_of_a_script_stops_on_sigint(tmp_path):
+    """A non-interactive shell starts `cmd &` with SIGINT ignored; dfcil puts the default back, so kill -INT (or
+    Ctrl-C) stops it as in the foreground: exit 130, "interrupted", long before the command's minute is up."""
+    ready = tmp_path / "ready"
+    (tmp_path / "slow.py").write_text(SLOW_COMMAND)
+    script = (
+        f'"{sys.executable}" slow.py ready 2> err.txt & pid=$!\n'
+        "for i in $(seq 300); do [ -e ready ] && break; sleep 0.1; done\n"
+        'kill -INT "$pid"; wait "$pid"; echo "status $?"\n'
+    )
+    started = time.monotonic()
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ready.exists(), done.stderr
+    assert done.stdout.strip() == "status 130" and time.monotonic() - started < 50
+    assert "dfcil: interrupted" in (tmp_path / "err.txt").read_text()

@@ -5,6 +5,7 @@ every process of a run: installed packages' entry points, and ``plugins`` / ``--
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -189,7 +190,9 @@ def _eval_in_a_new_process(run_dir: Path, cwd: Path, *extra: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_eval(site, tmp_path, monkeypatch):
+def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_eval(
+    site, tmp_path, monkeypatch, capsys
+):
     from dfcil.runs.runner import RunOptions, train
     from dfcil.training.state import Interrupt
 
@@ -205,8 +208,9 @@ def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_ev
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["plugins"] == [str(work / "my_method.py")]
     (plugin,) = json.loads((tmp_path / "run" / "meta.json").read_text())["plugins"]
-    assert plugin == {"module": "my_method", "file": str(work / "my_method.py"), "package": None, "version": None,
-                      "git_sha": None}  # fmt: skip
+    started = hashlib.sha256((work / "my_method.py").read_bytes()).hexdigest()
+    assert plugin == {"module": "my_method", "file": str(work / "my_method.py"), "sha256": started, "package": None,
+                      "version": None, "git_sha": None}  # fmt: skip
 
     METHODS.unregister("file_toy")  # as in a new process: only config.yaml says where the method is
     del sys.modules["my_method"]
@@ -214,8 +218,14 @@ def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_ev
     # the run's word alone imports no file: the user names it again (any path to the same file)
     assert main(["resume", str(tmp_path / "run"), "--no-progress"]) == 2
     assert "file_toy" not in METHODS and "my_method" not in sys.modules
+    (work / "my_method.py").write_text(TOY.format(name="file_toy") + "# edited after the run started\n")
+    edited = hashlib.sha256((work / "my_method.py").read_bytes()).hexdigest()
+    capsys.readouterr()
     assert main(["resume", str(tmp_path / "run"), "--no-progress", "--plugin", "work/my_method.py"]) == 0
     assert "file_toy" in METHODS and (tmp_path / "run" / "summary.json").exists()
+    assert f"plugin file my_method ({work / 'my_method.py'}) changed since the run started" in capsys.readouterr().err
+    (resumed,) = json.loads((tmp_path / "run" / "meta.json").read_text())["resumes"]
+    assert [p["sha256"] for p in resumed["plugins"]] == [edited]
     monkeypatch.delenv("PYTHONPATH")
     # from elsewhere, nothing on PYTHONPATH: --trust-plugins allows what the run names
     report = _eval_in_a_new_process(tmp_path / "run", tmp_path, "--trust-plugins")

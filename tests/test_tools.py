@@ -117,9 +117,11 @@ def test_csv_rows_are_the_jsonl_records(finished):
         (r["task"], r["phase"], r["epoch"]) for r in epochs
     ]
     for row, record in zip(rows, epochs, strict=True):
-        assert float(row["lr"]) == record["lr"] and float(row["time_s"]) == record["time_s"]
+        assert float(row["lr"]) == pytest.approx(record["lr"], rel=1e-9)
+        assert float(row["time_s"]) == pytest.approx(record["time_s"], rel=1e-9)
         terms = {k[5:]: float(v) for k, v in row.items() if k.startswith("loss_") and v != ""}
-        assert terms == record["loss"] and float(row["loss"]) == pytest.approx(sum(record["loss"].values()))
+        assert terms == pytest.approx(record["loss"], rel=1e-9)
+        assert float(row["loss"]) == pytest.approx(sum(record["loss"].values()))
     rows = _csv(finished / "tasks.csv")
     assert len(rows) == len(tasks) == 2
     for row, record in zip(rows, tasks, strict=True):
@@ -127,6 +129,15 @@ def test_csv_rows_are_the_jsonl_records(finished):
             record[k] for k in ("acc", "new_acc", "old_acc")
         ]
         assert [_number(row[f"acc_task{j}"]) for j in range(2)][: record["task"] + 1] == record["acc_row"]
+
+
+def test_csv_floats_have_ten_significant_digits():
+    from dfcil.training.loggers import csv_text
+
+    lr = 0.1 * 0.1  # 0.010000000000000002
+    text = csv_text(["lr", "loss", "epoch", "old_acc"], [{"lr": lr, "loss": 2 / 3, "epoch": 3, "old_acc": None}])
+    assert text == "lr,loss,epoch,old_acc\n0.01,0.6666666667,3,\n"
+    assert csv_text(["x"], [{"x": 1e-12}, {"x": 1234567.0}], header=False) == "1e-12\n1234567\n"
 
 
 def test_the_log_the_jsonl_and_the_csv_count_epochs_alike(finished):
@@ -254,6 +265,32 @@ def test_eval_of_chosen_classes_or_tasks(finished, capsys):
     assert main(["eval", str(finished), "--classes", f"{first[0]},{summary['tasks'][1][0]}", "--json"]) == 0
     two = json.loads(capsys.readouterr().out)
     assert two["count"] == 32 and two["old"]["count"] == two["new"]["count"] == 16  # 16 test images per class
+    # several values, as a shell passes them, mean the same as a comma list
+    assert main(["eval", str(finished), "--classes", str(first[0]), str(summary["tasks"][1][0]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == two
+    assert main(["eval", str(finished), "--tasks", "0", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == summary["count_matrix"][-1][0] * 2
+    assert main(["eval", str(finished), "--classes", str(first[0])]) == 0
+    assert ": 1 class, 16 test images\n" in capsys.readouterr().out
+
+
+def test_a_mistake_on_eval_prints_evals_usage(finished, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", str(finished), "--clases", "3"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dfcil eval [-h]") and "error: unrecognized arguments: --clases 3" in err
+
+
+def test_version_names_dfcil_and_torch(capsys):
+    import torch
+
+    from dfcil.version import __version__
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and out.startswith(f"dfcil {__version__}") and f"torch {torch.__version__}" in out
 
 
 @pytest.mark.parametrize(
@@ -261,7 +298,7 @@ def test_eval_of_chosen_classes_or_tasks(finished, capsys):
     [
         (["--classes", "42"], "class '42' is not one of this run's classes"),
         (["--tasks", "2"], "task 2 is not a task of this run (it has tasks 0..1)"),
-        (["--tasks", "a"], "--tasks 'a': give task numbers"),
+        (["--tasks", "a"], "--tasks a: give task numbers"),
     ],
 )
 def test_eval_refuses_what_the_run_does_not_have(finished, capsys, args, message):

@@ -9,7 +9,7 @@ dfcil sweep --config FILE.yaml[+MORE.yaml] [--config ...] [--grid KEY=V1,V2 ...]
             [--plugin MODULE ...]
 dfcil report PATH... [--format md|csv|latex] [--by ROWS,COLS] [--metric M] [--against METHOD] [--exclude GLOB ...]
              [--std population|sample] [--plots DIR]
-dfcil eval DIR [--data.root DIR] [--classes IDS | --tasks IDS] [--device DEV] [--json]
+dfcil eval DIR [--data.root DIR] [--classes ID... | --tasks T...] [--device DEV] [--json]
 dfcil export DIR [--format FORMAT] [--out FILE]
 dfcil inspect DIR [--features | --synthetic] [--out DIR] [--data.root DIR] [--device DEV]   (default --features)
 dfcil methods [--plugin MODULE ...]
@@ -97,9 +97,36 @@ def _split_overrides(tokens: Sequence[str]) -> list[tuple[str, str]]:
     return out
 
 
+def version_text() -> str:
+    """``dfcil --version``: dfcil's version and source revision, and the installed torch's (read from its
+    metadata: torch is not imported)."""
+    import importlib.metadata
+
+    from dfcil.version import __version__, source_revision
+
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = "not installed"
+    revision = source_revision()
+    code = f" (source {revision})" if revision != __version__ else ""
+    return f"dfcil {__version__}{code}, torch {torch}, python {sys.version.split()[0]}"
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print dfcil's, torch's and python's versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dfcil", description="Data-free class-incremental learning.")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(commands=sub.choices)  # each command's own parser: its usage on a mistake (_main)
     train = sub.add_parser(
         "train",
         help="train a method through a protocol into a run directory",
@@ -231,8 +258,11 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
     ev.add_argument("--data.root", dest="data_root", metavar="DIR", help="where the run's data lies now")
     which = ev.add_mutually_exclusive_group()
-    which.add_argument("--classes", metavar="IDS", help="comma list of raw class ids or names (default: every class)")
-    which.add_argument("--tasks", metavar="IDS", help="comma list of tasks whose classes to evaluate")
+    which.add_argument(
+        "--classes", nargs="+", metavar="ID",
+        help="raw class ids or names, several or a comma list: --classes 3 7, --classes red,blue (default: every class)",
+    )  # fmt: skip
+    which.add_argument("--tasks", nargs="+", metavar="T", help="tasks whose classes to evaluate: --tasks 0 1, or 0,1")
     ev.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.add_argument(
@@ -287,8 +317,9 @@ class _ExportFormats:
         return name in list(self)
 
 
-def _ids(text: str | None, kind: type = str) -> list | None:
-    return None if text is None else [kind(t.strip()) for t in text.split(",") if t.strip()]
+def _ids(values: Sequence[str] | None, kind: type = str) -> list | None:
+    """``--classes a b,c`` → ``[a, b, c]``; None when not given."""
+    return None if values is None else [kind(t.strip()) for v in values for t in v.split(",") if t.strip()]
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -297,7 +328,7 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         tasks = _ids(args.tasks, int)
     except ValueError:
-        raise ConfigError(f"--tasks {args.tasks!r}: give task numbers, e.g. --tasks 0,1") from None
+        raise ConfigError(f"--tasks {' '.join(args.tasks)}: give task numbers, e.g. --tasks 0 1") from None
     consent, confusion = _consent(args), args.confusion
     report = evaluate_run(args.run_dir, args.data_root, _ids(args.classes), tasks, args.device, consent, confusion)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -495,7 +526,18 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away, e.g. `yes | head -1`
 
 
+def restore_ctrl_c() -> None:
+    """A shell script's ``dfcil train ... &`` starts with SIGINT ignored (a non-interactive shell does that to its
+    background jobs), so Ctrl-C, or ``kill -INT``, would do nothing until a run installs its own handler. Put
+    Python's default back, so that SIGINT stops every command at any time, as in the foreground."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    restore_ctrl_c()
     try:
         status = _main(argv)
         sys.stdout.flush()  # a reader that went away shows here, inside the handler below
@@ -532,8 +574,8 @@ def _main(argv: Sequence[str] | None) -> int:
                 raise ConfigError(f"--{option} is empty; give a path (a shell variable left unset?)")
         if args.command in KEYED_COMMANDS:
             return KEYED_COMMANDS[args.command](args, unknown, argv)
-        if unknown:
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        if unknown:  # the command's own usage, not dfcil's
+            args.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
         return COMMANDS[args.command](args)
     except (ConfigError, SplitError, DatasetError, RegistryError, CheckpointError) as err:
         print(f"dfcil: error: {err}", file=sys.stderr)

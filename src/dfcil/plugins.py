@@ -23,6 +23,7 @@ This module imports nothing of dfcil but its errors: the registries and the conf
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -248,8 +249,8 @@ def one_line(err: BaseException) -> str:
 
 
 def provenance(module: str) -> dict[str, Any]:
-    """What ``meta.json`` records of a plugin module: its file, its package and version (or None), and the git SHA
-    of the repository its file lies in (or None)."""
+    """What ``meta.json`` records of a plugin module: its file and the SHA-256 of its content, its package and
+    version (or None), and the git SHA of the repository its file lies in (or None)."""
     loaded = sys.modules.get(module)
     file = getattr(loaded, "__file__", None)
     package = _distribution(module)
@@ -262,10 +263,36 @@ def provenance(module: str) -> dict[str, Any]:
     return {
         "module": module,
         "file": file,
+        "sha256": file_sha256(file),
         "package": package,
         "version": version,
         "git_sha": _git_sha(Path(file).parent) if file else None,
     }
+
+
+def file_sha256(file: str | None) -> str | None:
+    """The SHA-256 of a plugin's source file, so that an edited file can be told from the one a run used; None
+    where the module has no readable file."""
+    if not file:
+        return None
+    try:
+        return hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def changed_plugins(recorded: object) -> list[str]:
+    """The plugin modules of a run's ``meta.json`` record (its ``plugins`` list) whose file, imported now, has
+    another SHA-256 than the run recorded: "module (file)" for each. Modules not imported now, and records saved
+    before the hash, are not compared."""
+    changed = []
+    for entry in recorded if isinstance(recorded, list) else []:
+        if not isinstance(entry, dict) or not entry.get("sha256") or entry.get("module") not in sys.modules:
+            continue
+        now = provenance(entry["module"])
+        if now["sha256"] is not None and now["sha256"] != entry["sha256"]:
+            changed.append(f"{entry['module']} ({now['file']})")
+    return changed
 
 
 def _distribution(module: str) -> str | None:

@@ -307,7 +307,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"later {a['to_later']:5.1f}%"
         )
 
-    lines = [f"{report['run']}: {len(report['classes'])} classes, {report['count']} test images"]
+    n, images = len(report["classes"]), report["count"]
+    lines = [f"{report['run']}: {n} class{'es' * (n != 1)}, {images} test image{'s' * (images != 1)}"]
     lines += [part("accuracy", report), part("old", report["old"]), part("new", report["new"])]
     lines += [part(f"task {a['task']}", a) + spread(a) for a in report["tasks"]]
     return "\n".join(lines)

@@ -47,7 +47,7 @@ from dfcil.io import check_creatable_dir, remove_temporaries, write_atomic, writ
 from dfcil.load import load_run_config
 from dfcil.methods import METHODS
 from dfcil.models.backbones import BACKBONES
-from dfcil.plugins import Consent, module_name
+from dfcil.plugins import Consent, changed_plugins, module_name
 from dfcil.plugins import provenance as plugin_provenance
 from dfcil.progress import make_progress
 from dfcil.training.callbacks import ConsoleLogger, JsonlLogger, SaveModel
@@ -286,7 +286,8 @@ def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> None:
 
 def _record_resume(out: Path, options: RunOptions) -> None:
     """Add this continuation to ``meta.json``'s ``resumes`` (when, by which code, with which command), so that a run
-    continued by other code than it started with says so."""
+    continued by other code than it started with says so; warn when a plugin file the run used has changed since
+    (its SHA-256), and record the new hashes in the entry."""
     path = out / "meta.json"
     try:
         meta = json.loads(path.read_text())
@@ -294,7 +295,15 @@ def _record_resume(out: Path, options: RunOptions) -> None:
         return  # a run without its record: nothing to add to
     if not isinstance(meta, dict):
         return
-    entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": source_revision()}
+    entry: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": source_revision()}
+    changed = changed_plugins(meta.get("plugins"))
+    if changed:
+        log.warning(
+            "%s: the plugin file%s %s changed since the run started (another SHA-256 than meta.json records): the "
+            "run continues with the edited code; the new hashes are recorded in meta.json's resumes",
+            out, "s" * (len(changed) > 1), ", ".join(changed),
+        )  # fmt: skip
+        entry["plugins"] = [plugin_provenance(m.split(" (")[0]) for m in changed]
     earlier = meta.get("resumes") if isinstance(meta.get("resumes"), list) else []
     meta["resumes"] = [*earlier, entry | {"argv": list(options.argv or sys.argv)}]
     write_json(path, meta)

@@ -86,12 +86,18 @@ def task_row(record: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def csv_cell(value: Any) -> Any:
+    """A float as its shortest form at 10 significant digits (an lr of 0.1 * 0.1 is ``0.01``, not
+    ``0.010000000000000002``); any other value as it is."""
+    return f"{value:.10g}" if isinstance(value, float) else value
+
+
 def csv_text(columns: Sequence[str], rows: Sequence[dict[str, Any]], header: bool = True) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, columns, lineterminator="\n")
     if header:
         writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
     return buf.getvalue()
 
 
