@@ -105,7 +105,7 @@ def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_ma
     script = BENCH / "gpu_check.sh"
     machine1, machine2 = tmp_path / "m1", tmp_path / "m2"
     cell = machine1 / "runs" / "cell"
-    run = cell / "class_order_seed=0"
+    run = cell / "order0"
     for name in ("checkpoints/last.pt", "checkpoints/prev.pt", "run.log", "model.pt"):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text(name)
@@ -127,13 +127,13 @@ def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_ma
     packed = machine1 / "out" / "cell.tgz"
     with tarfile.open(packed) as tar:
         names = {n.removeprefix("./") for n in tar.getnames() if not tar.getmember(n).isdir()}
-    assert names == {"class_order_seed=0/checkpoints/last.pt", "class_order_seed=0/run.log", "sweep.json",
+    assert names == {"order0/checkpoints/last.pt", "order0/run.log", "sweep.json",
                      ".compile-cache/fx/graph.py"}  # fmt: skip
     shutil.copy(packed, tmp_path / "cell.tgz")
     out = cell_check(machine2, tmp_path)
     assert "continuing the runs carried in" in out
     moved = machine2 / "runs" / "cell"
-    assert (moved / "class_order_seed=0" / "checkpoints" / "last.pt").read_text() == "checkpoints/last.pt"
+    assert (moved / "order0" / "checkpoints" / "last.pt").read_text() == "checkpoints/last.pt"
     assert (moved / ".compile-cache" / "fx" / "graph.py").exists()
 
 

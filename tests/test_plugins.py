@@ -264,8 +264,8 @@ def test_the_example_plugin_trains_resumes_sweeps_and_evaluates_by_name(site, tm
     assert main([*sweep, "--out", str(tmp_path / "sweep")]) == 0, capsys.readouterr().out
     records = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["runs"]
     assert [r["state"] for r in records] == ["done", "done"]
-    report = _eval_in_a_new_process(tmp_path / "sweep" / "seed=2", cwd=tmp_path)
-    summary = json.loads((tmp_path / "sweep" / "seed=2" / "summary.json").read_text())
+    report = _eval_in_a_new_process(tmp_path / "sweep" / "seed2", cwd=tmp_path)
+    summary = json.loads((tmp_path / "sweep" / "seed2" / "summary.json").read_text())
     assert report["acc"] == summary["last_acc"] and len(report["classes"]) == 6
 
 

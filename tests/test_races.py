@@ -137,7 +137,7 @@ def test_a_second_sweep_on_a_running_sweeps_directory_is_refused(tmp_path):
     finally:
         first.kill()
     runs = _runs(out)
-    assert sorted(runs) == ["seed=1", "seed=2"] and all(r["state"] == "done" for r in runs.values())
+    assert sorted(runs) == ["seed1", "seed2"] and all(r["state"] == "done" for r in runs.values())
     assert all((out / name / "summary.json").exists() for name in runs)
 
 

@@ -41,7 +41,7 @@ def test_plan_multiplies_configs_and_grid_and_names_runs_by_what_varies():
         [("data.root", "somewhere")],
     )
     assert [r.name for r in runs] == [
-        "smoke-class_order_seed=0", "smoke-class_order_seed=1", "lwf-class_order_seed=0", "lwf-class_order_seed=1"
+        "smoke-order0", "smoke-order1", "lwf-order0", "lwf-order1"
     ]  # fmt: skip
     assert runs[2].config["method"]["name"] == "lwf" and runs[3].config["data"]["class_order_seed"] == 1
     assert all(r.config["train"]["epochs"] == 3 for r in runs)  # a one-value grid key applies but does not name
@@ -68,9 +68,9 @@ def test_plan_refuses_bad_keys_and_clashing_names():
 def test_plan_refuses_two_runs_of_one_config_under_two_names(tmp_path):
     """`--grid train.lr=0.1,1e-1,0.05` trained lr=0.1 and lr=1e-1 alike, and the report grouped them as n = 2,
     ± 0.00: equal values written differently are compared as resolved configs, as `seed=1,1` is by name."""
-    with pytest.raises(ConfigError, match="runs 'lr=0.1' and 'lr=1e-1' of the sweep would train the same config"):
+    with pytest.raises(ConfigError, match="runs 'lr0.1' and 'lr1e-1' of the sweep would train the same config"):
         plan([["configs/smoke.yaml"]], [("train.lr", ["0.1", "1e-1", "0.05"])])
-    with pytest.raises(ConfigError, match="'seed=1' and 'seed=.1' .* same config"):
+    with pytest.raises(ConfigError, match="'seed1' and 'seed.1' .* same config"):
         plan([["configs/smoke.yaml"]], [("seed", ["1", "+1"])])
     copy = tmp_path / "copy.yaml"
     copy.write_text((Path("configs") / "smoke.yaml").read_text())
@@ -118,24 +118,24 @@ def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
     with pytest.raises(RunInterrupted):
         train(
             cfg,
-            out / "seed=2",
+            out / "seed2",
             options=RunOptions(progress=False, callbacks=[StopAfterEpochs(interrupt, 2)], interrupt=interrupt),
         )
-    assert not (out / "seed=2" / "summary.json").exists()
+    assert not (out / "seed2" / "summary.json").exists()
 
     args = ["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), *TINY]
     assert main([*args, "--dry-run"]) == 0
     shown = capsys.readouterr().out
-    assert "seed=1 [new]" in shown and "seed=2 [unfinished]" in shown
+    assert "seed1 [new]" in shown and "seed2 [unfinished]" in shown
     assert main([*args, "--jobs", "2"]) == 0
     records = _records(out)
-    assert records["seed=1"]["state"] == "done" and records["seed=2"]["state"] == "resumed"
-    assert records["seed=2"]["result"]["last_acc"] is not None and records["seed=1"]["attempts"] == 1
-    assert records["seed=1"]["config"]["seed"] == 1 and records["seed=2"]["config"]["seed"] == 2
-    summary = json.loads((out / "seed=2" / "summary.json").read_text())
+    assert records["seed1"]["state"] == "done" and records["seed2"]["state"] == "resumed"
+    assert records["seed2"]["result"]["last_acc"] is not None and records["seed1"]["attempts"] == 1
+    assert records["seed1"]["config"]["seed"] == 1 and records["seed2"]["config"]["seed"] == 2
+    summary = json.loads((out / "seed2" / "summary.json").read_text())
     assert summary["resumed"] is True
     text = capsys.readouterr().out
-    assert "seed=2: resuming" in text and "| seed=1 | done | 1 |" in text
+    assert "seed2: resuming" in text and "| seed1 | done | 1 |" in text
 
     # again: nothing to do
     assert main(args) == 0
@@ -143,15 +143,15 @@ def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
     assert "2 finished before, skipped" in capsys.readouterr().out
 
     # a finished run's summary cut short: that run is reported failed with its file and the fix, the other skipped
-    summary_file = out / "seed=1" / "summary.json"
+    summary_file = out / "seed1" / "summary.json"
     whole = summary_file.read_bytes()
     summary_file.write_bytes(whole[: len(whole) // 2])
     assert main(args) == 1
     records = _records(out)
-    assert records["seed=1"]["state"] == "failed" and records["seed=2"]["state"] == "skipped"
-    assert f"{summary_file} cannot be read" in records["seed=1"]["error"] and "delete" in records["seed=1"]["error"]
+    assert records["seed1"]["state"] == "failed" and records["seed2"]["state"] == "skipped"
+    assert f"{summary_file} cannot be read" in records["seed1"]["error"] and "delete" in records["seed1"]["error"]
     text = capsys.readouterr().out
-    assert f"seed=1: {summary_file} cannot be read" in text and "1 runs failed" in text
+    assert f"seed1: {summary_file} cannot be read" in text and "1 runs failed" in text
     summary_file.write_bytes(whole)
 
     # another config under the same names is refused before anything runs
@@ -331,7 +331,7 @@ def test_a_sweep_that_would_train_existing_runs_again_under_new_names_is_refused
     args = ["sweep", "--config", "configs/smoke.yaml", "--config", f"configs/smoke.yaml+{other}", "--grid", "seed=1,2"]
     assert main([*args, "--out", str(out), "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert f"{out / 'seed=1'} already holds the run this sweep names 'smoke-seed=1'" in err and "--out" in err
+    assert f"{out / 'seed=1'} already holds the run this sweep names 'smoke-seed1'" in err and "--out" in err
     # the same configs under the names they had are fine, and so is a sweep of other configs sharing the directory
     assert main(["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), "--dry-run"]) == 0
     own = tmp_path / "own"
@@ -343,6 +343,33 @@ def test_a_sweep_that_would_train_existing_runs_again_under_new_names_is_refused
     same = ["--data.name", "folder", "--data.root", str(tmp_path / "flowers"), "--grid", "seed=1,2"]
     assert main(["sweep", "--config", "configs/smoke.yaml", *same, "--out", str(own), "--dry-run"]) == 2
     assert main(["sweep", "--config", str(other), "--out", str(out), "--dry-run"]) == 0
+
+
+def test_run_names_say_what_varies_without_equals_signs():
+    from dfcil.sweep.plan import name_part
+
+    assert [name_part(k, v) for k, v in [("class_order_seed", "0"), ("seed", "2"), ("name", "finetune")]] == [
+        "order0", "seed2", "finetune"
+    ]  # fmt: skip
+    assert name_part("lambda_hkd", "0.5") == "lambda_hkd0.5" and name_part("ldc", "true") == "ldc_true"
+    assert name_part("method.drift.init", "identity") == "method.drift.init_identity"
+    runs = plan([["configs/smoke.yaml"]], [("method.name", ["finetune", "lwf"]), ("data.class_order_seed", ["0", "1"])])
+    assert [r.name for r in runs] == ["finetune-order0", "finetune-order1", "lwf-order0", "lwf-order1"]
+    assert runs[0].earlier_name == "name=finetune-class_order_seed=0"
+
+
+def test_a_sweep_made_with_the_earlier_names_keeps_resuming_under_them(tmp_path, capsys):
+    """Sweeps made before run names lost their '=' keep their directories: a run found under its earlier name
+    is that run (resumed or skipped there, not trained again beside it); runs added since get the new names."""
+    out = tmp_path / "sweep"
+    _saved_run(out, "seed=1", ["configs/smoke.yaml"], [("seed", "1")])
+    (out / "sweep.json").write_text(json.dumps({"format": 1, "runs": [{"name": "seed=1", "state": "interrupted"}]}))
+    args = ["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2,3", "--out", str(out), "--dry-run"]
+    assert main(args) == 0
+    shown = capsys.readouterr().out
+    assert "1 runs keep the names an earlier dfcil gave them (key=value)" in shown
+    assert "seed=1 [unfinished]" in shown and "seed2 [new]" in shown and "seed3 [new]" in shown
+    assert f"--out {out / 'seed=1'}" in shown and "seed1 [" not in shown
 
 
 def test_sweep_json_keeps_the_records_of_runs_another_sweep_planned(tmp_path):

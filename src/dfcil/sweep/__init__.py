@@ -25,7 +25,9 @@ from dfcil.errors import ConfigError
 from dfcil.sweep.gpus import default_jobs, free_gpu_memory, placement, run_gib, uses_gpu
 from dfcil.sweep.local import run_local
 from dfcil.sweep.mps import MpsSetting, mps
-from dfcil.sweep.plan import DamagedSummary, SweepRun, check_existing, check_sweep_dir, plan, run_status
+from dfcil.sweep.plan import (
+    DamagedSummary, SweepRun, check_existing, check_sweep_dir, keep_earlier_names, plan, run_status,
+)  # fmt: skip
 from dfcil.sweep.slurm import run_slurm
 from dfcil.sweep.state import Sweep
 
@@ -55,6 +57,8 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
     memory (tests give their own)."""
     out = Path(spec.out)
     runs = plan(spec.configs, spec.grid, spec.fixed, spec.plugins, spec.trust_plugins)
+    if kept := keep_earlier_names(runs, out):
+        print(f"dfcil sweep: {kept} runs keep the names an earlier dfcil gave them (key=value)", flush=True)
     check_existing(runs, out)
     if spec.jobs is not None and spec.jobs < 1:
         raise ConfigError(f"--jobs {spec.jobs}: give at least 1")

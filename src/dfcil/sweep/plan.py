@@ -1,8 +1,11 @@
 """Planning a sweep: its runs (config groups × grid, fixed overrides), their names, and the checks made before
 anything runs (every run's config valid, no name clash, a sweep directory that holds nothing else).
 
-A run is an ordinary ``dfcil train`` in its own directory under the sweep directory, named from what varies (the
-config's name when there are several, then ``key=value`` for each grid key with more than one value).
+A run is an ordinary ``dfcil train`` in its own directory under the sweep directory, named from what varies: the
+config's name when there are several, then a part for each grid key with more than one value (:func:`name_part`:
+``order0``, ``seed2``, ``finetune`` for ``method.name``, ``lambda_hkd0.5``), joined by ``-``, as in
+``rdfcil-order0``. Sweeps made before (``name=finetune-class_order_seed=0``) keep their names
+(:func:`keep_earlier_names`).
 
 Loading a run's config (:mod:`dfcil.load`) needs the methods, and with them torch; it is imported where a plan is
 made, so that building ``dfcil``'s command line (which names the sweep's options) stays light.
@@ -47,6 +50,7 @@ class SweepRun:
     plugins: tuple[str, ...] = ()  # dfcil sweep --plugin, each passed on as dfcil train --plugin
     # the run's config as planned, written to a file (write_planned_config): what its process trains
     planned_file: str | None = None
+    earlier_name: str = ""  # the name dfcil gave this run before run names lost their '=' (key=value parts)
 
     def argv(self, run_dir: Path) -> list[str]:
         """``dfcil train`` arguments that start (or, on an existing run directory, resume) this run; paths are
@@ -149,8 +153,34 @@ def parse_grid(specs: Sequence[str]) -> list[tuple[str, list[str]]]:
     return grid
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "run"
+def _slug(text: str, keep: str = "") -> str:
+    return re.sub(rf"[^A-Za-z0-9._+{keep}-]+", "_", text).strip("_") or "run"
+
+
+NAME_ALIASES = {"class_order_seed": "order", "data.class_order_seed": "order"}  # a key's word in run names
+
+
+def name_part(key: str, value: str) -> str:
+    """The part of a run's name for a grid key's value: the value alone for a ``name`` key (``method.name`` →
+    ``finetune``); else the key's word (``class_order_seed`` → ``order``), then the value, joined directly when
+    it starts with a digit, ``+`` or ``.`` (``order0``, ``lambda_hkd0.5``), else by ``_`` (``ldc_true``)."""
+    value = _slug(value)
+    if key.rsplit(".", 1)[-1] == "name":
+        return value
+    word = NAME_ALIASES.get(key, key)
+    return f"{word}{value}" if value[0].isdigit() or value[0] in "+." else f"{word}_{value}"
+
+
+def keep_earlier_names(runs: Sequence[SweepRun], out: Path) -> int:
+    """Runs that a sweep made before run names lost their ``=`` (``class_order_seed=0``) keep their directories:
+    a run whose earlier name holds a run directory in ``out``, and whose new name does not, takes the earlier
+    name. Returns how many did."""
+    kept = 0
+    for r in runs:
+        if r.earlier_name and r.earlier_name != r.name and not (out / r.name).exists():
+            if (out / r.earlier_name / "config.yaml").exists():
+                r.name, kept = r.earlier_name, kept + 1
+    return kept
 
 
 def _config_labels(groups: Sequence[Sequence[str]]) -> list[str]:
@@ -211,10 +241,10 @@ def plan(
                 for logger in cfg.log:
                     LOGGERS.get(logger)  # an unknown logger fails here, not in every run
             chosen = dict(assigned)
-            parts = ([label] if len(config_groups) > 1 else []) + [
-                _slug(f"{s}={chosen[k]}") for s, (k, _) in zip(short, varying, strict=True)
-            ]
-            name = "-".join(parts) or label
+            head = [label] if len(config_groups) > 1 else []
+            name = "-".join(head + [name_part(s, chosen[k]) for s, (k, _) in zip(short, varying, strict=True)])
+            earlier = "-".join(head + [_slug(f"{s}={chosen[k]}", "=") for s, (k, _) in zip(short, varying, strict=True)])
+            name, earlier = name or label, earlier or label
             if name in RESERVED:
                 raise ConfigError(f"a run would be named {name!r}, as the sweep's own folder: rename its config")
             if name in names:
@@ -230,7 +260,12 @@ def plan(
                     f"differ only in how they are written, as 0.1 and 1e-1): give each once"
                 )
             configs[key] = name
-            runs.append(SweepRun(name, tuple(files), tuple(overrides), config, _image_size(cfg), plugins=plugins))
+            runs.append(
+                SweepRun(
+                    name, tuple(files), tuple(overrides), config, _image_size(cfg), plugins=plugins,
+                    earlier_name=earlier,
+                )
+            )  # fmt: skip
     return runs
 
 
