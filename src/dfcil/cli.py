@@ -260,7 +260,7 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     which = ev.add_mutually_exclusive_group()
     which.add_argument(
         "--classes", nargs="+", metavar="ID",
-        help="raw class ids or names, several or a comma list: --classes 3 7, --classes red,blue (default: every class)",
+        help="raw class ids or names, several or a comma list: --classes 3 7, or red,blue (default: every class)",
     )  # fmt: skip
     which.add_argument("--tasks", nargs="+", metavar="T", help="tasks whose classes to evaluate: --tasks 0 1, or 0,1")
     ev.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")

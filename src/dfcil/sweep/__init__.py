@@ -26,8 +26,14 @@ from dfcil.sweep.gpus import default_jobs, free_gpu_memory, placement, run_gib, 
 from dfcil.sweep.local import run_local
 from dfcil.sweep.mps import MpsSetting, mps
 from dfcil.sweep.plan import (
-    DamagedSummary, SweepRun, check_existing, check_sweep_dir, keep_earlier_names, plan, run_status,
-)  # fmt: skip
+    DamagedSummary,
+    SweepRun,
+    check_existing,
+    check_sweep_dir,
+    keep_earlier_names,
+    plan,
+    run_status,
+)
 from dfcil.sweep.slurm import run_slurm
 from dfcil.sweep.state import Sweep
 

@@ -177,9 +177,9 @@ def keep_earlier_names(runs: Sequence[SweepRun], out: Path) -> int:
     name. Returns how many did."""
     kept = 0
     for r in runs:
-        if r.earlier_name and r.earlier_name != r.name and not (out / r.name).exists():
-            if (out / r.earlier_name / "config.yaml").exists():
-                r.name, kept = r.earlier_name, kept + 1
+        moved = r.earlier_name and r.earlier_name != r.name and not (out / r.name).exists()
+        if moved and (out / r.earlier_name / "config.yaml").exists():
+            r.name, kept = r.earlier_name, kept + 1
     return kept
 
 
@@ -242,8 +242,9 @@ def plan(
                     LOGGERS.get(logger)  # an unknown logger fails here, not in every run
             chosen = dict(assigned)
             head = [label] if len(config_groups) > 1 else []
-            name = "-".join(head + [name_part(s, chosen[k]) for s, (k, _) in zip(short, varying, strict=True)])
-            earlier = "-".join(head + [_slug(f"{s}={chosen[k]}", "=") for s, (k, _) in zip(short, varying, strict=True)])
+            pairs = [(s, chosen[k]) for s, (k, _) in zip(short, varying, strict=True)]
+            name = "-".join(head + [name_part(s, v) for s, v in pairs])
+            earlier = "-".join(head + [_slug(f"{s}={v}", "=") for s, v in pairs])
             name, earlier = name or label, earlier or label
             if name in RESERVED:
                 raise ConfigError(f"a run would be named {name!r}, as the sweep's own folder: rename its config")
