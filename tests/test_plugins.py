@@ -190,9 +190,7 @@ def _eval_in_a_new_process(run_dir: Path, cwd: Path, *extra: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_eval(
-    site, tmp_path, monkeypatch, capsys
-):
+def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_eval(site, tmp_path, monkeypatch, capsys):
     from dfcil.runs.runner import RunOptions, train
     from dfcil.training.state import Interrupt
 
