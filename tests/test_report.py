@@ -412,6 +412,19 @@ def test_the_report_says_what_each_method_keeps_between_tasks(tmp_path):
     assert kept in text
 
 
+def test_the_report_says_how_a_method_scores_where_summary_json_says_it(tmp_path):
+    """FeCAM's forgetting compares its cosine head (task 0) with its Mahalanobis classifier (later tasks): a
+    negative forgetting has a note under the table, from the run's own summary.json."""
+    from dfcil.methods.fecam import FeCAM
+
+    scoring = FeCAM.info.scoring
+    write_run(tmp_path, "fecam/o0", C100_N10, {"name": "fecam"}, summary=summary(30.0, 40.0) | {"scoring": scoring})
+    write_run(tmp_path, "rdfcil/o0", C100_N10, RDFCIL, summary=summary(40.0, 58.0))
+    text = report(find_runs([tmp_path]))
+    assert f"How methods score: fecam: {scoring}." in text and "can be negative" in scoring
+    assert "How methods score" not in report(find_runs([tmp_path / "rdfcil"]))
+
+
 def other_papers_runs(root: Path) -> Path:
     """EFC and LwF + LDC on CIFAR-100 N = 10 (their papers' checked numbers), EFC on N = 20 (a number recalled
     from its paper, unchecked) and R-DFCIL beside them."""

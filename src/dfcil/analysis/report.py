@@ -384,6 +384,17 @@ def stores_of(runs: Sequence[Run]) -> dict[str, str]:
     return kept
 
 
+def scoring_notes(runs: Sequence[Run]) -> dict[str, str]:
+    """What a method's summary says of how it scores, where that changes what a number means (FeCAM's task 0 by
+    its cosine head, later tasks by Mahalanobis distances: a forgetting across two classifiers), by method."""
+    notes = {}
+    for r in runs:
+        text = (r.summary or {}).get("scoring")
+        if isinstance(text, str) and text:
+            notes[str(r.config.get("method", {}).get("name", "?"))] = text
+    return notes
+
+
 def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: str | None = None) -> list[str]:
     """The notes under the tables: what a group's runs differ in, what a ``--by`` table's cells hold (``metric``),
     what Δ and the marks mean, the unfinished runs (a list). The paper is mentioned only when a group is on a dataset
@@ -407,6 +418,8 @@ def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: 
             f"{method}: {stores}" + ("" if is_data_free(stores) else " (not data-free)")
             for method, stores in sorted(kept.items())
         ) + ".")  # fmt: skip
+    if scoring := scoring_notes(runs):
+        notes.append("How methods score: " + "; ".join(f"{m}: {text}" for m, text in sorted(scoring.items())) + ".")
     if repeats := repeated_runs(groups):
         notes.append(
             "Warning: runs of one class order and seed in one group, each counted in its mean, std and n, so that "
