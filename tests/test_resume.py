@@ -312,6 +312,7 @@ def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_pa
         "task0_cache": str(tmp_path / "t0"), "engine.cuda_graphs": "off", "data.root": str(tmp_path),
         "data.download": "false", "data.cache": str(tmp_path / "cache"), "data.workers": "1", "log": "csv",
         "data.rebuild": "true", "engine.compile_cache": str(tmp_path / "cc"), "train.max_loss": "1000.5",
+        "wandb.project": "p", "wandb.entity": "e", "wandb.name": "n", "wandb.group": "g",
     }  # fmt: skip
     assert set(values) == RUNTIME_KEYS
     seen = {}

@@ -228,6 +228,82 @@ def test_loggers_and_grids_survive_a_crash_and_resume_without_repeating_rows(fin
     assert [v for _, v in scalars["loss/lce"]] == pytest.approx([r["loss"]["lce"] for r in epochs[2:4]])
 
 
+def _wandb_records(path):
+    """The records of a wandb ``.wandb`` file (its LevelDB-style log: a 7-byte header, then 32 KiB blocks of
+    records, each a CRC, a length and a kind: whole, first, middle or last part), as protobuf ``Record``s."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, header = path.read_bytes(), 32768, 7
+    assert data[:4] == b":W&B"
+    records, pos, parts = [], header, b""
+    while pos + header <= len(data):
+        if block - pos % block < header:  # a block's tail too short for a record header: padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + header])
+        parts += data[pos + header : pos + header + length]
+        pos += header + length
+        if kind in (1, 4):  # a whole record, or its last part
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            records.append(record)
+            parts = b""
+    return records
+
+
+def _wandb_history(run_dir):
+    """Per offline wandb run in ``run_dir/wandb`` (in the order the processes ran): its id and its history rows
+    ({key: value} with ``_step``), read back from the files wandb wrote."""
+    runs = []
+    for folder in sorted((run_dir / "wandb").glob("offline-run-*")):
+        (file,) = folder.glob("*.wandb")
+        rows, run_id = [], None
+        for record in _wandb_records(file):
+            if record.WhichOneof("record_type") == "run":
+                run_id = record.run.run_id
+            if record.WhichOneof("record_type") == "history":
+                rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+        runs.append((run_id, rows))
+    return runs
+
+
+def test_wandb_logs_tensorboards_records_and_a_resume_continues_its_run_without_repeating_a_step(
+    finished, tmp_path, monkeypatch
+):
+    """In wandb's offline mode (no network), read back from wandb's own files: killed after the first RRL epoch,
+    then resumed, the run logs to one wandb run id; the epoch it logged after its last checkpoint is not sent
+    again, so its steps never repeat; the values are the run's records, on TensorBoard's step axis."""
+    wandb = pytest.importorskip("wandb")
+    from dfcil.runs.runner import train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    keys = [("log", "[wandb]"), ("epoch_checkpoint_interval_s", "3600"), ("wandb.project", "dfcil-test")]
+    cfg = load_config([SMOKE], keys)[0]
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="killed"):
+        train(cfg, out, options=RunOptions(progress=False, callbacks=[_Crash(3)]))
+    wandb.finish(exit_code=1)  # what the killed process's exit does
+    assert json.loads((out / "wandb.json").read_text())["last_step"] == 5
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    (first_id, first), (second_id, second) = _wandb_history(out)
+    assert first_id == second_id == json.loads((out / "wandb.json").read_text())["id"]
+    # task 0's epochs and evaluation, task 1's grid, then RRL's first epoch (after the last checkpoint)
+    assert [r["_step"] for r in first] == [1, 2, 3, 4, 5]
+    assert [r["_step"] for r in second] == [6, 7, 8]  # step 5, computed again, is not sent again
+    rows = {r["_step"]: r for r in first + second}
+    epochs = [r for r in _jsonl(out) if r["type"] == "epoch"]
+    assert [rows[s]["lr"] for s in (1, 2, 5, 6, 7)] == pytest.approx([r["lr"] for r in epochs])
+    assert rows[6]["loss/lce"] == pytest.approx(epochs[3]["loss"]["lce"])
+    assert rows[5]["loss/lce"] == pytest.approx(epochs[2]["loss"]["lce"])  # the copy before the kill: the same
+    tasks = [r for r in _jsonl(out) if r["type"] == "task"]
+    assert rows[3]["accuracy/A_t"] == pytest.approx(tasks[0]["acc"]) and rows[8]["accuracy/A_t"] == tasks[1]["acc"]
+    assert {"accuracy/old", "accuracy/task1"} <= set(rows[8]) and {"loss/total", "speed/images_per_s"} <= set(rows[7])
+    assert rows[4]["synthetic/task1/_type"] == "image-file" and rows[4]["synthetic/task1/width"] == 8 * 16 + 9 * 2
+
+
 def test_unknown_loggers_and_missing_extras_are_refused_before_a_run_directory_exists(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     assert main(["train", "--config", SMOKE, "--out", str(out), "--log", "csv,tensorbord"]) == 2

@@ -209,6 +209,18 @@ class EngineConfig:
 
 
 @configclass
+class WandbConfig:
+    """Where ``--log wandb`` logs (Weights & Biases). A key left unset is wandb's own: its environment variables
+    (WANDB_PROJECT, WANDB_ENTITY, WANDB_NAME, WANDB_RUN_GROUP; WANDB_MODE=offline logs without a network), else
+    wandb's default. Runtime only: a resume may change them."""
+
+    project: str | None = None
+    entity: str | None = None
+    name: str | None = None  # default: $WANDB_NAME, else the run directory's name (a sweep's: rdfcil-order0)
+    group: str | None = None  # e.g. one sweep's runs
+
+
+@configclass
 class MethodConfig:
     """Base of every method's config; the method's own fields are added by its ``Config`` subclass."""
 
@@ -223,6 +235,7 @@ class RunConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    wandb: WandbConfig = dataclasses.field(default_factory=WandbConfig)  # --log wandb's project, name, ...
     seed: Seed = 1  # training seed (weights, shuffling, augmentation, synthesis); reference: seed_everything 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N; runtime only, may change on resume
     # extra checkpoints inside long task setups (inversion); runtime only
@@ -250,7 +263,9 @@ def with_absolute_paths(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, data=data, task0_cache=absolute(cfg.task0_cache))
 
 
-SECTIONS: dict[str, type] = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "engine": EngineConfig}
+SECTIONS: dict[str, type] = {
+    "data": DataConfig, "model": ModelConfig, "train": TrainConfig, "engine": EngineConfig, "wandb": WandbConfig,
+}  # fmt: skip
 TOP_LEVEL_SCALARS: dict[str, Any] = {
     "seed": Seed,
     "device": str,
@@ -263,15 +278,17 @@ TOP_LEVEL_SCALARS: dict[str, Any] = {
 # Keys that a resume may change: they never change the results (data.root says where the same data lies,
 # data.rebuild prepares its cache again from it;
 # engine.cuda_graphs changes how a step's kernels are launched, not which: a run whose capture failed continues with
-# it off; engine.compile_cache, where compiled code is kept; train.max_loss only stops a run that diverged).
+# it off; engine.compile_cache, where compiled code is kept; train.max_loss only stops a run that diverged; the wandb
+# section, where --log wandb logs).
 # Everything else shapes the protocol or the model.
 RUNTIME_KEYS = frozenset(
     {
         "device", "checkpoint_interval_s", "epoch_checkpoint_interval_s", "task0_cache", "engine.cuda_graphs",
         "data.root", "data.download", "data.cache", "data.workers", "data.rebuild", "log", "engine.compile_cache",
-        "train.max_loss",
+        "train.max_loss", "wandb.project", "wandb.entity", "wandb.name", "wandb.group",
     }
 )  # fmt: skip
+RUNTIME_SECTIONS = frozenset({"wandb"})  # every key runtime: a config saved before the section differs in none
 
 
 # --------------------------------------------------------------------------------------------------- decoding
@@ -583,7 +600,7 @@ def config_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") ->
 def changed_keys(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two plain config dicts, runtime keys left out: what a run may not
     change once it has started."""
-    return [k for k in config_diff(saved, now) if k not in RUNTIME_KEYS]
+    return [k for k in config_diff(saved, now) if k not in RUNTIME_KEYS and k.split(".")[0] not in RUNTIME_SECTIONS]
 
 
 def check_unchanged(saved: Mapping[str, Any], now: Mapping[str, Any]) -> None:

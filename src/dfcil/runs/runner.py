@@ -210,7 +210,7 @@ def _start(
     if not dist.main:
         return _follow(cfg, out, dist, options)
     protocol = protocol or prepare(cfg, make_progress(options.progress))
-    options = dataclasses.replace(options, callbacks=[*build_loggers(cfg.log, out), *options.callbacks])
+    options = dataclasses.replace(options, callbacks=[*build_loggers(cfg, out), *options.callbacks])
     if not new:
         check_same_data(out, cfg, protocol)
         with locked(out):

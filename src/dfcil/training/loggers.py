@@ -5,11 +5,18 @@
 * ``csv``: ``metrics.csv`` (a row per epoch: lr, each loss term, speed; epochs counted from 0 within each phase,
   as in ``metrics.jsonl`` and the log) and ``tasks.csv`` (a row per task: A_t, old and new accuracy, the
   accuracy on each task so far, timings);
-* ``tensorboard``: ``tensorboard/`` event files with the loss terms, lr, accuracies and the synthetic grids.
+* ``tensorboard``: ``tensorboard/`` event files with the loss terms, lr, accuracies and the synthetic grids;
+* ``wandb``: the same records in a Weights & Biases run (config section ``wandb``; ``WANDB_MODE=offline`` keeps
+  it in ``wandb/`` for a later ``wandb sync``).
 
-Both survive a resume without repeating what was logged after the checkpoint the run continues from: the CSV
-files are rewritten from ``metrics.jsonl`` (which the checkpointing callback cuts back to the checkpoint) and
-TensorBoard purges the steps after the checkpoint (``SummaryWriter(purge_step=...)``).
+Each survives a resume without repeating what was logged after the checkpoint the run continues from: the CSV
+files are rewritten from ``metrics.jsonl`` (which the checkpointing callback cuts back to the checkpoint),
+TensorBoard purges the steps after the checkpoint (``SummaryWriter(purge_step=...)``), and wandb, which cannot take
+a step back, continues the same wandb run and sends only the steps it has not sent (a resume recomputes the
+others exactly).
+
+A logger is a registered :class:`~dfcil.training.loop.Callback` class built from the run directory and the run's
+config: ``LOGGERS.get(name)(run_dir, cfg)``.
 """
 
 from __future__ import annotations
@@ -18,28 +25,30 @@ import csv
 import dataclasses
 import io
 import json
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dfcil.config import RunConfig, WandbConfig, config_to_dict
 from dfcil.extras import require
-from dfcil.io import write_atomic
+from dfcil.io import write_atomic, write_json
 from dfcil.registry import Registry
 from dfcil.training.grid import synthetic_images_path
 from dfcil.training.loop import Callback, Loop
 from dfcil.training.protocol import tasks_of
 from dfcil.training.state import Position
 
-# A logger: built from the run directory; building it writes nothing (a bad name or a missing extra is refused
-# before the run directory exists)
-LOGGERS: Registry[Callable[[Path], Callback]] = Registry("logger", group="dfcil.training.loggers")
+# A logger: built from the run directory and the run's config; building it writes nothing (a bad name or a missing
+# extra is refused before the run directory exists)
+LOGGERS: Registry[Callable[[Path, RunConfig], Callback]] = Registry("logger", group="dfcil.training.loggers")
 
 
-def build_loggers(names: Sequence[str], run_dir: Path) -> list[Callback]:
-    """The loggers named in ``names`` (each once, in order) for the run directory ``run_dir``."""
-    return [LOGGERS.get(name)(Path(run_dir)) for name in dict.fromkeys(names)]
+def build_loggers(cfg: RunConfig, run_dir: Path) -> list[Callback]:
+    """The loggers that ``cfg.log`` names (each once, in order) for the run directory ``run_dir``."""
+    return [LOGGERS.get(name)(Path(run_dir), cfg) for name in dict.fromkeys(cfg.log)]
 
 
 # ------------------------------------------------------------------------------------------------------- CSV
@@ -108,7 +117,7 @@ class CsvLogger(Callback):
     cut it back to the checkpoint, so no row is repeated) and appends afterwards; an epoch with a loss term not
     seen before (a new column) rewrites ``metrics.csv`` the same way."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, cfg: RunConfig | None = None) -> None:
         self.jsonl = run_dir / "metrics.jsonl"
         self.epochs_csv, self.tasks_csv = run_dir / "metrics.csv", run_dir / "tasks.csv"
         self.terms: list[str] | None = None  # metrics.csv's loss columns; None: not mirrored yet by this process
@@ -185,7 +194,7 @@ class TensorBoardLogger(Callback):
     and task-averaged), new and old accuracy and the accuracy on each task so far; the synthetic grid of each
     inversion. The x axis is :class:`StepAxis`: epochs over the run, plus a setup and an evaluation slot per task."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, cfg: RunConfig | None = None) -> None:
         tensorboard = require("torch.utils.tensorboard", "tensorboard", "--log tensorboard", "tensorboard")
         self.summary_writer = tensorboard.SummaryWriter
         self.run_dir, self.dir = Path(run_dir), Path(run_dir) / "tensorboard"
@@ -196,33 +205,21 @@ class TensorBoardLogger(Callback):
 
     def on_setup_end(self) -> None:
         task = self.loop.state.position.task
-        path = synthetic_images_path(
-            self.run_dir, task
-        )  # the grid the run directory holds (dfcil.training.grid), if any
-        if path.exists():
-            from PIL import Image
-
-            with Image.open(path) as image:
-                grid = np.asarray(image.convert("RGB"))
+        grid = synthetic_grid(self.run_dir, task)  # the grid the run directory holds, if any
+        if grid is not None:
             self.writer.add_image(f"synthetic/task{task}", grid, self.steps.setup(task), dataformats="HWC")
             self.writer.flush()
 
     def on_epoch_end(self, record: dict[str, Any]) -> None:
         step = self.steps.epoch(record["task"], self.loop.state.position.phase, record["epoch"])
-        for name, value in record["loss"].items():
-            self.writer.add_scalar(f"loss/{name}", value, step)
-        self.writer.add_scalar("loss/total", sum(record["loss"].values()), step)
-        self.writer.add_scalar("lr", record["lr"], step)
-        self.writer.add_scalar("speed/images_per_s", record["images_per_s"], step)
+        for name, value in epoch_values(record).items():
+            self.writer.add_scalar(name, value, step)
         self.writer.flush()  # what a checkpoint follows is on disk: a resume never re-logs it
 
     def on_task_end(self, record: dict[str, Any]) -> None:
         step = self.steps.evaluation(record["task"])
-        values = {"A_t": record["acc"], "A_t_task_avg": record["acc_task_avg"], "new": record["new_acc"]}
-        values |= {"old": record["old_acc"]} if record["old_acc"] is not None else {}
-        values |= {f"task{j}": a for j, a in enumerate(record["acc_row"])}
-        for name, value in values.items():
-            self.writer.add_scalar(f"accuracy/{name}", value, step)
+        for name, value in task_values(record).items():
+            self.writer.add_scalar(name, value, step)
         self.writer.flush()
 
     def on_interrupt(self) -> None:
@@ -230,3 +227,108 @@ class TensorBoardLogger(Callback):
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
         self.writer.close()
+
+
+# ------------------------------------------------------------------------------------------ Weights & Biases
+
+
+def synthetic_grid(run_dir: Path, task: int) -> np.ndarray | None:
+    """The synthetic grid the run directory holds for ``task`` (dfcil.training.grid) as an RGB array, or None."""
+    path = synthetic_images_path(run_dir, task)
+    if not path.exists():
+        return None
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def epoch_values(record: dict[str, Any]) -> dict[str, float]:
+    """An epoch record as the scalars TensorBoard and wandb show: each loss term, their sum, lr and speed."""
+    values = {f"loss/{name}": value for name, value in record["loss"].items()}
+    values |= {"loss/total": sum(record["loss"].values()), "lr": record["lr"]}
+    return values | {"speed/images_per_s": record["images_per_s"]}
+
+
+def task_values(record: dict[str, Any]) -> dict[str, float]:
+    """A task record as the accuracies TensorBoard and wandb show (no old accuracy after the first task)."""
+    values = {"A_t": record["acc"], "A_t_task_avg": record["acc_task_avg"], "new": record["new_acc"]}
+    values |= {"old": record["old_acc"]} if record["old_acc"] is not None else {}
+    return {f"accuracy/{k}": v for k, v in values.items()} | {
+        f"accuracy/task{j}": a for j, a in enumerate(record["acc_row"])
+    }
+
+
+WANDB_STATE = "wandb.json"  # in the run directory: the wandb run's id and the last step sent to it
+
+
+@LOGGERS.register("wandb")
+class WandbLogger(Callback):
+    """A Weights & Biases run with TensorBoard's records on the same step axis (:class:`StepAxis`): per epoch each
+    loss term, their sum, lr and images/s; per task the accuracies; the synthetic grid of each inversion; the run's
+    config as the wandb run's config. The wandb run's id is kept in ``wandb.json`` in the run directory, so a resumed
+    run continues the same wandb run; wandb cannot take a step back, so the steps it was sent before (which a
+    resume recomputes exactly) are not sent again. Project, entity, name and group: the config's ``wandb`` section,
+    else wandb's environment variables; the name defaults to the run directory's."""
+
+    def __init__(self, run_dir: Path, cfg: RunConfig | None = None) -> None:
+        self.wandb = require("wandb", "wandb", "--log wandb", "wandb")
+        self.run_dir = Path(run_dir)
+        self.settings = cfg.wandb if cfg is not None else WandbConfig()
+        self.config = config_to_dict(cfg) if cfg is not None else {}
+        self.run: Any = None
+
+    def _state(self) -> dict[str, Any]:
+        try:
+            state = json.loads((self.run_dir / WANDB_STATE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return state if isinstance(state, dict) else {}
+
+    def on_run_start(self, loop: Loop) -> None:
+        import os
+
+        self.loop, self.steps = loop, StepAxis.of(loop)
+        state = self._state()
+        self.run_id = str(state.get("id") or uuid.uuid4().hex[:16])
+        self.sent = int(state.get("last_step", -1))  # the last step the wandb run holds
+        s = self.settings
+        self.run = self.wandb.init(
+            id=self.run_id, resume="allow", dir=str(self.run_dir), project=s.project, entity=s.entity,
+            name=s.name or os.environ.get("WANDB_NAME") or self.run_dir.name, group=s.group, config=self.config,
+        )  # fmt: skip
+        write_json(self.run_dir / WANDB_STATE, {"id": self.run_id, "last_step": self.sent})
+
+    def _log(self, values: dict[str, Any], step: int) -> None:
+        if step <= self.sent:  # sent by the process before this resume, with the same values
+            return
+        self.run.log(values, step=step)
+        self.sent = step
+        write_json(self.run_dir / WANDB_STATE, {"id": self.run_id, "last_step": step})
+
+    def on_setup_end(self) -> None:
+        task = self.loop.state.position.task
+        grid = synthetic_grid(self.run_dir, task)
+        if grid is not None:
+            self._log({f"synthetic/task{task}": self.wandb.Image(grid)}, self.steps.setup(task))
+
+    def on_epoch_end(self, record: dict[str, Any]) -> None:
+        self._log(
+            epoch_values(record), self.steps.epoch(record["task"], self.loop.state.position.phase, record["epoch"])
+        )
+
+    def on_task_end(self, record: dict[str, Any]) -> None:
+        self._log(task_values(record), self.steps.evaluation(record["task"]))
+
+    def on_interrupt(self) -> None:
+        self._finish()
+
+    def on_run_end(self, summary: dict[str, Any]) -> None:
+        if self.run is not None:
+            self.run.summary.update({k: summary[k] for k in ("last_acc", "avg_inc_acc", "forgetting") if k in summary})
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
