@@ -51,6 +51,29 @@ def test_padding_is_the_mean_colour_after_normalisation():
     assert torch.all(is_border | is_image) and is_border.any() and is_image.any()
 
 
+def test_a_black_crop_border_is_torchvisions_padding_of_the_raw_image():
+    """data.crop_fill: black pads as torchvision's RandomCrop(padding=4) on the raw image does: the border,
+    normalised, is (0 − mean) / std; the same offsets and flips as the mean-colour border, the same pixels inside."""
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.5)
+    norm = Normalizer(mean, std, torch.device("cpu"), crop_fill="black")
+    img = torch.randint(1, 256, (64, 6, 6, 3), dtype=torch.uint8)  # no black pixel inside
+    raw = torch.nn.functional.pad(img.permute(0, 3, 1, 2), (4, 4, 4, 4)).permute(0, 2, 3, 1)  # black, raw
+    out = crop_flip(norm.nhwc(img), pad=4, generator=torch.Generator().manual_seed(3), border=norm.crop_border)
+    # each output is some crop (and flip) of the raw image padded with black, then normalised
+    padded_normalised = norm.nhwc(raw)
+    for b in range(64):
+        crops = [padded_normalised[b, dy : dy + 6, dx : dx + 6] for dy in range(9) for dx in range(9)]
+        crops += [c.flip(1) for c in crops]
+        assert any(torch.allclose(out[b], c, atol=1e-6) for c in crops), b
+    # the mean-colour border: the same crops, zeros at the border
+    mean_out = crop_flip(norm.nhwc(img), pad=4, generator=torch.Generator().manual_seed(3))
+    inside = (mean_out != 0).any(dim=-1)  # the border is zero in every channel (0.5 · 255 is no pixel value)
+    assert torch.equal(out[inside], mean_out[inside]) and not inside.all()
+    border = torch.tensor([(0 - m) / s for m, s in zip(mean, std, strict=True)])
+    assert torch.allclose(out[~inside], border.expand_as(out[~inside]))
+    assert Normalizer(mean, std, torch.device("cpu")).crop_border is None
+
+
 def test_normalizer_matches_to_tensor_then_normalize():
     x = torch.randint(0, 256, (2, 5, 5, 3), dtype=torch.uint8)
     mean, std = (0.5071, 0.4867, 0.4408), (0.2675, 0.2565, 0.2761)

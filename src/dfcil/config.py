@@ -90,6 +90,10 @@ class DataConfig:
     # training images of `folder` and `arrays` datasets and cached)
     mean: tuple[Float, Float, Float] | None = None
     std: tuple[PositiveFloat, PositiveFloat, PositiveFloat] | None = None
+    # the border of the training images' pad-4 random crop: mean (the normalised image padded with zeros, the mean
+    # colour: R-DFCIL's and ABD's codes normalise first) or black (torchvision's RandomCrop on the raw image, before
+    # normalising: the PyCIL and FACIL codes of FeCAM, LDC and EFC)
+    crop_fill: Literal["mean", "black"] = "mean"
     cache: str | None = None  # decoded datasets' cache; None: $DFCIL_CACHE, else ~/.cache/dfcil/prepared; runtime
     workers: PositiveInt | None = None  # processes that decode images; None: every core; runtime only
     # prepare the decoded-image cache again from the source, replacing the old one (a stale or foreign cache is

@@ -67,11 +67,18 @@ class Normalizer:
     ``channels_last`` (the permuted view already is channels-last, so no copy)."""
 
     def __init__(
-        self, mean: Sequence[float], std: Sequence[float], device: torch.device, channels_last: bool = False
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        device: torch.device,
+        channels_last: bool = False,
+        crop_fill: str = "mean",
     ) -> None:
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device)
         self.std = torch.tensor(std, dtype=torch.float32, device=device)
         self.channels_last = channels_last
+        # the crop's border in normalised values: None pads with zeros (the mean colour); black is (0 − mean) / std
+        self.crop_border = None if crop_fill == "mean" else (0.0 - self.mean) / self.std
 
     def nhwc(self, x: Tensor) -> Tensor:
         return (x.float().div_(255.0) - self.mean) / self.std
@@ -85,8 +92,9 @@ class Normalizer:
         return self.to_nchw(self.nhwc(x))
 
 
-def crop_flip(x: Tensor, pad: int, generator: torch.Generator | None = None) -> Tensor:
-    """Per-sample zero-padded random crop and horizontal flip of a float (B, H, W, C) batch.
+def crop_flip(x: Tensor, pad: int, generator: torch.Generator | None = None, border: Tensor | None = None) -> Tensor:
+    """Per-sample padded random crop and horizontal flip of a float (B, H, W, C) batch: padded with zeros (the
+    mean colour of normalised images), or with the per-channel value ``border`` (black: :class:`Normalizer`).
 
     Args:
         x: normalised images, channels last.
@@ -98,7 +106,11 @@ def crop_flip(x: Tensor, pad: int, generator: torch.Generator | None = None) -> 
     """
     b, h, w, _ = x.shape
     dev = x.device
-    padded = F.pad(x, (0, 0, pad, pad, pad, pad))  # (B, H+2p, W+2p, C), zeros = the mean colour
+    if border is None:
+        padded = F.pad(x, (0, 0, pad, pad, pad, pad))  # (B, H+2p, W+2p, C), zeros = the mean colour
+    else:  # the border's own colour; x itself untouched (padded inside, not shifted and back)
+        padded = border.to(x.dtype).expand(b, h + 2 * pad, w + 2 * pad, x.shape[3]).clone()
+        padded[:, pad : pad + h, pad : pad + w] = x
     dy = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator, device=dev)
     dx = torch.randint(0, 2 * pad + 1, (b, 1), generator=generator, device=dev)
     flip = torch.rand(b, 1, generator=generator, device=dev) < 0.5
@@ -171,7 +183,8 @@ class TrainBatches:
         several processes this process's rows of it."""
         x = self.x[idx]
         if self.augment:
-            x = self.normalizer.to_nchw(crop_flip(self.normalizer.nhwc(x), self.pad, self.generator))
+            border = self.normalizer.crop_border
+            x = self.normalizer.to_nchw(crop_flip(self.normalizer.nhwc(x), self.pad, self.generator, border))
         else:
             x = self.normalizer(x)
         return self.dist.shard(x), self.dist.shard(self.y[idx])

@@ -54,7 +54,7 @@ from dfcil.training.callbacks import ConsoleLogger, JsonlLogger, SaveModel
 from dfcil.training.diagnostics import InversionDiagnostics
 from dfcil.training.engine import run
 from dfcil.training.grid import SyntheticGrid
-from dfcil.training.loggers import LOGGERS, build_loggers
+from dfcil.training.loggers import LOGGERS, LoggerSettings, build_loggers
 from dfcil.training.loop import RunOptions
 from dfcil.training.protocol import Protocol, prepare
 from dfcil.version import __version__, git, source_revision
@@ -210,7 +210,10 @@ def _start(
     if not dist.main:
         return _follow(cfg, out, dist, options)
     protocol = protocol or prepare(cfg, make_progress(options.progress))
-    options = dataclasses.replace(options, callbacks=[*build_loggers(cfg, out), *options.callbacks])
+    options = dataclasses.replace(
+        options,
+        callbacks=[*build_loggers(cfg.log, out, LoggerSettings(config_to_dict(cfg), cfg.wandb)), *options.callbacks],
+    )
     if not new:
         check_same_data(out, cfg, protocol)
         with locked(out):

@@ -149,7 +149,9 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
         log.warning("%s is not marked graph_safe: its steps run eagerly (try cuda_graphs: check)", method.name)
     state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
     runtime = Runtime.from_config(cfg.engine, device, make_progress(options.progress), dist, cfg.train.max_loss)
-    normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device, cfg.engine.channels_last)
+    normalizer = Normalizer(
+        protocol.dataset.mean, protocol.dataset.std, device, cfg.engine.channels_last, cfg.data.crop_fill
+    )
     test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device)
     # what the engine reads of the config, resolved here once: nothing below reads the config itself
     seen = method.info.train_data == "seen"

@@ -15,8 +15,8 @@ TensorBoard purges the steps after the checkpoint (``SummaryWriter(purge_step=..
 a step back, continues the same wandb run and sends only the steps it has not sent (a resume recomputes the
 others exactly).
 
-A logger is a registered :class:`~dfcil.training.loop.Callback` class built from the run directory and the run's
-config: ``LOGGERS.get(name)(run_dir, cfg)``.
+A logger is a registered :class:`~dfcil.training.loop.Callback` class built from the run directory and the values
+the runner resolved from the run's config (:class:`LoggerSettings`): ``LOGGERS.get(name)(run_dir, settings)``.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import dataclasses
 import io
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dfcil.config import RunConfig, WandbConfig, config_to_dict
+from dfcil.config import WandbConfig
 from dfcil.extras import require
 from dfcil.io import write_atomic, write_json
 from dfcil.registry import Registry
@@ -41,14 +41,24 @@ from dfcil.training.loop import Callback, Loop
 from dfcil.training.protocol import tasks_of
 from dfcil.training.state import Position
 
-# A logger: built from the run directory and the run's config; building it writes nothing (a bad name or a missing
+
+@dataclasses.dataclass(frozen=True)
+class LoggerSettings:
+    """What a logger may take from the run's config, resolved by the runner."""
+
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the whole config, plain (wandb records it)
+    wandb: WandbConfig = WandbConfig()  # where --log wandb logs
+
+
+# A logger: built from the run directory and its settings; building it writes nothing (a bad name or a missing
 # extra is refused before the run directory exists)
-LOGGERS: Registry[Callable[[Path, RunConfig], Callback]] = Registry("logger", group="dfcil.training.loggers")
+LOGGERS: Registry[Callable[[Path, LoggerSettings], Callback]] = Registry("logger", group="dfcil.training.loggers")
 
 
-def build_loggers(cfg: RunConfig, run_dir: Path) -> list[Callback]:
-    """The loggers that ``cfg.log`` names (each once, in order) for the run directory ``run_dir``."""
-    return [LOGGERS.get(name)(Path(run_dir), cfg) for name in dict.fromkeys(cfg.log)]
+def build_loggers(names: Sequence[str], run_dir: Path, settings: LoggerSettings | None = None) -> list[Callback]:
+    """The loggers named in ``names`` (each once, in order) for the run directory ``run_dir``."""
+    settings = settings or LoggerSettings()
+    return [LOGGERS.get(name)(Path(run_dir), settings) for name in dict.fromkeys(names)]
 
 
 # ------------------------------------------------------------------------------------------------------- CSV
@@ -117,7 +127,7 @@ class CsvLogger(Callback):
     cut it back to the checkpoint, so no row is repeated) and appends afterwards; an epoch with a loss term not
     seen before (a new column) rewrites ``metrics.csv`` the same way."""
 
-    def __init__(self, run_dir: Path, cfg: RunConfig | None = None) -> None:
+    def __init__(self, run_dir: Path, settings: LoggerSettings | None = None) -> None:
         self.jsonl = run_dir / "metrics.jsonl"
         self.epochs_csv, self.tasks_csv = run_dir / "metrics.csv", run_dir / "tasks.csv"
         self.terms: list[str] | None = None  # metrics.csv's loss columns; None: not mirrored yet by this process
@@ -194,7 +204,7 @@ class TensorBoardLogger(Callback):
     and task-averaged), new and old accuracy and the accuracy on each task so far; the synthetic grid of each
     inversion. The x axis is :class:`StepAxis`: epochs over the run, plus a setup and an evaluation slot per task."""
 
-    def __init__(self, run_dir: Path, cfg: RunConfig | None = None) -> None:
+    def __init__(self, run_dir: Path, settings: LoggerSettings | None = None) -> None:
         tensorboard = require("torch.utils.tensorboard", "tensorboard", "--log tensorboard", "tensorboard")
         self.summary_writer = tensorboard.SummaryWriter
         self.run_dir, self.dir = Path(run_dir), Path(run_dir) / "tensorboard"
@@ -271,11 +281,11 @@ class WandbLogger(Callback):
     resume recomputes exactly) are not sent again. Project, entity, name and group: the config's ``wandb`` section,
     else wandb's environment variables; the name defaults to the run directory's."""
 
-    def __init__(self, run_dir: Path, cfg: RunConfig | None = None) -> None:
+    def __init__(self, run_dir: Path, settings: LoggerSettings | None = None) -> None:
         self.wandb = require("wandb", "wandb", "--log wandb", "wandb")
         self.run_dir = Path(run_dir)
-        self.settings = cfg.wandb if cfg is not None else WandbConfig()
-        self.config = config_to_dict(cfg) if cfg is not None else {}
+        settings = settings or LoggerSettings()
+        self.settings, self.config = settings.wandb, dict(settings.config)
         self.run: Any = None
 
     def _state(self) -> dict[str, Any]:

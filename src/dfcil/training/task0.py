@@ -46,6 +46,7 @@ def task0_key(cfg: RunConfig, protocol: Protocol, method: Method | None = None) 
         "task0_data": protocol.data_identity(data.train_per_class, tasks=1, sample=64),  # not where it lies
         "train_per_class": data.train_per_class,
         "test_per_class": data.test_per_class,
+        "crop_fill": data.crop_fill,
         "model": raw["model"],
         "head": method.head,
         # the phases carry epochs, lr and milestones of task 0; eval batch size never changes results
