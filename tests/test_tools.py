@@ -280,14 +280,19 @@ def test_wandb_logs_tensorboards_records_and_a_resume_continues_its_run_without_
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    process_hooks = sys.exit, sys.excepthook
+    monkeypatch.setattr(sys, "exit", sys.exit)  # put back after the test, whatever wandb does
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     keys = [("log", "[wandb]"), ("epoch_checkpoint_interval_s", "3600"), ("wandb.project", "dfcil-test")]
     cfg = load_config([SMOKE], keys)[0]
     out = tmp_path / "run"
     with pytest.raises(RuntimeError, match="killed"):
         train(cfg, out, options=RunOptions(progress=False, callbacks=[_Crash(3)]))
-    wandb.finish(exit_code=1)  # what the killed process's exit does
+    wandb.finish(exit_code=1)  # what the killed process's exit does, and its end takes wandb's hooks with it:
+    sys.exit, sys.excepthook = process_hooks
     assert json.loads((out / "wandb.json").read_text())["last_step"] == 5
     assert main(["resume", str(out), "--no-progress"]) == 0
+    assert (sys.exit, sys.excepthook) == process_hooks  # wandb's hooks end with its run: nothing else sees them
     (first_id, first), (second_id, second) = _wandb_history(out)
     assert first_id == second_id == json.loads((out / "wandb.json").read_text())["id"]
     # task 0's epochs and evaluation, task 1's grid, then RRL's first epoch (after the last checkpoint)

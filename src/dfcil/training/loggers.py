@@ -25,6 +25,7 @@ import csv
 import dataclasses
 import io
 import json
+import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -303,6 +304,9 @@ class WandbLogger(Callback):
         self.run_id = str(state.get("id") or uuid.uuid4().hex[:16])
         self.sent = int(state.get("last_step", -1))  # the last step the wandb run holds
         s = self.settings
+        # wandb.init replaces sys.exit and sys.excepthook with its own hooks for as long as the process lives; the
+        # process's own are put back when the wandb run ends (_finish), so nothing else in it sees wandb's frames
+        self.process_hooks = (sys.exit, sys.excepthook)
         self.run = self.wandb.init(
             id=self.run_id, resume="allow", dir=str(self.run_dir), project=s.project, entity=s.entity,
             name=s.name or os.environ.get("WANDB_NAME") or self.run_dir.name, group=s.group, config=self.config,
@@ -342,3 +346,4 @@ class WandbLogger(Callback):
         if self.run is not None:
             self.run.finish()
             self.run = None
+            sys.exit, sys.excepthook = self.process_hooks
