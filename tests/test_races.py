@@ -224,3 +224,20 @@ def test_decoding_workers_do_not_outlive_a_killed_preparation(tmp_path):
         for w in workers:  # left alive by a failure: not past the test
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w, signal.SIGKILL)
+
+
+def test_a_directory_whose_config_is_being_written_is_another_processs_run(tmp_path):
+    """The window in which the winner of a race has written only the lock and config.yaml's temporary file: the
+    other process is told another dfcil process is starting a run there, not that the folder is no run directory."""
+    from dfcil.errors import ConfigError
+    from dfcil.runs.runner import check_new_run_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").touch()
+    (out / ".config.yaml.0123456789abcdef.tmp").write_text("method: {}")
+    with pytest.raises(ConfigError, match="another dfcil process is starting a run in"):
+        check_new_run_dir(out)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="exists and is not a dfcil run directory"):
+        check_new_run_dir(out)

@@ -97,6 +97,13 @@ def plugin_modules(cfg: RunConfig) -> list[str]:
 def check_new_run_dir(out: Path) -> None:
     """Refuse an ``--out`` that is a file or a directory holding anything (but the lock file of a run that failed
     before its first checkpoint), or that cannot be created."""
+    if out.is_dir() and not (out / "config.yaml").exists():
+        entries = [p.name for p in out.iterdir() if p.name != ".lock"]
+        if entries and all(name.startswith(".") and name.endswith(".tmp") for name in entries):  # write_atomic's
+            raise ConfigError(
+                f"another dfcil process is starting a run in {out} (its config.yaml is being written); choose "
+                f"another --out (or, once it stops, continue it with `dfcil resume {out}`)"
+            )
     if out.exists() and (not out.is_dir() or any(p.name != ".lock" for p in out.iterdir())):
         raise ConfigError(
             f"{out} exists and is not a dfcil run directory (no config.yaml); choose another --out"
