@@ -25,7 +25,10 @@ def test_resnet32_structure_matches_reference():
     assert sum(p.numel() for p in body.parameters()) == pytest.approx(0.46e6, rel=0.05)
 
 
-@pytest.mark.parametrize("name", [n for n in BACKBONES.names() if n != "resnet18"])
+REFERENCE_CIFAR = [n for n in BACKBONES.names() if n.startswith("resnet") and n[6:].isdigit() and n != "resnet18"]
+
+
+@pytest.mark.parametrize("name", REFERENCE_CIFAR)
 def test_forward_shapes(name):
     net = build_network(name)
     net.expand(7)
@@ -37,6 +40,44 @@ def test_forward_shapes(name):
     assert out.logits.shape == (4, 7) and out.features.shape == (4, 64)
     assert [f.shape[1:] for f in out.fmaps] == [(16, 32, 32), (32, 16, 16), (64, 8, 8), (64, 8, 8)]
     assert out.features.min() < 0  # pre-activation features: no ReLU after the last addition
+
+
+@pytest.mark.parametrize("name", ["resnet20_relu", "resnet32_relu", "resnet56_relu"])
+def test_the_common_cifar_resnet_is_he_et_al_s(name):
+    """He et al.'s CIFAR ResNet-(6n+2) of the PyCIL and FACIL codes: three stages of n blocks, a ReLU after every
+    addition (non-negative stage outputs and features), every BN starting at weight 1 (no zero residual)."""
+    n = int(name[6:8]) // 6
+    net = build_network(name)
+    net.expand(7)
+    body = net.backbone
+    assert [len(s) for s in (body.stage_1, body.stage_2, body.stage_3, body.stage_4)] == [n, n, n, 0]
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in body.modules()) == 6 * n + 1
+    assert all(torch.all(m.weight == 1) for m in body.modules() if isinstance(m, nn.BatchNorm2d))
+    if n == 5:  # the same parameters as the reference's ResNet-32 (its stage 4 is stage 3's fifth block)
+        assert sum(p.numel() for p in body.parameters()) == sum(p.numel() for p in BACKBONES.get("resnet32")().parameters())
+    out = net(torch.randn(4, 3, 32, 32))
+    assert [f.shape[1:] for f in out.fmaps] == [(16, 32, 32), (32, 16, 16), (64, 8, 8)]
+    assert out.features.shape == (4, 64) and all(f.min() >= 0 for f in out.fmaps) and out.features.min() >= 0
+    x = torch.randn(2, 16, 32, 32)
+    block = body.stage_1[0]
+    assert torch.equal(block(x), F.relu(x + block.bn_b(block.conv_b(F.relu(block.bn_a(block.conv_a(x)))))))
+
+
+def test_the_cifar_resnet18_is_the_prototype_codes():
+    """The EFC, LDC and FeCAM codes' ResNet-18 for 32 pixels: 3×3 stride-1 stem, no max-pool (stages at 32, 16, 8,
+    4 pixels), a ReLU after every block, BN weights starting at 1, 11.2 M parameters, d = 512."""
+    from dfcil.models.resnet import Block
+
+    net = build_network("resnet18_cifar")
+    net.expand(10)
+    body = net.backbone
+    assert sum(p.numel() for p in body.parameters()) == pytest.approx(11.17e6, rel=0.01)
+    blocks = [b for b in body.modules() if isinstance(b, Block)]
+    assert len(blocks) == 8 and all(b.last_relu for b in blocks)
+    assert all(torch.all(m.weight == 1) for m in body.modules() if isinstance(m, nn.BatchNorm2d))
+    out = net(torch.randn(2, 3, 32, 32))
+    assert [f.shape[1:] for f in out.fmaps] == [(64, 32, 32), (128, 16, 16), (256, 8, 8), (512, 4, 4)]
+    assert out.features.shape == (2, 512) and out.features.min() >= 0 and net.feature_dim == 512
 
 
 def test_the_imagenet_resnet18_is_the_references():

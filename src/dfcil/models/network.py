@@ -41,7 +41,7 @@ def spatial_mean(x: Tensor) -> Tensor:
 
 class NetOutput(NamedTuple):
     logits: Tensor  # (B, n_classes), classes in order position
-    features: Tensor  # (B, d) globally average-pooled, pre-ReLU backbone features
+    features: Tensor  # (B, d) globally average-pooled backbone features (pre-ReLU in the reference's networks)
     fmaps: tuple[Tensor, ...]  # each backbone stage's output, (B, C_s, H_s, W_s)
 
     def rows(self, start: int, stop: int | None = None) -> NetOutput:

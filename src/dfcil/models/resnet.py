@@ -6,6 +6,10 @@ Differences from torchvision's ResNet-18, kept on purpose:
   14 pixels for a 224-pixel input (about 4× the FLOPs of torchvision's);
 * no ReLU after the addition of the last block of each stage: stage outputs and features are pre-activation;
 * Kaiming-normal (fan_out) convolutions, and the last BN of every block starts with weight 0.
+
+``resnet18_cifar`` is the CIFAR ResNet-18 of the EFC, LDC and FeCAM codes instead (for 32-pixel inputs): the same
+3×3 stride-1 stem with no max-pool, so the stages run at 32, 16, 8 and 4 pixels; a ReLU after every addition (the
+pooled 512-d features are non-negative); every BN starting at weight 1.
 """
 
 from __future__ import annotations
@@ -46,14 +50,18 @@ class ImageNetResNet(nn.Module):
     Stage outputs for a 224×224 input: (B,64,112,112), (B,128,56,56), (B,256,28,28), (B,512,14,14).
     """
 
-    def __init__(self, blocks: tuple[int, ...] = (2, 2, 2, 2), nf: int = 64, in_channels: int = 3) -> None:
+    def __init__(
+        self, blocks: tuple[int, ...] = (2, 2, 2, 2), nf: int = 64, in_channels: int = 3, cifar: bool = False
+    ) -> None:
         super().__init__()
+        self.cifar = cifar  # the common CIFAR ResNet-18: no max-pool, ReLU after every block, BN weights start at 1
         self.conv_1 = nn.Conv2d(in_channels, nf, 3, stride=1, padding=1, bias=False)
         self.bn_1 = BatchNorm2d(nf)
         stages, planes = [], nf
         for i, n in enumerate(blocks):
             width, stride = nf * 2**i, 2 if i else 1  # the first block of a stage changes width and resolution
-            stage = [Block(planes if j == 0 else width, width, stride if j == 0 else 1, j < n - 1) for j in range(n)]
+            relu = [cifar or j < n - 1 for j in range(n)]  # the reference: none after a stage's last block
+            stage = [Block(planes if j == 0 else width, width, stride if j == 0 else 1, relu[j]) for j in range(n)]
             stages.append(nn.ModuleList(stage))
             planes = width
         self.stages = nn.ModuleList(stages)
@@ -68,14 +76,16 @@ class ImageNetResNet(nn.Module):
                 m.reset_running_stats()
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        for m in self.modules():
+        for m in () if self.cifar else self.modules():
             if isinstance(m, Block):  # every block starts as its shortcut
                 nn.init.zeros_(m.bn_b.weight)
 
     def forward(self, x: Tensor, bn: BNMode | None = None) -> tuple[Tensor, tuple[Tensor, ...]]:
         if bn is None and self.training:
             bn = BNMode()  # the layers' batch counters advance together at the end (BNMode.count)
-        x = F.max_pool2d(F.relu(self.bn_1(self.conv_1(x), bn)), 3, stride=2, padding=1)
+        x = F.relu(self.bn_1(self.conv_1(x), bn))
+        if not self.cifar:
+            x = F.max_pool2d(x, 3, stride=2, padding=1)
         stage_outputs = []
         for stage in self.stages:
             for block in stage:
@@ -87,3 +97,4 @@ class ImageNetResNet(nn.Module):
 
 
 BACKBONES.register("resnet18")(lambda: ImageNetResNet((2, 2, 2, 2)))  # the reference backbone for ImageNet-100
+BACKBONES.register("resnet18_cifar")(lambda: ImageNetResNet((2, 2, 2, 2), cifar=True))  # EFC/LDC/FeCAM codes

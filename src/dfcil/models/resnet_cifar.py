@@ -5,6 +5,11 @@ Differences from the common (Idelbayev/ABD) CIFAR ResNet, all kept on purpose (r
 * an extra one-block stage at the widest width (``stage_4``), so ResNet-32 has 5 + 5 + 4 + 1 = 15 blocks;
 * widening blocks use the "option A" shortcut: ``x[..., ::2, ::2]`` and zero channel padding;
 * Kaiming-normal (fan_out) convs, and the last BN of every block starts with weight 0.
+
+``resnet20_relu``/``resnet32_relu``/``resnet56_relu`` are the common CIFAR ResNet of He et al. (2016) instead, the
+network of the PyCIL and FACIL codes (FeCAM's, LDC's, EFC's comparisons): a ReLU after every residual addition (so
+the pooled features are non-negative), three stages (5 + 5 + 5 blocks for ResNet-32), and every BN starting at
+weight 1. Option A shortcuts and Kaiming-normal convolutions in both.
 """
 
 from __future__ import annotations
@@ -55,9 +60,10 @@ def shortcut_a(x: Tensor) -> Tensor:
 
 
 class BasicBlock(nn.Module):
-    def __init__(self, in_planes: int, increase_dim: bool = False) -> None:
+    def __init__(self, in_planes: int, increase_dim: bool = False, relu: bool = False) -> None:
         super().__init__()
         self.increase_dim = increase_dim
+        self.relu = relu
         planes = in_planes * 2 if increase_dim else in_planes
         self.conv_a = nn.Conv2d(in_planes, planes, 3, stride=2 if increase_dim else 1, padding=1, bias=False)
         self.bn_a = BatchNorm2d(planes)
@@ -69,7 +75,7 @@ class BasicBlock(nn.Module):
         y = self.bn_b(self.conv_b(y), bn)
         if self.increase_dim:  # option A: subsample, then pad the new channels with zeros
             x = shortcut_a(x)
-        return x + y  # no ReLU after the addition (last_relu=False)
+        return F.relu(x + y) if self.relu else x + y  # the reference: no ReLU after the addition (last_relu=False)
 
 
 class CifarResNet(nn.Module):
@@ -78,16 +84,20 @@ class CifarResNet(nn.Module):
     Stage outputs (shapes for 32×32 input, nf=16): (B,16,32,32), (B,32,16,16), (B,64,8,8), (B,64,8,8).
     """
 
-    def __init__(self, n: int = 5, nf: int = 16, in_channels: int = 3) -> None:
+    def __init__(self, n: int = 5, nf: int = 16, in_channels: int = 3, common: bool = False) -> None:
         super().__init__()
+        self.common = common  # He et al.'s network: ReLU after each addition, 3 stages of n, BN weights start at 1
         self.conv_1 = nn.Conv2d(in_channels, nf, 3, stride=1, padding=1, bias=False)
         self.bn_1 = BatchNorm2d(nf)
-        self.stage_1 = nn.ModuleList([BasicBlock(nf) for _ in range(n)])
-        self.stage_2 = nn.ModuleList([BasicBlock(nf, increase_dim=True)] + [BasicBlock(2 * nf) for _ in range(n - 1)])
-        self.stage_3 = nn.ModuleList(
-            [BasicBlock(2 * nf, increase_dim=True)] + [BasicBlock(4 * nf) for _ in range(n - 2)]
-        )
-        self.stage_4 = nn.ModuleList([BasicBlock(4 * nf)])
+
+        def block(planes: int, increase_dim: bool = False) -> BasicBlock:
+            return BasicBlock(planes, increase_dim, relu=common)
+
+        self.stage_1 = nn.ModuleList([block(nf) for _ in range(n)])
+        self.stage_2 = nn.ModuleList([block(nf, increase_dim=True)] + [block(2 * nf) for _ in range(n - 1)])
+        last = n - 1 if common else n - 2  # the reference moves stage 3's last block into a stage 4 of its own
+        self.stage_3 = nn.ModuleList([block(2 * nf, increase_dim=True)] + [block(4 * nf) for _ in range(last)])
+        self.stage_4 = nn.ModuleList([] if common else [block(4 * nf)])
         self.out_dim = 4 * nf
         self.reset_parameters()
 
@@ -99,7 +109,7 @@ class CifarResNet(nn.Module):
                 m.reset_running_stats()
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        for m in self.modules():
+        for m in () if self.common else self.modules():
             if isinstance(m, BasicBlock):  # zero_residual: every block starts as the identity
                 nn.init.zeros_(m.bn_b.weight)
 
@@ -109,6 +119,8 @@ class CifarResNet(nn.Module):
         x = F.relu(self.bn_1(self.conv_1(x), bn))
         stage_outputs = []
         for stage in (self.stage_1, self.stage_2, self.stage_3, self.stage_4):
+            if not len(stage):
+                continue
             for block in stage:
                 x = block(x, bn)
             stage_outputs.append(x)
@@ -119,6 +131,8 @@ class CifarResNet(nn.Module):
 
 def _register(name: str, n: int) -> None:
     BACKBONES.register(name)(lambda: CifarResNet(n=n))
+    if n > 1:
+        BACKBONES.register(f"{name}_relu")(lambda: CifarResNet(n=n, common=True))
 
 
 _register("resnet8", 1)  # 4 blocks: tests and smoke runs only
