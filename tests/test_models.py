@@ -54,7 +54,8 @@ def test_the_common_cifar_resnet_is_he_et_al_s(name):
     assert sum(isinstance(m, nn.BatchNorm2d) for m in body.modules()) == 6 * n + 1
     assert all(torch.all(m.weight == 1) for m in body.modules() if isinstance(m, nn.BatchNorm2d))
     if n == 5:  # the same parameters as the reference's ResNet-32 (its stage 4 is stage 3's fifth block)
-        assert sum(p.numel() for p in body.parameters()) == sum(p.numel() for p in BACKBONES.get("resnet32")().parameters())
+        reference = BACKBONES.get("resnet32")()
+        assert sum(p.numel() for p in body.parameters()) == sum(p.numel() for p in reference.parameters())
     out = net(torch.randn(4, 3, 32, 32))
     assert [f.shape[1:] for f in out.fmaps] == [(16, 32, 32), (32, 16, 16), (64, 8, 8)]
     assert out.features.shape == (4, 64) and all(f.min() >= 0 for f in out.fmaps) and out.features.min() >= 0
