@@ -384,6 +384,36 @@ def test_forgetting_per_task_is_metrics_forgetting_of_each_prefix():
     assert f[-1] == pytest.approx(s["forgetting"])
 
 
+def test_stability_points_are_each_groups_last_old_and_new_accuracy_mean_and_std(tmp_path):
+    """One point per group: the last entries of old_acc and new_acc, mean and population std over its runs; runs
+    of one task (no old classes) and unfinished runs left out; the figure written per dataset and protocol."""
+    from dfcil.analysis.plots import plot_stability, stability_points
+
+    for order, (old, new) in enumerate([(30.0, 70.0), (33.0, 74.0), (36.0, 72.0)]):
+        write_run(tmp_path, f"rdfcil/o{order}", C100_N10 | {"class_order_seed": order}, RDFCIL,
+                  summary=summary(40.0, 50.0, old=old, new=new))  # fmt: skip
+    write_run(tmp_path, "hkd1/o0", C100_N10, RDFCIL | {"lambda_hkd": 1.0}, summary=summary(40.0, 50.0, old=50, new=40))
+    write_run(tmp_path, "abd/o0", C100_N10, {"name": "abd"}, summary=summary(30.0, 45.0, old=20.0, new=60.0))
+    write_run(tmp_path, "abd/o1", C100_N10 | {"class_order_seed": 1}, {"name": "abd"})  # unfinished
+    one_task = summary(90.0, 90.0) | {"old_acc": [None], "new_acc": [90.0], "acc_per_task": [90.0]}
+    write_run(tmp_path, "joint1/o0", C100_N10 | {"num_tasks": 1}, {"name": "joint"}, summary=one_task)
+    groups = group_runs(find_runs([tmp_path]))
+    points = stability_points(groups)
+    assert list(points) == [("cifar100", "n10")]
+    got = {
+        (p.method, p.variant): (p.new_mean, p.new_std, p.old_mean, p.old_std, p.n) for p in points[("cifar100", "n10")]
+    }
+    std_new, std_old = np.sqrt(8 / 3), np.sqrt(6)  # new 70, 74, 72: mean 72; old 30, 33, 36: mean 33
+    assert got[("rdfcil", "method.lambda_hkd=0.15")] == pytest.approx((72.0, std_new, 33.0, std_old, 3))
+    assert got[("rdfcil", "method.lambda_hkd=1.0")] == (40.0, 0.0, 50.0, 0.0, 1)
+    assert got[("abd", "")] == (60.0, 0.0, 20.0, 0.0, 1)
+    pytest.importorskip("matplotlib")
+    files = plot_stability(groups, tmp_path / "plots")
+    assert [f.relative_to(tmp_path / "plots").as_posix() for f in files] == [
+        "stability/cifar100_n10.png", "stability/cifar100_n10.pdf"]  # fmt: skip
+    assert all(f.stat().st_size > 1000 for f in files)
+
+
 @pytest.mark.slow
 def test_every_plot_from_a_real_smoke_run(tmp_path, capsys):
     """The smoke preset, trained for real (seconds), then `dfcil report --plots`: every kind of figure."""
@@ -397,7 +427,7 @@ def test_every_plot_from_a_real_smoke_run(tmp_path, capsys):
     assert main(["report", str(tmp_path / "runs"), "--plots", str(plots)]) == 0
     assert "| rdfcil · fake · n2 |" in capsys.readouterr().out
     files = sorted(str(p.relative_to(plots)) for p in plots.rglob("*") if p.is_file())
-    kinds = ["curves/fake_n2", "runs/runs__smoke", "synthetic/runs__smoke"]
+    kinds = ["curves/fake_n2", "runs/runs__smoke", "stability/fake_n2", "synthetic/runs__smoke"]
     assert files == sorted(f"{k}.{ext}" for k in kinds for ext in ("pdf", "png"))
     assert all((plots / f).stat().st_size > 1000 for f in files)
 

@@ -6,6 +6,10 @@
 * ``runs/<run>``: one run's accuracy matrix as a heatmap, old/new accuracy after each task, and forgetting after
   each task.
 * ``synthetic/<run>``: a run's ``synthetic_task<t>.png`` images side by side (runs without them are skipped).
+* ``stability/<dataset>_<protocol>``: stability against plasticity, one point per group of runs: the last task's
+  accuracy on its new classes (x) and on the old classes (y), mean ± std over the group's runs (class orders,
+  seeds); the points of one method joined in order of x, so that a sweep over a method's KD weight draws its
+  frontier.
 
 matplotlib is imported only here, and only when a figure is made (``pip install 'dfcil[plot]'``). Figures are
 built with ``matplotlib.figure.Figure``, so no pyplot state or backend choice is touched.
@@ -13,6 +17,7 @@ built with ``matplotlib.figure.Figure``, so no pyplot state or backend choice is
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -114,6 +119,71 @@ def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
     return files
 
 
+@dataclasses.dataclass(frozen=True)
+class StabilityPoint:
+    """One group's place in the stability–plasticity plane: after the last task, the accuracy on its new classes
+    (plasticity) and on the classes of the tasks before it (stability), mean and population std over ``n`` runs."""
+
+    method: str
+    variant: str  # the group's config label (what sets it apart from the method's other groups), "" if none
+    new_mean: float
+    new_std: float
+    old_mean: float
+    old_std: float
+    n: int
+
+
+def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[StabilityPoint]]:
+    """Per (dataset, protocol), one :class:`StabilityPoint` per group with finished runs of two tasks or more (a
+    single task has no old classes), in the groups' order."""
+    out: dict[tuple[str, str], list[StabilityPoint]] = {}
+    for g in groups:
+        pairs = [(r.metric("new_acc"), r.metric("old_acc")) for r in g.finished]
+        pairs = [(n, o) for n, o in pairs if n is not None and o is not None]
+        if not pairs:
+            continue
+        new, old = np.array(pairs, dtype=float).T
+        point = StabilityPoint(
+            g.setting.method_label,
+            g.config_label,
+            *map(float, (new.mean(), new.std(), old.mean(), old.std())),
+            len(pairs),
+        )
+        out.setdefault((g.setting.dataset, g.setting.protocol_label), []).append(point)
+    return out
+
+
+def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+    """One figure per dataset and protocol of :func:`stability_points`: new-class accuracy (x) against old-class
+    accuracy (y) after the last task, error bars of one std over each group's runs, a method's points joined."""
+    files = []
+    for (dataset, protocol), points in stability_points(groups).items():
+        fig = _figure(figsize=(6.4, 4.8), layout="constrained")
+        ax = fig.add_subplot()
+        methods: dict[str, list[StabilityPoint]] = {}
+        for p in points:
+            methods.setdefault(p.method, []).append(p)
+        for i, (method, same) in enumerate(methods.items()):
+            same = sorted(same, key=lambda p: p.new_mean)
+            x, y = [p.new_mean for p in same], [p.old_mean for p in same]
+            xerr, yerr = [p.new_std for p in same], [p.old_std for p in same]
+            runs = "/".join(sorted({str(p.n) for p in same}))
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="-o", color=f"C{i % 10}", capsize=3, markersize=4,
+                        label=f"{method} (n={runs})")  # fmt: skip
+            for p in same:
+                if p.variant:
+                    ax.annotate(p.variant, (p.new_mean, p.old_mean), textcoords="offset points", xytext=(4, 4),
+                                fontsize=7, color=f"C{i % 10}")  # fmt: skip
+        ax.set(xlabel="new classes: accuracy on the last task's classes (%)",
+               ylabel="old classes: accuracy on the earlier tasks' classes (%)",
+               title=f"{dataset}, {protocol}: stability against plasticity")  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, title="after the last task; mean ± std over runs", title_fontsize=8)
+        name = file_name(f"{dataset}_{protocol}".replace("/", " per ")).strip("_")
+        files += _save(fig, out_dir / "stability" / name)
+    return files
+
+
 def run_figure(run: Run) -> Any:
     """The figure of :func:`plot_run`: a run's accuracy matrix (heatmap), old/new accuracy after each task, and
     forgetting after each task."""
@@ -189,7 +259,7 @@ def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
     if out_dir.exists() and not out_dir.is_dir():
         raise PlotError(f"--plots {out_dir} is a file; give a folder for the figures")
     try:
-        files = plot_curves(groups, out_dir)
+        files = plot_curves(groups, out_dir) + plot_stability(groups, out_dir)
         for run in (r for g in groups for r in g.runs):
             matrices = run.summary is not None and all(k in run.summary for k in ("accuracy_matrix", "count_matrix"))
             files += (plot_run(run, out_dir) if matrices else []) + plot_synthetic(run, out_dir)
