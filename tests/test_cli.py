@@ -444,11 +444,12 @@ def test_inspect_without_a_mode_plots_the_features(monkeypatch, capsys):
 
     calls = []
     monkeypatch.setattr(
-        dfcil.analysis.features, "inspect_features", lambda *args, **_: calls.append(args) or ["plot.png"]
+        dfcil.analysis.features, "inspect_features", lambda *args, **_: calls.append(args) or ("table", ["plot.png"])
     )
     assert main(["inspect", "RUN", "--per-class", "3"]) == 0
-    assert calls and calls[0][:2] == ("RUN", None) and calls[0][4] == 3
-    assert capsys.readouterr().out == "plot.png\n"
+    assert calls and calls[0][:2] == ("RUN", None) and calls[0][4].per_class == 3 and calls[0][-1] is None
+    assert calls[0][4].embedding == "joint"
+    assert capsys.readouterr().out == "table\nplot.png\n"
 
 
 def test_export_lists_its_formats_from_the_export_registry(capsys):

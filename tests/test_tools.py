@@ -518,7 +518,9 @@ def test_inspect_plots_the_features_of_real_and_stored_synthetic_images(finished
     args = ["inspect", str(finished), "--features", "--out", str(out), "--per-class", "6", "--synthetic-images", "24"]
     assert main(args) == 0
     png, pdf = (out / "features_tsne.png"), (out / "features_tsne.pdf")
-    assert capsys.readouterr().out.split() == [str(png), str(pdf)]
+    lines = capsys.readouterr().out.splitlines()  # the numbers' table (tests/test_diagnostics.py), then the files
+    assert lines[0].split()[:3] == ["run", "method", "silhouette"] and lines[1].split()[:2] == [str(finished), "rdfcil"]
+    assert lines[2:] == [str(png), str(pdf), str(out / "features_tsne.json")]
     assert pdf.read_bytes()[:5] == b"%PDF-" and pdf.stat().st_size > 1000
     with Image.open(png) as image:
         assert image.format == "PNG" and min(image.size) > 300
@@ -561,7 +563,7 @@ def test_the_embedding_legend_says_synthetic_points_are_coloured_by_predicted_cl
 
 
 def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path, capsys):
-    from dfcil.analysis.features import inspect_features, synthetic_images
+    from dfcil.analysis.features import FeatureOptions, inspect_features, synthetic_images
     from dfcil.analysis.tools import FinishedRun
 
     run_dir = tmp_path / "run"
@@ -572,10 +574,11 @@ def test_inspect_inverts_a_generator_when_the_run_kept_none(finished, tmp_path, 
     assert synthetic.x.shape == (8, 3, 16, 16) and "inverted from the final model (2 steps)" in synthetic.source
     assert f"{run_dir} kept no generator; inverting its final model (2 steps" in capsys.readouterr().err
     assert int(synthetic.y.max()) < 10
-    paths = inspect_features(run_dir, per_class=4, synthetic=8, inversion_steps=2)
+    _, paths = inspect_features(run_dir, options=FeatureOptions(per_class=4, synthetic=8, inversion_steps=2))
     assert [p.relative_to(run_dir).as_posix() for p in paths] == [
         "inspect/features_tsne.png",
         "inspect/features_tsne.pdf",
+        "inspect/features_tsne.json",
     ]
     assert all(p.stat().st_size > 0 for p in paths)
 
@@ -590,7 +593,7 @@ def test_on_cuda_with_graphs_the_grids_logs_and_commands_work(tmp_path):
     (Written for a GPU machine; not yet run on one.)"""
     from safetensors.torch import load_file
 
-    from dfcil.analysis.features import fresh_generator, inspect_features
+    from dfcil.analysis.features import FeatureOptions, fresh_generator, inspect_features
     from dfcil.analysis.tools import FinishedRun, evaluate_run
     from dfcil.models.network import build_network
 
@@ -616,7 +619,7 @@ def test_on_cuda_with_graphs_the_grids_logs_and_commands_work(tmp_path):
     with torch.no_grad():
         reference = run.network(torch.device("cuda"))(x).logits
         assert torch.allclose(net.cuda().eval()(x).logits, reference, atol=1e-4)
-    paths = inspect_features(out, per_class=6, synthetic=24)
+    _, paths = inspect_features(out, options=FeatureOptions(per_class=6, synthetic=24))
     assert all(p.stat().st_size > 0 for p in paths)
     generator, _, source = fresh_generator(run, run.network(torch.device("cuda")), 3, 0, torch.device("cuda"))
     assert next(generator.parameters()).is_cuda and "3 steps" in source

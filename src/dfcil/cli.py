@@ -11,7 +11,8 @@ dfcil report PATH... [--format md|csv|latex] [--by ROWS,COLS] [--metric M] [--ag
              [--std population|sample] [--plots DIR]
 dfcil eval DIR [--data.root DIR] [--classes ID... | --tasks T...] [--device DEV] [--json]
 dfcil export DIR [--format FORMAT] [--out FILE]
-dfcil inspect DIR [--features | --synthetic] [--out DIR] [--data.root DIR] [--device DEV]   (default --features)
+dfcil inspect DIR [DIR_B] [--features | --synthetic] [--embedding joint|independent] [--out DIR] [--data.root DIR]
+              [--device DEV]   (default --features; DIR_B: a second run beside the first, --features only)
 dfcil methods [--plugin MODULE ...]
 dfcil datasets
 """
@@ -282,6 +283,7 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     _add_consent(ex)
     ins = sub.add_parser("inspect", help="plots of a run's final features (default), or its inversions (--synthetic)")
     ins.add_argument("run_dir", metavar="DIR", help=FINISHED_RUN_HELP)
+    ins.add_argument("against", metavar="DIR_B", nargs="?", help="--features: a second run, drawn beside the first")
     mode = ins.add_mutually_exclusive_group()
     mode.add_argument(
         "--features", dest="mode", action="store_const", const="features", default="features",
@@ -296,6 +298,11 @@ def _add_run_tools(sub: argparse._SubParsersAction) -> None:
     ins.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the run's)")
     ins.add_argument("--per-class", type=int, default=30, help="real test images per class (default 30)")
     ins.add_argument("--synthetic-images", type=int, default=200, help="--features: synthetic images (default 200)")
+    ins.add_argument(
+        "--embedding", default="joint", metavar="NAME",
+        help="--features: joint (one t-SNE of real and synthetic features together, the default) or independent "
+        "(one t-SNE each, side by side)",
+    )  # fmt: skip
     ins.add_argument(
         "--inversion-steps", type=int, default=200,
         help="steps of the fresh inversion for runs that kept no generator (default 200)",
@@ -345,6 +352,8 @@ def _export(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     if args.mode == "synthetic":
+        if args.against is not None:
+            raise ConfigError(f"--synthetic reads one run, got two ({args.run_dir}, {args.against}); give one DIR")
         from dfcil.analysis.inversions import inspect_synthetic
 
         table, paths, missing = inspect_synthetic(args.run_dir, args.out)
@@ -354,15 +363,13 @@ def _inspect(args: argparse.Namespace) -> int:
         if missing:
             print(missing, file=sys.stderr)
         return 0
-    from dfcil.analysis.features import inspect_features
+    from dfcil.analysis.features import FeatureOptions, inspect_features
 
-    for n, name in ((args.per_class, "--per-class"), (args.synthetic_images, "--synthetic-images")):
-        if n < 1:
-            raise ConfigError(f"{name} must be at least 1, got {n}")
-    paths = inspect_features(
-        args.run_dir, args.out, args.data_root, args.device, args.per_class, args.synthetic_images,
-        args.inversion_steps, consent=_consent(args),
-    )  # fmt: skip
+    options = FeatureOptions(args.per_class, args.synthetic_images, args.inversion_steps, embedding=args.embedding)
+    table, paths = inspect_features(
+        args.run_dir, args.out, args.data_root, args.device, options, _consent(args), args.against
+    )
+    print(table)
     for path in paths:
         print(path)
     return 0

@@ -1,6 +1,9 @@
-"""``dfcil inspect RUN --features``: a 2-D t-SNE of the final model's features (the pooled backbone output the
-head reads), real test images of the learned classes, coloured by their class, against synthetic ones, coloured by
-the class the model that labels them predicts (the generator has no labels of its own).
+"""``dfcil inspect RUN [RUN_B] --features``: the final model's features (the pooled backbone output the head
+reads) of real test images of the learned classes, coloured by their class, against synthetic ones, coloured by
+the class the model that labels them predicts (the generator has no labels of its own), reduced to 2-D by t-SNE
+jointly (one t-SNE of both) or independently (one per domain, side by side: :data:`EMBEDDINGS`), with the numbers
+of :mod:`dfcil.analysis.separation` under each run's picture and in a JSON file beside it. A second run is drawn
+beside the first, for the same real images and as many synthetic ones.
 
 The synthetic images are the run's own where it kept them: a synthetic-replay method's last task inverted a
 generator from the model before that task, and ``checkpoints/task<t>-static.pt`` keeps it with that model (the
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,16 +28,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dfcil.analysis.separation import CV_FOLDS, KNN_NEIGHBOURS, separation_numbers
 from dfcil.analysis.tools import FinishedRun
 from dfcil.checkpoint import loads
 from dfcil.compute.runtime import Runtime, resolve_device
 from dfcil.data.device import Normalizer, class_indices, to_device
+from dfcil.errors import ConfigError
 from dfcil.extras import require
-from dfcil.io import write_atomic
+from dfcil.io import write_atomic, write_json
 from dfcil.methods import build_method
 from dfcil.models.generator import build_generator
 from dfcil.models.network import IncrementalNet, build_network
 from dfcil.plugins import Consent
+from dfcil.registry import Registry
 from dfcil.synthesis.inversion import InversionConfig, ModelInversion
 from dfcil.training.grid import sample_images
 from dfcil.training.protocol import Protocol
@@ -145,31 +152,229 @@ def class_colours(n: int) -> np.ndarray:
     return colormaps["turbo"](np.linspace(0.05, 0.95, n))
 
 
-def plot_embedding(
-    points: np.ndarray, labels: np.ndarray, synthetic: np.ndarray, names: Sequence[str], title: str
-) -> Any:
-    """A figure of 2-D ``points`` coloured by ``labels`` (order positions, named ``names``: a real image's class,
-    a synthetic one's predicted class), circles for real images and triangles for ``synthetic`` ones (a boolean
-    mask). The legend's marker shapes are hollow and black (:data:`NEUTRAL`), a colour no class has."""
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """One 2-D scatter: ``points`` (n, 2) coloured by ``labels`` (n,) (order positions), triangles where
+    ``synthetic`` (n,) is true, circles elsewhere."""
+
+    points: np.ndarray
+    labels: np.ndarray
+    synthetic: np.ndarray
+    title: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Picture:
+    """One run's panels, side by side, under ``heading`` and above ``numbers`` (text)."""
+
+    heading: str
+    panels: Sequence[Panel]
+    numbers: str = ""
+
+
+def plot_pictures(pictures: Sequence[Picture], names: Sequence[str], title: str) -> Any:
+    """A figure of ``pictures`` side by side (one subfigure each, its panels in a row), coloured by class
+    (``names``: the order positions' names, shared by every picture: the same classes), with one legend at the
+    right of the last panel. The legend's marker shapes are hollow and black (:data:`NEUTRAL`), a colour no
+    class has."""
     require("matplotlib", "plot", "dfcil inspect --features")
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     colours = class_colours(len(names))
-    fig = Figure(figsize=(8.5, 6.5), layout="constrained")
-    ax = fig.add_subplot()
-    for mask, marker, size, edge in ((~synthetic, "o", 14, "none"), (synthetic, "^", 30, "black")):
-        ax.scatter(*points[mask].T, c=colours[labels[mask]], marker=marker, s=size, edgecolors=edge, linewidths=0.4)
+    n_panels = sum(len(p.panels) for p in pictures)
+    fig = Figure(figsize=(3.0 + 5.0 * n_panels, 7.0), layout="constrained")
+    subfigs = fig.subfigures(1, len(pictures), squeeze=False)[0]
+    for subfig, picture in zip(subfigs, pictures, strict=True):
+        for ax, panel in zip(subfig.subplots(1, len(picture.panels), squeeze=False)[0], picture.panels, strict=True):
+            real, syn = ~panel.synthetic, panel.synthetic
+            for mask, marker, size, edge in ((real, "o", 14, "none"), (syn, "^", 30, "black")):
+                points, labels = panel.points[mask], panel.labels[mask]
+                ax.scatter(*points.T, c=colours[labels], marker=marker, s=size, edgecolors=edge, linewidths=0.4)
+            ax.set_title(panel.title, fontsize=9)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        if picture.heading:
+            subfig.suptitle(picture.heading, fontsize=9)
+        if picture.numbers:
+            subfig.supxlabel(picture.numbers, fontsize=9)
     hollow = {"ls": "", "mfc": "none", "mec": NEUTRAL}
     handles = [Line2D([], [], marker="o", label="real test image (colour: its class)", **hollow)]
     handles += [Line2D([], [], marker="^", label="synthetic (colour: predicted class)", **hollow)]
     if len(names) <= 20:
         handles += [Line2D([], [], ls="", marker="s", color=colours[k], label=name) for k, name in enumerate(names)]
-    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    fig.axes[-1].legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=10)
-    ax.set_xticks([])
-    ax.set_yticks([])
     return fig
+
+
+def plot_embedding(
+    points: np.ndarray, labels: np.ndarray, synthetic: np.ndarray, names: Sequence[str], title: str
+) -> Any:
+    """A figure of one panel of 2-D ``points`` (:class:`Panel`, :func:`plot_pictures`)."""
+    return plot_pictures([Picture("", [Panel(points, labels, synthetic)])], names, title)
+
+
+# ------------------------------------------------------------------------------------------- embeddings
+
+
+@dataclasses.dataclass(frozen=True)
+class Embedding:
+    """How a run's features become 2-D: one t-SNE per panel, each of the points it names (``both``, ``real`` or
+    ``synthetic``)."""
+
+    panels: tuple[tuple[str, str], ...]  # (which points, the panel's title)
+    description: str  # for the figure's title
+
+
+EMBEDDINGS: Registry[Embedding] = Registry("feature embedding")
+# R-DFCIL's supplement, Fig. (a): semantic features dominate, a class's real and synthetic images cluster together
+EMBEDDINGS.register("joint")(Embedding((("both", ""),), "one t-SNE of real and synthetic features together"))
+# Fig. (b): each domain on its own. Two t-SNEs' coordinates have nothing in common (each is its own arbitrary
+# rotation and scale), so they are drawn side by side, not overlaid: overlaid, the distances between a real and a
+# synthetic point would look meaningful and be noise.
+EMBEDDINGS.register("independent")(
+    Embedding(
+        (("real", "real images: their own t-SNE"), ("synthetic", "synthetic images: their own t-SNE")),
+        "one t-SNE of the real features, another of the synthetic",
+    )
+)
+
+
+def embed(
+    embedding: Embedding, real: np.ndarray, y_real: np.ndarray, syn: np.ndarray, y_syn: np.ndarray, seed: int
+) -> list[Panel]:
+    """The panels of ``embedding`` for real features (N, d) and synthetic ones (M, d) and their labels."""
+    points, labels = np.concatenate([real, syn]), np.concatenate([y_real, y_syn])
+    synthetic = np.arange(len(points)) >= len(real)
+    masks = {"both": np.ones_like(synthetic), "real": ~synthetic, "synthetic": synthetic}
+    panels = []
+    for which, title in embedding.panels:
+        mask = masks[which]
+        if mask.sum() < 3:  # t-SNE's perplexity must be below the number of points, and at least 2 here
+            raise ConfigError(
+                f"a t-SNE of the {which} images needs at least 3 of them, got {int(mask.sum())}: raise --per-class "
+                f"or --synthetic-images"
+            )
+        panels.append(Panel(tsne_2d(points[mask], seed), labels[mask], synthetic[mask], title))
+    return panels
+
+
+# ------------------------------------------------------------------------------------------- two runs
+
+
+def protocol_of(run: FinishedRun) -> dict[str, Any]:
+    """What two runs must share for their features to be compared on the same images: the dataset, the raw class
+    of each output, the tasks' sizes, and the images' size and normalisation."""
+    d = run.description()
+    return {"dataset": run.cfg.data.name, "class_order": list(d["class_order"]), "task_sizes": list(d["task_sizes"]),
+            "inputs": dict(d["inputs"])}  # fmt: skip
+
+
+PROTOCOL_FIELDS = {  # protocol_of's keys, as a person reads them
+    "dataset": "dataset",
+    "class_order": "classes (the raw class of each output)",
+    "task_sizes": "tasks (classes per task)",
+    "inputs": "inputs (image size and normalisation)",
+}
+
+
+def protocol_mismatch(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first field of :func:`protocol_of` in which ``a`` and ``b`` differ, in words with both values
+    (long lists cut), or None if they agree."""
+
+    def shown(value: Any) -> str:
+        return f"{value[:8]}..." if isinstance(value, list) and len(value) > 8 else str(value)
+
+    for key, what in PROTOCOL_FIELDS.items():
+        if a[key] != b[key]:
+            return f"{what}: {shown(a[key])} against {shown(b[key])}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------- the command
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureOptions:
+    """What ``dfcil inspect --features`` draws (its command-line options in brackets)."""
+
+    per_class: int = 30  # real test images per class, the first of the test set (--per-class)
+    synthetic: int = 200  # synthetic images per run (--synthetic-images)
+    inversion_steps: int = 200  # Adam steps of the inversion for a run that kept no generator (--inversion-steps)
+    seed: int = 0  # the synthetic latents, the t-SNEs and the k-NN's folds
+    embedding: str = "joint"  # a name in EMBEDDINGS (--embedding)
+
+    def __post_init__(self) -> None:
+        for n, name in ((self.per_class, "--per-class"), (self.synthetic, "--synthetic-images")):
+            if n < 1:
+                raise ConfigError(f"{name} must be at least 1, got {n}")
+        EMBEDDINGS.get(self.embedding)  # an unknown name: refused before any work, with the valid ones
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFeatures:
+    """One run's part of the figure and of its JSON file."""
+
+    run: FinishedRun
+    synthetic: Synthetic
+    numbers: dict[str, Any]  # separation_numbers
+    panels: list[Panel]
+
+
+def run_features(
+    run: FinishedRun, x_real: Tensor, y_real: Tensor, device: torch.device, options: FeatureOptions
+) -> RunFeatures:
+    """The final model of ``run``: its features of the real images ``x_real`` and of ``options.synthetic``
+    synthetic ones, their numbers and their panels."""
+    net = run.network(device)
+    syn = synthetic_images(run, net, options.synthetic, options.inversion_steps, options.seed)
+    real, fake = features(net, x_real), features(net, syn.x)
+    y_r, y_s = y_real.cpu().numpy(), syn.y.cpu().numpy()
+    numbers = separation_numbers(real, y_r, fake, y_s, options.seed)
+    panels = embed(EMBEDDINGS.get(options.embedding), real, y_r, fake, y_s, options.seed)
+    return RunFeatures(run, syn, numbers, panels)
+
+
+def format_numbers(numbers: dict[str, Any]) -> str:
+    """The numbers under a run's picture."""
+    tested, total = numbers["overlap_classes"], len(numbers["per_class"])
+    return (
+        f"silhouette of the real classes: {numbers['silhouette']:.3f} (1: tight, apart; 0: touching)\n"
+        f"real vs synthetic {KNN_NEIGHBOURS}-NN accuracy: {numbers['overlap']:.3f} (0.5: mixed; 1: apart), mean "
+        f"of {tested} classes ({total - tested} with too few images to test)"
+    )
+
+
+def format_table(parts: Sequence[RunFeatures]) -> str:
+    """One row per run: its silhouette and real-vs-synthetic overlap."""
+    rows = [("run", "method", "silhouette", "real/syn k-NN", "classes tested")]
+    for p in parts:
+        n = p.numbers
+        rows.append((str(p.run.dir), p.run.cfg.method.name, f"{n['silhouette']:.3f}", f"{n['overlap']:.3f}",
+                     f"{n['overlap_classes']}/{len(n['per_class'])}"))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def _finite_or_none(x: Any) -> Any:
+    """JSON has no NaN: None for it."""
+    return None if isinstance(x, float) and not np.isfinite(x) else x
+
+
+def features_record(parts: Sequence[RunFeatures], names: Sequence[str], options: FeatureOptions) -> dict[str, Any]:
+    """The JSON file beside the figure: the settings and, per run, its numbers (per class with the class's name)."""
+    runs = []
+    for p in parts:
+        n = p.numbers
+        per = [{**c, "class": names[c["label"]], "accuracy": _finite_or_none(c["accuracy"])} for c in n["per_class"]]
+        runs.append({"run": str(p.run.dir), "method": p.run.cfg.method.name, "synthetic_source": p.synthetic.source,
+                     "labelled_by": p.synthetic.labeller, "synthetic_images": len(p.synthetic.y),
+                     "silhouette": _finite_or_none(n["silhouette"]), "overlap": _finite_or_none(n["overlap"]),
+                     "overlap_classes": n["overlap_classes"], "per_class": per})  # fmt: skip
+    settings = {**dataclasses.asdict(options), "features": "penultimate, L2-normalised",
+                "silhouette_metric": "euclidean", "knn_k": KNN_NEIGHBOURS, "cv_folds": CV_FOLDS}  # fmt: skip
+    return {"settings": settings, "runs": runs}
 
 
 def inspect_features(
@@ -177,38 +382,62 @@ def inspect_features(
     out_dir: str | os.PathLike | None = None,
     data_root: str | None = None,
     device: str | None = None,
-    per_class: int = 30,
-    synthetic: int = 200,
-    inversion_steps: int = 200,
-    seed: int = 0,
+    options: FeatureOptions = FeatureOptions(),  # noqa: B008 - frozen
     consent: Consent = Consent(),  # noqa: B008 - frozen
-) -> list[Path]:
-    """Write ``features_tsne.png`` and ``.pdf`` (default in ``<run>/inspect``): the t-SNE of the final model's
-    features of ``per_class`` real test images per class and ``synthetic`` synthetic images. Returns the paths.
-    ``consent``: plugin code the run names that may be imported."""
-    run = FinishedRun.open(run_dir, consent, **{"data.root": data_root, "device": device})
-    protocol = run.protocol()
-    device_ = resolve_device(run.cfg.device)
-    net = run.network(device_)
+    against: str | os.PathLike | None = None,
+) -> tuple[str, list[Path]]:
+    """Draw the final model's features of ``options.per_class`` real test images per class and
+    ``options.synthetic`` synthetic images, reduced to 2-D as ``options.embedding`` says (:data:`EMBEDDINGS`),
+    with their numbers (:func:`~dfcil.analysis.separation.separation_numbers`); with ``against``, a second run
+    beside the first, on the same real images and as many synthetic ones (refused unless both runs share
+    :func:`protocol_of`). Writes ``<stem>.png``, ``.pdf`` and ``.json`` (default in ``<run>/inspect``; stem
+    ``features_tsne``, with ``_independent`` and ``_vs_<other run's folder>`` where they apply). Returns the
+    numbers as a table and the paths. ``consent``: plugin code the runs name that may be imported."""
+    chosen, per_class = EMBEDDINGS.get(options.embedding), options.per_class
+    dirs = [run_dir] if against is None else [run_dir, against]
+    runs = [FinishedRun.open(d, consent, **{"data.root": data_root, "device": device}) for d in dirs]
+    if len(runs) == 2 and (diff := protocol_mismatch(protocol_of(runs[0]), protocol_of(runs[1]))):
+        raise ConfigError(
+            f"{runs[0].dir} and {runs[1].dir} cannot be compared: their {diff}. Their features are drawn for the "
+            f"same real test images and synthetic images of the same classes, so compare two runs of one protocol "
+            f"(the same data.name, class order, data.num_classes, data.num_tasks and data.base_classes, image size "
+            f"and normalisation), e.g. two methods of one sweep at one class order"
+        )
+    protocol = runs[0].protocol()
+    device_ = resolve_device(runs[0].cfg.device)
     x_real, y_real = real_images(protocol, per_class, device_)
-    syn = synthetic_images(run, net, synthetic, inversion_steps, seed)
-    points = tsne_2d(np.concatenate([features(net, x_real), features(net, syn.x)]), seed)
-    labels = torch.cat([y_real, syn.y]).cpu().numpy()
-    is_synthetic = np.arange(len(labels)) >= len(y_real)
+    parts = [run_features(r, x_real, y_real, device_, options) for r in runs]
+    if len({p.synthetic.labeller for p in parts}) > 1:
+        print(f"dfcil inspect: note: the runs' synthetic images differ in kind ({parts[0].synthetic.source}; "
+              f"{parts[1].synthetic.source}): compare their overlaps with care", file=sys.stderr)  # fmt: skip
     split = protocol.split
     names = [protocol.dataset.class_label(c) for c in split.class_order]  # n01443537 (goldfish), class 7
     names = [f"{name}, task {t}" for name, t in zip(names, split.task_of_label(), strict=True)]
+    pictures = [
+        Picture(f"{p.run.cfg.method.name}: {p.run.dir.name}\n{len(p.synthetic.y)} synthetic images from "
+                f"{p.synthetic.source},\ncoloured by the class {p.synthetic.labeller} predicts", p.panels,
+                format_numbers(p.numbers))
+        for p in parts
+    ]  # fmt: skip
     title = (
-        f"{run.cfg.method.name} on {protocol.dataset.name}: the final model's features (t-SNE)\n"
-        f"{len(y_real)} real test images, coloured by their class\n"
-        f"{len(syn.y)} synthetic images from {syn.source},\ncoloured by the class {syn.labeller} predicts"
+        f"the final model's features on {protocol.dataset.name}: {chosen.description}\n"
+        f"{len(y_real)} real test images ({per_class} per class at most), coloured by their class"
     )
-    fig = plot_embedding(points, labels, is_synthetic, names, title)
-    out = Path(out_dir) if out_dir is not None else run.dir / "inspect"
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "features_tsne.png", out / "features_tsne.pdf"]
-    for path in paths:
+    stem = "features_tsne" + ("" if options.embedding == "joint" else f"_{options.embedding}")
+    stem += "" if against is None else "_vs_" + re.sub(r"[^A-Za-z0-9._-]+", "_", runs[1].dir.resolve().name)
+    out = Path(out_dir) if out_dir is not None else runs[0].dir / "inspect"
+    paths = write_figure(plot_pictures(pictures, names, title), features_record(parts, names, options), out / stem)
+    return format_table(parts), paths
+
+
+def write_figure(fig: Any, record: dict[str, Any], stem: Path) -> list[Path]:
+    """``fig`` as ``<stem>.png`` and ``.pdf``, and ``record`` (with the figure's file names) as ``<stem>.json``;
+    returns the three paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_name(f"{stem.name}.{ext}") for ext in ("png", "pdf", "json")]
+    for path in paths[:2]:
         buf = io.BytesIO()
         fig.savefig(buf, format=path.suffix[1:], dpi=150)
         write_atomic(path, buf.getvalue())
+    write_json(paths[2], record | {"figure": [p.name for p in paths[:2]]})
     return paths
