@@ -81,6 +81,10 @@ def milestone_epochs(milestones: tuple[float, ...], epochs: int) -> tuple[int, .
 class Batch:
     x: Tensor  # (B, C, H, W) augmented, normalised real images of the current task
     y: Tensor  # (B,) labels in order position, all in [n_old, n_seen)
+    # (B_global,) int64: the rows of ctx.data.x that the global batch holds (under several processes every rank's
+    # rows, in the order Dist.gather concatenates them), for per-image state such as a memory bank; None outside
+    # the engine's steps
+    index: Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

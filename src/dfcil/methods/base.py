@@ -193,13 +193,13 @@ class Method:
 
 
 def loss_terms(
-    method: Method, net: IncrementalNet, ctx: TaskContext, phase: Phase, x: Tensor, y: Tensor
+    method: Method, net: IncrementalNet, ctx: TaskContext, phase: Phase, x: Tensor, y: Tensor, index: Tensor
 ) -> dict[str, Tensor]:
     """The method's loss terms for one batch, under the run's autocast: the part of a step that ``engine.compile:
     step`` compiles (its backward follows through AOTAutograd). At module level, so that its compiled code is
     cached once for the process and every task's step finds it."""
     with ctx.runtime.autocast():
-        return method.training_step(net, Batch(x, y), ctx, phase)
+        return method.training_step(net, Batch(x, y, index), ctx, phase)
 
 
 # The registered methods, by name: the one table the engine, the config loader (dfcil.load) and the tools look

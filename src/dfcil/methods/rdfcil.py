@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 
 from dfcil.compute.distributed import Dist
-from dfcil.config import MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, configclass
+from dfcil.config import MethodConfig, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, configclass
 from dfcil.errors import ConfigError
 from dfcil.losses.classification import balanced_class_weights, class_histogram, local_ce
+from dfcil.losses.contrastive import ContrastMemory
 from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Phase, Task, TaskContext, register_method
 from dfcil.methods.lifecycle import ReplayMethod
@@ -26,6 +28,19 @@ from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier
 from dfcil.models.network import IncrementalNet
 from dfcil.synthesis.inversion import InversionConfig
 from dfcil.synthesis.replay import frozen_student_pass, student_pass, teacher_pass
+
+
+@configclass
+class ContrastConfig:
+    """CRD or CRCD on the real new data in place of RKD (``new_kd: crd`` / ``crcd``; docs/baselines.md, "CRD and
+    CRCD in place of RKD"). The defaults are CRD's in RepDistiller; R-DFCIL's ``crcd`` section changes them to
+    CRCD's code's."""
+
+    weight: NonNegativeFloat = 0.8  # base weight λ, times α·β as λ_rkd is (RepDistiller's CRD command: -b 0.8)
+    feat_dim: PositiveInt = 128  # D, the size of both embeddings and bank rows (RepDistiller and CRCD: 128)
+    negatives: PositiveInt = 16384  # K per image: bank rows of the task's other classes, with replacement
+    temperature: PositiveFloat = 0.07  # T of the critic exp(s / T) (RepDistiller: nce_t 0.07)
+    momentum: Annotated[NonNegativeFloat, Field(lt=1)] = 0.5  # of the bank's rows per update (nce_m 0.5)
 
 
 @configclass
@@ -39,13 +54,19 @@ class RDFCILConfig(MethodConfig):
     chr_hkd: bool = True  # keep HKD during CHR, as the reference code (the paper's CHR is the CE alone)
     # Ablations (paper Table 6 and supplement). Each replacing loss keeps its own adaptive weight.
     old_kd: Literal["hkd", "rkd", "none"] = "hkd"  # KD on synthetic old data: HKD, RKD (swap), or none (w/o HKD)
-    new_kd: Literal["rkd", "hkd", "none"] = "rkd"  # KD on real new data: RKD, HKD (swap), or none (w/o RKD)
+    # KD on real new data: RKD, HKD (swap), CRD or CRCD (supplement, against a bank of the task's images), or none
+    new_kd: Literal["rkd", "hkd", "crd", "crcd", "none"] = "rkd"
     projection: Literal["learned", "identity"] = "learned"  # RKD through learned φ/ψ (d → 2d) or raw features
     # LDC on R-DFCIL: keep each class's mean feature, move the stored means through a projector fitted at the end
     # of every later task's RRL, and classify by nearest mean (docs/baselines.md, LDC)
     ldc: bool = False
     drift: DriftConfig = dataclasses.field(default_factory=DriftConfig)  # the projector's fit (ldc, R-DFCIL+)
     inversion: InversionConfig = dataclasses.field(default_factory=InversionConfig)
+    crd: ContrastConfig = dataclasses.field(default_factory=ContrastConfig)  # new_kd: crd (RepDistiller's values)
+    # new_kd: crcd (Lechatelia/CRCD's train_student.py: -b 1.0, nce_k 500, nce_t 0.05, nce_m 0.5, feat_dim 128)
+    crcd: ContrastConfig = dataclasses.field(
+        default_factory=lambda: ContrastConfig(weight=1.0, negatives=500, temperature=0.05)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +130,9 @@ class RDFCIL(ReplayMethod):
         self.memory = self.build_memory(cfg)
         self.classifier = NearestMeanClassifier(self.memory) if cfg.ldc else None
         self.projector: RelationProjector | None = None
+        self.contrast: ContrastMemory | None = None  # new_kd crd / crcd: embedding heads and banks of the task
         self.weights: LossWeights | None = None
-        self.term_weights: Tensor | None = None  # (lce, hkd, rkd) of self.weights
+        self.term_weights: Tensor | None = None  # (lce, hkd, rkd) of self.weights, then CRD's or CRCD's λ·α·β
         self.class_counts: Tensor | None = None
         self.class_weights: Tensor | None = None
 
@@ -130,9 +152,21 @@ class RDFCIL(ReplayMethod):
         self.task_id = ctx.task_id
         uses_rkd = "rkd" in (c.old_kd, c.new_kd) and c.projection == "learned"
         self.projector = RelationProjector(ctx.net.feature_dim).to(ctx.device) if uses_rkd else None
+        contrast = {"crd": c.crd, "crcd": c.crcd}.get(c.new_kd)
+        if contrast is not None:  # a fresh bank over this task's images (drawing from the global stream)
+            if ctx.n_new < 2:
+                raise ConfigError(
+                    f"method.new_kd {c.new_kd} draws its negatives from the task's other classes, but task "
+                    f"{ctx.task_id} has {ctx.n_new} class: use new_kd rkd for tasks of one class"
+                )
+            self.contrast = ContrastMemory(
+                c.new_kd, ctx.net.feature_dim, ctx.data.y, contrast.feat_dim, contrast.negatives,
+                contrast.temperature, contrast.momentum,
+            ).to(ctx.device)  # fmt: skip
         self.weights = w = rdfcil_loss_weights(c.lambda_ce, c.lambda_hkd, c.lambda_rkd, ctx.n_old, ctx.n_new)
+        w_contrast = contrast.weight * w.alpha * w.beta if contrast is not None else 0.0  # adaptive, as RKD's
         # the weights as one device tensor: a step reads them as data, so its graph is the same for every task
-        self.term_weights = torch.tensor([w.lce, w.hkd, w.rkd], device=ctx.device)
+        self.term_weights = torch.tensor([w.lce, w.hkd, w.rkd, w_contrast], device=ctx.device)
         n = ctx.net.head.out_features  # the seen classes, or all of a static head's
         self.class_counts = torch.zeros(n, device=ctx.device)
         self.class_weights = torch.ones(n, device=ctx.device)
@@ -157,11 +191,11 @@ class RDFCIL(ReplayMethod):
         if self.memory is not None:
             self.memory.add_classes(ctx)  # the new classes' statistics, in the final feature space
         super().on_task_end(ctx)  # nothing of a task's teacher, generator or projectors is carried into the next
-        self.task_id = self.projector = self.weights = self.term_weights = None
+        self.task_id = self.projector = self.contrast = self.weights = self.term_weights = None
         self.class_counts = self.class_weights = None
 
     def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
-        return [self.projector] if self.projector is not None else []
+        return [m for m in (self.projector, self.contrast) if m is not None]  # the bank is buffers: not trained
 
     def _rkd(self, student_features: Tensor, teacher_features: Tensor, dist: Dist) -> Tensor:
         """Angle-wise RKD (eq. 4) through the learned projections φ/ψ, over the global batch's features."""
@@ -170,11 +204,18 @@ class RDFCIL(ReplayMethod):
             student_features, teacher_features = self.projector(student_features, teacher_features)
         return rkd_angle(student_features, teacher_features)
 
+    def _contrast(self, student_features: Tensor, teacher_features: Tensor, batch: Batch, ctx: TaskContext) -> Tensor:
+        """CRD or CRCD against the task's bank, over the global batch (whose bank rows ``batch.index`` gives)."""
+        if batch.index is None:
+            raise ValueError(f"method.new_kd {self.cfg.new_kd} needs the batch's image rows (Batch.index)")
+        dist = ctx.runtime.dist
+        return self.contrast(dist.gather(student_features), dist.gather(teacher_features), batch.index, ctx.rng)
+
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         if phase.name == "base":  # task 0
             return {"ce": F.cross_entropy(net(batch.x).logits, batch.y)}
         c, b, runtime = self.cfg, len(batch.x), ctx.runtime
-        w_lce, w_hkd, w_rkd = self.term_weights  # the adaptive weights (eqs. 7-8)
+        w_lce, w_hkd, w_rkd, w_contrast = self.term_weights  # the adaptive weights (eqs. 7-8)
         old, new = net.old_and_new(ctx.n_old)  # the old and the new classes' logits
         x_syn = self.replay.generate_share(b, runtime.dist)  # fresh, unaugmented, as many as real images
         need_real = phase.name == "rrl" and c.new_kd != "none"  # the teacher on real data: new-data KD only
@@ -201,6 +242,8 @@ class RDFCIL(ReplayMethod):
             terms["rkd"] = w_rkd * self._rkd(s_real.features, t_real.features, runtime.dist)
         elif c.new_kd == "hkd":
             terms["hkd_new"] = w_hkd * hkd_l1(s_real.logits, t_real.logits, old)
+        elif self.contrast is not None:  # crd, crcd: the same images' embeddings against the task's bank
+            terms[c.new_kd] = w_contrast * self._contrast(s_real.features, t_real.features, batch, ctx)
         return terms
 
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
@@ -213,6 +256,7 @@ class RDFCIL(ReplayMethod):
             state |= {
                 "task_id": self.task_id,
                 "projector": self.projector.state_dict() if self.projector is not None else {},
+                "contrast": self.contrast.state_dict() if self.contrast is not None else {},
                 "class_counts": self.class_counts,
                 "class_weights": self.class_weights,
             }
@@ -226,6 +270,8 @@ class RDFCIL(ReplayMethod):
         self._build_task_state(ctx)
         if self.projector is not None:
             self.projector.load_state_dict(state["projector"])
+        if self.contrast is not None:  # its heads, banks and normalisers as the step before the checkpoint left them
+            self.contrast.load_state_dict(state["contrast"])
         self.class_counts.copy_(state["class_counts"])
         self.class_weights.copy_(state["class_weights"])
 

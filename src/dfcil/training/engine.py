@@ -290,7 +290,7 @@ class TrainStep:
         ctx, optimizer = self.ctx, self.optimizer
         optimizer.zero_grad(set_to_none=True)
         x, y = ctx.data.load(idx)
-        terms = self.terms(self.method, ctx.net, ctx, self.phase, x, y)
+        terms = self.terms(self.method, ctx.net, ctx, self.phase, x, y, idx)
         if self.names and list(terms) != self.names:  # eager steps; a graph replays its capture's terms
             raise RuntimeError(
                 f"{self.method.name} changed its loss terms within a phase: {self.names} → {list(terms)}"
