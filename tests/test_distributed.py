@@ -214,7 +214,13 @@ def test_split_inversion_step_equals_one_process_step(tmp_path):
     assert two_terms == pytest.approx(terms, rel=1e-5, abs=1e-7)
     for name, g in grads.items():
         a, b = torch.tensor(g), torch.tensor(two_grads[name])
-        scale = max(float(a.abs().max()), 1.0)  # a conv bias before BN has a gradient of 0 plus rounding noise
+        layer = float(torch.tensor(grads[name.replace(".bias", ".weight")]).abs().max())
+        if name.endswith(".bias") and float(a.abs().max()) < 1e-4 * layer:
+            # a convolution's bias before BN: its exact gradient is 0, so both sides hold only rounding noise, a sum
+            # over the batch in an order that differs between the two layouts and between CPUs
+            assert float(b.abs().max()) < 1e-4 * layer, name
+            continue
+        scale = max(float(a.abs().max()), 1.0)
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * scale, msg=name)
 
 

@@ -558,6 +558,71 @@ def test_rdfcil_ablation_switches_change_the_terms(switch, rrl_terms, chr_terms,
     assert set(chr_step) == chr_terms and all(torch.isfinite(v) for v in chr_step.values())
 
 
+def _contrast_setup(kind, extra=()):
+    """Task 1 of R-DFCIL with new_kd ``kind`` (16 negatives), and one batch with its image rows."""
+    overrides = [("method.new_kd", kind), (f"method.{kind}.negatives", "16"), ("method.inversion.steps", "1"), *extra]
+    cfg, method, net, ctx, batches = _task1_setup(overrides)
+    index = next(batches.indices(batches.permutation()))
+    return cfg, method, net, ctx, batches, Batch(*batches.load(index), index)
+
+
+@pytest.mark.parametrize("kind", ["crd", "crcd"])
+def test_rdfcil_crd_and_crcd_replace_rkd_train_their_heads_and_never_the_teacher(kind):
+    """new_kd crd / crcd (supplement): the term in RKD's place in RRL, weighted λ·α·β; none in CHR; the gradient
+    reaches the network and both embedding heads, never the old model; a batch without its rows is refused."""
+    cfg, method, net, ctx, batches, batch = _contrast_setup(kind)
+    assert method.projector is None and method.extra_modules(ctx) == [method.contrast]
+    assert len(method.contrast.bank_s) == len(batches.x)  # a row per training image of the task
+    lam = {"crd": 0.8, "crcd": 1.0}[kind]  # RepDistiller's CRD weight; CRCD's code's
+    assert method.term_weights[3].item() == pytest.approx(lam * method.weights.alpha * method.weights.beta)
+    terms = method.training_step(net, batch, ctx, Phase("rrl", 1, 0.1))
+    assert set(terms) == {"lce", "hkd", kind} and torch.isfinite(terms[kind]) and terms[kind] > 0
+    terms[kind].backward()
+    assert all(p.grad is not None for p in method.contrast.parameters())
+    assert sum(p.grad.abs().sum() for p in net.backbone.parameters() if p.grad is not None) > 0
+    assert all(p.grad is None for p in method.replay.teacher.parameters())
+    assert (method.contrast.z > 0).all()  # the normalisers, set at the task's first step
+    chr_terms = method.training_step(net, batch, ctx, Phase("chr", 1, 0.005, trainable="head"))
+    assert set(chr_terms) == {"gce", "hkd"}
+    with pytest.raises(ValueError, match="Batch.index"):
+        method.training_step(net, Batch(batch.x, batch.y), ctx, Phase("rrl", 1, 0.1))
+
+
+def test_rdfcil_contrast_state_trains_through_the_engine_and_round_trips(kind="crd"):
+    """Through the engine's steps (which give each batch's rows): the bank's rows move and its normalisers are
+    set; the method's state holds the heads, banks and normalisers, and a method restored from it computes the same
+    loss and update as the one it was saved from (tests/test_resume.py resumes whole runs)."""
+    cfg, method, net, ctx, batches, batch = _contrast_setup(kind)
+    bank = method.contrast.bank_t.clone()
+    fit_phases(cfg, method, ctx, method.phases(ctx)[:1])  # RRL: 3 steps of 8 of the 24 images
+    assert not torch.equal(method.contrast.bank_t, bank) and (method.contrast.z > 0).all()
+    state, static = copy.deepcopy(method.state_dict()), method.static_state_dict()
+    assert set(state["contrast"]) == {"embed_s.weight", "embed_s.bias", "embed_t.weight", "embed_t.bias"} | {
+        "bank_s", "bank_t", "z"
+    }  # fmt: skip
+    restored = build_method(cfg.method, cfg.train)
+    restored.load_state_dict(state, ctx, static)
+    for a, b in zip(method.contrast.state_dict().values(), restored.contrast.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    f_s, f_t = torch.randn(2, len(batch.x), net.feature_dim)
+    want = method.contrast(f_s, f_t, batch.index, torch.Generator().manual_seed(5))
+    got = restored.contrast(f_s, f_t, batch.index, torch.Generator().manual_seed(5))
+    assert torch.equal(got, want) and torch.equal(restored.contrast.bank_s, method.contrast.bank_s)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["crd", "crcd"])
+def test_rdfcil_with_crd_or_crcd_trains_the_smoke_preset_from_the_command_line(kind, tmp_path):
+    from dfcil.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "--config", str(smoke_configs("rdfcil")[0]), "--method.new_kd", kind, "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    epochs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rrl = [r["loss"] for r in epochs if r["type"] == "epoch" and r["phase"] == "rrl"]
+    assert rrl and all(kind in r and math.isfinite(r[kind]) and "rkd" not in r for r in rrl)
+
+
 def test_ucir_df_imprints_new_weights_and_keeps_old_ones():
     """New class weights = normalised mean of the class's normalised features × the old weights' mean norm
     (UCIR); during training the old weights stay fixed."""
