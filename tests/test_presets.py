@@ -140,6 +140,8 @@ DIGESTS = {
     "cifar100/ablations/rdfcil_no_chr": "96e6b73b18d3c1f8",
     "cifar100/ablations/rdfcil_no_hkd": "b9501718cf94a4f3",
     "cifar100/ablations/rdfcil_no_rkd": "1f5877fc175e1582",
+    "cifar100/ablations/rdfcil_rkd_to_crcd": "61945f5aa226dfd4",
+    "cifar100/ablations/rdfcil_rkd_to_crd": "2105ef7a27bb8c2a",
     "cifar100/ablations/rdfcil_rkd_to_hkd": "0df00d2fc8004482",
     "cifar100/deepinversion": "98d3e28928b148a9",
     "cifar100/dgr": "4531b5b24edb83a3",
