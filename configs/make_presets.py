@@ -53,6 +53,7 @@ OTHER_PAPERS = {
     ("efc", ""): ("EFC paper", "the EFC paper's cold-start row of EFC"),
     ("lwf", "ldc"): ("LDC paper", "the LDC paper's row of LwF + LDC"),
     ("fecam", ""): ("FeCAM paper", "FeCAM paper"),
+    ("dpcr", ""): ("DPCR paper", "the DPCR paper's row of DPCR"),
 }
 SETTING = re.compile(r"(b\d+_)?n\d+")
 

@@ -25,7 +25,7 @@ from test_images import TINY_SUBSET, write_imagenet, write_tiny_zip
 DATASETS = ("cifar100", "tiny_imagenet200", "imagenet100")
 C100 = ("n5", "n10", "n20", "b50_n6", "b50_n11", "b50_n26")
 TINY = ("n5", "n10", "n20", "b100_n6", "b100_n11", "b100_n26")
-C100_METHODS = ("abd", "abd_faithful", "deepinversion", "dgr", "efc", "fecam", "finetune", "joint", "lwf")
+C100_METHODS = ("abd", "abd_faithful", "deepinversion", "dgr", "dpcr", "efc", "fecam", "finetune", "joint", "lwf")
 C100_METHODS += ("lwf_ldc", "lwf_mc", "podnet_df", "rdfcil", "rdfcil_plus", "ucir_df")
 PAPER4 = ("rdfcil", "abd", "joint", "finetune")
 # every preset of the paper's settings (each was one file, <method>_<setting>.yaml, until they were split):
@@ -145,6 +145,7 @@ DIGESTS = {
     "cifar100/ablations/rdfcil_rkd_to_hkd": "0df00d2fc8004482",
     "cifar100/deepinversion": "98d3e28928b148a9",
     "cifar100/dgr": "4531b5b24edb83a3",
+    "cifar100/dpcr": "8aafe40ec8bddee7",
     "cifar100/efc": "f9e9286e0e6c37b3",
     "cifar100/fecam": "8825026e886dd017",
     "cifar100/finetune": "0994bdf262dc99e6",

@@ -8,6 +8,7 @@ from dfcil.methods import (  # noqa: F401 - imported to register each method
     abd,
     deepinversion,
     dgr,
+    dpcr,
     efc,
     fecam,
     finetune,
