@@ -3,4 +3,4 @@
 The built-in backbones are imported here by name, so that each registers itself in
 :data:`dfcil.models.backbones.BACKBONES` before anything of this package is used."""
 
-from dfcil.models import resnet, resnet_cifar  # noqa: F401 - imported to register each backbone
+from dfcil.models import bottleneck, resnet, resnet_cifar  # noqa: F401 - imported to register each backbone

@@ -1,0 +1,105 @@
+"""AdaGauss's maths (Rypeść et al., NeurIPS 2024; docs/baselines.md, AdaGauss): the anti-collapse term, the
+projected feature distillation, the re-estimation of a Gaussian from samples pushed through a map, and the
+shrinkage, precisions and scores of its Bayes (Mahalanobis) classifier. Pure functions of tensors; features are
+rows, (N, d)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dfcil.losses.prototypes import gaussian_factors
+
+
+def batch_cholesky_diagonal(features: Tensor, jitter: float = 1e-4) -> tuple[Tensor, bool]:
+    """diag(L) (d,), L the lower Cholesky factor of the unbiased covariance of ``features`` (N, d), in float64.
+
+    A covariance that is not positive definite (fewer samples than dimensions, collapsed features) has no Cholesky
+    factor: the authors' code stops with an error there. Here it is factored with ``jitter`` times its mean
+    variance (or ``jitter`` where that is 0) added to the diagonal instead, and the second result says so."""
+    cov = torch.cov(features.double().T)
+    factor, info = torch.linalg.cholesky_ex(cov)
+    if int(info) == 0:
+        return factor.diagonal(), False
+    scale = float(cov.detach().diagonal().mean())  # a constant of the factorisation, not a path for gradients
+    eps = jitter * (scale if scale > 0 else 1.0)
+    eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
+    return torch.linalg.cholesky(cov + eps * eye).diagonal(), True
+
+
+def anti_collapse(features: Tensor, beta: float, jitter: float = 1e-4) -> Tensor:
+    """AdaGauss's anti-collapse term, −mean_i min(L_ii, β) over the diagonal of the Cholesky factor L of the batch's
+    feature covariance Σ = LLᵀ (features (N, d) → a scalar, float32). det Σ = Π L_ii², so the term rewards volume
+    in every direction, up to L_ii = β, and is −β once every L_ii ≥ β."""
+    diagonal, _ = batch_cholesky_diagonal(features, jitter)
+    return -diagonal.clamp(max=beta).mean().float()
+
+
+def projected_distillation(projected: Tensor, old: Tensor) -> Tensor:
+    """AdaGauss's feature distillation through its distiller g, mean_ij (g(f)_ij − f_old_ij)²: the MSE between the
+    new features mapped by g (``projected``, (B, d)) and the old model's features of the same images (``old``,
+    (B, d)); a scalar, float32. The map lets the new features move as long as the old ones stay recoverable from
+    them (the authors' ``distill_projected``)."""
+    return F.mse_loss(projected.float(), old.float())
+
+
+def pushed_gaussians(
+    means: Tensor,
+    covs: Tensor,
+    fn: Callable[[Tensor], Tensor],
+    n: int,
+    generator: torch.Generator | None,
+    jitter: float = 1e-5,
+) -> tuple[Tensor, Tensor]:
+    """The Gaussians after a map: per class c, ``n`` samples of N(μ_c, Σ_c + jitter·I) pushed through ``fn``, and
+    their mean and unbiased covariance (AdaGauss's adaptation of the stored distributions).
+
+    Args:
+        means: (C, d) class means; covs: (C, d, d) their covariances.
+        fn: the map, (n, d) → (n, d').
+        n: samples per class (the authors' N, 10,000).
+
+    Returns:
+        (C, d') means and (C, d', d') covariances, float32 (the moments computed in float64).
+    """
+    factors = gaussian_factors(covs, jitter)  # (C, d, d)
+    new_means, new_covs = [], []
+    for mean, factor in zip(means, factors, strict=True):
+        eps = torch.randn(n, len(mean), generator=generator, device=mean.device, dtype=torch.float32)
+        moved = fn(mean.float() + eps @ factor.T).double()  # (n, d')
+        new_means.append(moved.mean(dim=0))
+        new_covs.append(torch.cov(moved.T))
+    return torch.stack(new_means).float(), torch.stack(new_covs).float()
+
+
+def shrunk(cov: Tensor, gamma: float) -> Tensor:
+    """Σ + γ·mean(diag Σ)·I: the shrinkage of AdaGauss's classifier (the authors' ``shrink_cov(Σ, γ)``, whose
+    off-diagonal part is 0). (..., d, d) → (..., d, d)."""
+    eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+    return cov + gamma * cov.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None] * eye
+
+
+def correlation_of(cov: Tensor) -> Tensor:
+    """R_ij = Σ_ij / √(Σ_ii·Σ_jj), the covariance scaled to a unit diagonal (the authors' ``norm_cov``).
+    (..., d, d) → (..., d, d)."""
+    std = cov.diagonal(dim1=-2, dim2=-1).sqrt()
+    return cov / (std[..., :, None] * std[..., None, :])
+
+
+def bayes_precisions(covs: Tensor, shrinkage: float, normalize: bool) -> Tensor:
+    """The precision of each class in AdaGauss's Bayes classifier: the covariance shrunk, Σ + γ·mean(diag Σ)·I
+    (γ = ``shrinkage``, the authors' 3), turned into its correlation matrix where the features are L2-normalised
+    (``normalize``), and inverted, in float64. (C, d, d) → (C, d, d) float32."""
+    s = shrunk(covs.double(), shrinkage)
+    return torch.linalg.inv(correlation_of(s) if normalize else s).float()
+
+
+def bayes_log_likelihood(x: Tensor, means: Tensor, precisions: Tensor) -> Tensor:
+    """The scores of AdaGauss's Bayes classifier, −(x − μ_c)ᵀ P_c (x − μ_c) for every sample and class: the log
+    density of N(μ_c, P_c⁻¹) up to terms the authors drop (−½, the log-determinant and the constant; their
+    prediction is the class of least distance). x (B, d), means (C, d), precisions (C, d, d) → (B, C)."""
+    diff = x[:, None, :] - means[None]  # (B, C, d)
+    return -torch.einsum("bcd,cde,bce->bc", diff, precisions, diff)

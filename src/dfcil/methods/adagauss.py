@@ -1,0 +1,162 @@
+"""AdaGauss (Rypeść et al., NeurIPS 2024, "Task-recency bias strikes back"): a backbone trained on each task with CE,
+feature distillation through a learned MLP distiller and an anti-collapse term; a Gaussian (mean, full covariance)
+per class, carried into each new feature space by an MLP adapter; a Bayes (Mahalanobis) classifier over them
+(docs/baselines.md, AdaGauss)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, TrainConfig, configclass
+from dfcil.context import Task
+from dfcil.losses.adagauss import anti_collapse, projected_distillation
+from dfcil.losses.efc import rotation_batch
+from dfcil.methods.adapter import AdapterConfig, AdapterDrift, BayesClassifier, mlp
+from dfcil.methods.base import Batch, Phase, TaskContext, register_method
+from dfcil.methods.lifecycle import TeacherMethod
+from dfcil.methods.memory import ClassMemory, features_of
+from dfcil.models.network import IncrementalNet
+
+
+@configclass
+class AdaGaussConfig(MethodConfig):
+    name: str = "adagauss"
+    lambda_kd: NonNegativeFloat = 10.0  # λ of the distilled MSE (the authors' --lamb)
+    alpha: NonNegativeFloat = 1.0  # weight of the anti-collapse term, in training and in the adapter's fit
+    beta: PositiveFloat = 1.0  # its clamp on the Cholesky diagonal
+    ac_jitter: PositiveFloat = 1e-4  # a singular batch covariance is factored with this × its mean variance added
+    multiplier: int = 32  # the distiller's hidden width, multiplier × d (the authors' --multiplier)
+    rotation: bool = True  # first task: self-rotation labels, 4× the classes (the CIFAR script's --rotation)
+    # the first epochs (this fraction of the task's, rounded down: 2 of 200) train the head and distiller only,
+    # the backbone's features detached (the authors' int(nepochs · 0.01))
+    detach_fraction: NonNegativeFloat = 0.01
+    later_lr_scale: PositiveFloat = 0.1  # every task after the first: lr = train.lr × this (0.1 → 0.01)
+    shrinkage: NonNegativeFloat = 3.0  # γ: Σ + γ·mean(diag Σ)·I in the classifier (the authors' shrink_cov(·, 3))
+    normalize: bool = True  # L2-normalised features and means, correlation matrices (the script's --normalize)
+    adapt: bool = True  # move the old Gaussians with the adapter after each task (False: they stay)
+    adapter: AdapterConfig = dataclasses.field(default_factory=AdapterConfig)
+
+
+@register_method(
+    "adagauss",
+    stores="class statistics",
+    distributed=False,  # the statistics and the adapter are computed by one process
+)
+class AdaGauss(TeacherMethod):
+    """AdaGauss (Rypeść et al., 2024): CE on the task's classes, λ·MSE(distiller(f), f_old) and the anti-collapse
+    term; Gaussians moved by an MLP adapter; Bayes classification by Mahalanobis distance.
+
+    The first task trains with self-rotation labels (an auxiliary head for the rotated classes). Every later task
+    trains CE over its own classes' logits, the MSE between a fresh MLP distiller of the features and the old
+    model's features, and the anti-collapse term on the batch's features. After each task's training the old
+    Gaussians are pushed through an adapter fitted from the old features to the new, then the task's classes get
+    theirs (the plain images and their flips), and the classifier's precisions are recomputed."""
+
+    Config = AdaGaussConfig
+
+    def __init__(self, cfg: AdaGaussConfig, train: TrainConfig) -> None:
+        super().__init__(cfg, train)
+        drift = AdapterDrift(cfg.adapter, cfg.alpha, cfg.beta) if cfg.adapt else None
+        self.memory = ClassMemory(drift, covariances=True, augmented=False)
+        self.bayes = BayesClassifier(cfg.shrinkage, cfg.normalize)
+        self.classifier = self.bayes
+        self.distiller: nn.Module | None = None  # the task's MLP distiller, d → multiplier·d → d (tasks > 0)
+        self.rotation: nn.Linear | None = None  # the first task's auxiliary head, d → 3·n_new
+        self.epoch = 0  # epochs of the task done (the first ones train with detached features)
+
+    def phases(self, task: Task) -> list[Phase]:
+        if task.task_id == 0:
+            return [Phase.from_train("train", self.train)]
+        return [Phase.from_train("train", self.train, lr=self.train.lr * self.cfg.later_lr_scale)]
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        super().on_task_start(ctx)  # the frozen old model, from the second task on
+        d = ctx.net.feature_dim
+        with torch.no_grad():  # each task's head block as the authors' fresh nn.Linear (no bias here)
+            block = ctx.net.head.blocks[-1].weight
+            block.copy_(_uniform(block.shape, 1 / math.sqrt(d), ctx))
+        self.distiller = mlp(d, self.cfg.multiplier * d, ctx.device, ctx.rng) if ctx.task_id > 0 else None
+        self.rotation = None
+        if ctx.task_id == 0 and self.cfg.rotation:
+            self.rotation = _rotation_head(d, ctx.n_new, ctx.device)
+            with torch.no_grad():
+                for p in self.rotation.parameters():
+                    p.copy_(_uniform(p.shape, 1 / math.sqrt(d), ctx))
+        self.epoch = 0
+
+    def extra_modules(self, ctx: TaskContext) -> list[nn.Module]:
+        return [m for m in (self.distiller, self.rotation) if m is not None]
+
+    def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
+        x, y = batch.x, batch.y
+        if self.rotation is not None:
+            x, y = rotation_batch(x, y, ctx.n_new)  # task 0: n_old = 0
+        f = net(x).features.float()
+        if self.epoch < int(phase.epochs * self.cfg.detach_fraction):
+            f = f.detach()  # the first epochs: head (and distiller) only
+        logits = net.head(f)[:, ctx.n_old :]
+        if self.rotation is not None:
+            logits = torch.cat([logits, self.rotation(f)], dim=1)
+        terms = {"ce": F.cross_entropy(logits.float(), y - ctx.n_old)}
+        if self.distiller is not None and self.teacher.net is not None:
+            with torch.no_grad():
+                old = self.teacher(batch.x).features.float()
+            terms["kd"] = self.cfg.lambda_kd * projected_distillation(self.distiller(f), old)
+        if self.cfg.alpha > 0:
+            terms["ac"] = self.cfg.alpha * anti_collapse(f, self.cfg.beta, self.cfg.ac_jitter)
+        return terms
+
+    def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
+        self.epoch += 1
+
+    def on_phase_end(self, ctx: TaskContext, phase: Phase) -> None:
+        if self.teacher.net is not None:  # after training, with the old model: the old Gaussians adapted (once)
+            self.memory.compensate(ctx, self.teacher.net, None)
+
+    @torch.no_grad()
+    def on_task_end(self, ctx: TaskContext) -> None:
+        # the task's classes: the plain training images and their horizontal flips, eval mode (the authors' 2N)
+        batches = [(v, y) for x, y in ctx.data.plain() for v in (x, x.flip(3))]
+        feats, labels = features_of(ctx.net, batches)
+        self.memory.add(feats, labels, range(ctx.n_old, ctx.n_seen))
+        self.bayes.refresh(self.memory)
+        self.distiller = self.rotation = None
+        super().on_task_end(ctx)  # the old model dropped
+
+    def components(self) -> dict[str, Any]:
+        return super().components() | {"memory": self.memory, "bayes": self.bayes}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict() | {"epoch": self.epoch}
+        for name in ("distiller", "rotation"):
+            if (module := getattr(self, name)) is not None:
+                state[name] = module.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
+        super().load_state_dict(state, ctx, static)  # the old model, the memory and the classifier
+        d = ctx.net.feature_dim
+        self.epoch = int(state.get("epoch", 0))
+        self.distiller = self.rotation = None
+        if "distiller" in state:
+            self.distiller = mlp(d, self.cfg.multiplier * d, ctx.device, None)
+            self.distiller.load_state_dict(state["distiller"])
+        if "rotation" in state:
+            self.rotation = _rotation_head(d, ctx.n_new, ctx.device)
+            self.rotation.load_state_dict(state["rotation"])
+
+
+def _rotation_head(d: int, n_new: int, device: torch.device) -> nn.Linear:
+    """The first task's auxiliary rotation head, d → 3·n_new with a bias, left uninitialised."""
+    return nn.utils.skip_init(nn.Linear, d, 3 * n_new, device=device)
+
+
+def _uniform(shape: torch.Size, bound: float, ctx: TaskContext) -> Tensor:
+    """U(−bound, bound) of ``shape`` from the method's stream, on the training device."""
+    return (torch.rand(shape, generator=ctx.rng, device=ctx.device) * 2 - 1) * bound
