@@ -54,6 +54,7 @@ OTHER_PAPERS = {
     ("lwf", "ldc"): ("LDC paper", "the LDC paper's row of LwF + LDC"),
     ("fecam", ""): ("FeCAM paper", "FeCAM paper"),
     ("dpcr", ""): ("DPCR paper", "the DPCR paper's row of DPCR"),
+    ("adagauss", ""): ("AdaGauss paper", "the AdaGauss paper's row of AdaGauss"),
 }
 SETTING = re.compile(r"(b\d+_)?n\d+")
 
