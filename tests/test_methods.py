@@ -658,6 +658,21 @@ def test_a_methods_gradient_clamp_bounds_every_update():
     assert 0 < moved <= 3 * 0.5 * 1e-4 + 1e-6  # (float32 rounding of the weights themselves)
 
 
+def test_a_methods_gradient_norm_clip_bounds_every_update():
+    """AdaGauss clips the norm of every step's gradient (grad_clip_norm): with momentum and weight decay off, the
+    whole update of 3 steps has norm at most 3 × lr × the clip, and without the clip it is larger."""
+
+    def moved(clip):
+        cfg, method, net, ctx, batches = _task1_setup(name="finetune")
+        method.info = dataclasses.replace(method.info, grad_clip_norm=clip)  # this instance only
+        before = [p.detach().clone() for p in net.parameters()]
+        fit_phases(cfg, method, ctx, [Phase("a", 1, 0.5, momentum=0.0, weight_decay=0.0)])  # 3 steps
+        return torch.cat([(p.detach() - q).flatten() for p, q in zip(net.parameters(), before, strict=True)]).norm()
+
+    clipped = float(moved(1e-3))
+    assert 0 < clipped <= 3 * 0.5 * 1e-3 * (1 + 1e-3) and float(moved(None)) > 10 * clipped
+
+
 @pytest.mark.parametrize("last_only", [False, True])
 def test_joint_trains_on_every_task_so_far(last_only):
     """The upper bound's task 1 trains on the real data of tasks 0 and 1 (twice fine-tuning's), from a

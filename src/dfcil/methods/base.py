@@ -34,6 +34,7 @@ class MethodInfo:
     head: str = "linear"  # the head IncrementalNet builds (an instance may choose another from its config: LwF)
     train_data: Literal["task", "seen"] = "task"  # "seen": real data of every task so far (joint only)
     grad_clip_value: float | None = None  # clamp every gradient to [-v, v] (PODNet: 5)
+    grad_clip_norm: float | None = None  # rescale the gradient of all trained parameters to norm ≤ v (AdaGauss: 1)
     # Its training_step may be replayed as a CUDA graph (engine.cuda_graphs: on): verified under "check" by
     # tests/test_graphs.py. False: the engine runs the method's steps eagerly even when graphs are on.
     graph_safe: bool = False

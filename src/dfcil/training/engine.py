@@ -301,6 +301,8 @@ class TrainStep:
         ctx.runtime.dist.average_gradients(self.params)  # several processes: the global batch's gradient
         if (clip := self.method.info.grad_clip_value) is not None:
             nn.utils.clip_grad_value_(ctx.net.parameters(), clip)
+        if (norm := self.method.info.grad_clip_norm) is not None:  # over everything the optimiser steps
+            nn.utils.clip_grad_norm_(self.params, norm)
         optimizer.step()
         ctx.runtime.dist.share_buffers(ctx.net)  # engine.sync_bn false: the first process's BN statistics
         return ctx.runtime.dist.mean(losses.detach())  # the global batch's terms (each process has its share's)
