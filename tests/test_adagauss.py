@@ -21,9 +21,10 @@ from dfcil.losses.adagauss import (
     projected_distillation,
     pushed_gaussians,
     shrunk,
+    small_batch,
 )
 from dfcil.losses.prototypes import gaussian_factors
-from dfcil.methods import build_method
+from dfcil.methods import METHODS, build_method
 from dfcil.methods.adagauss import AdaGaussConfig
 from dfcil.methods.adapter import AdapterConfig, AdapterDrift, BayesClassifier, mlp
 from dfcil.methods.memory import ClassMemory
@@ -82,6 +83,19 @@ def test_projected_distillation_is_the_mse_of_the_mapped_features_to_the_old_one
 def test_shrinkage_adds_gamma_times_the_mean_variance_to_the_diagonal_only():
     cov = torch.tensor([[[2.0, 1.0], [1.0, 4.0]]])  # mean variance 3, γ = 2: + 6 on the diagonal
     assert shrunk(cov, 2.0)[0].flatten().tolist() == pytest.approx([8.0, 1.0, 1.0, 10.0])
+
+
+def test_features_that_are_not_finite_give_a_nan_term_for_the_engine_to_name():
+    bad = BATCH.clone()
+    bad[0, 0] = float("nan")
+    assert math.isnan(float(anti_collapse(bad, 1.0)))
+
+
+def test_a_batch_no_larger_than_the_feature_dimension_is_said_to_degrade_the_term():
+    assert small_batch(65, 64, "train.batch_size") is None  # rank 64: positive definite in general
+    assert "train.batch_size is 64" in small_batch(64, 64, "train.batch_size") and "rank at most 63" in small_batch(
+        64, 64, "train.batch_size"
+    )
 
 
 def test_bayes_precisions_shrink_by_the_mean_variance_then_normalise():
@@ -194,6 +208,7 @@ def test_later_tasks_train_at_a_tenth_of_the_first_tasks_lr():
     assert (first.lr, later.lr) == (0.1, pytest.approx(0.01))
     assert first.milestones == later.milestones == (60, 120, 180) and first.epochs == later.epochs == 200
     assert method.stores == "class statistics" and method.memory.covariances
+    assert METHODS.get("adagauss").info.grad_clip_norm == 1.0  # the authors clip every step's gradient norm
     assert isinstance(method.memory.drift, AdapterDrift)
     assert build_method(AdaGaussConfig(adapt=False), train).memory.drift is None  # the Gaussians stay
 

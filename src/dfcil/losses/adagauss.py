@@ -19,7 +19,10 @@ def batch_cholesky_diagonal(features: Tensor, jitter: float = 1e-4) -> tuple[Ten
 
     A covariance that is not positive definite (fewer samples than dimensions, collapsed features) has no Cholesky
     factor: the authors' code stops with an error there. Here it is factored with ``jitter`` times its mean
-    variance (or ``jitter`` where that is 0) added to the diagonal instead, and the second result says so."""
+    variance (or ``jitter`` where that is 0) added to the diagonal instead, and the second result says so. Features
+    that are not finite give a diagonal of NaN (the engine then names the loss term that became non-finite). The
+    term is meant for batches of more samples than dimensions (N > d); with fewer the jittered factor has entries near
+    √jitter whose gradients are large (:func:`small_batch` says so)."""
     cov = torch.cov(features.double().T)
     factor, info = torch.linalg.cholesky_ex(cov)
     if int(info) == 0:
@@ -27,7 +30,24 @@ def batch_cholesky_diagonal(features: Tensor, jitter: float = 1e-4) -> tuple[Ten
     scale = float(cov.detach().diagonal().mean())  # a constant of the factorisation, not a path for gradients
     eps = jitter * (scale if scale > 0 else 1.0)
     eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
-    return torch.linalg.cholesky(cov + eps * eye).diagonal(), True
+    factor, info = torch.linalg.cholesky_ex(cov + eps * eye)
+    if int(info) != 0:  # NaN or infinite features: no factor at any jitter
+        return torch.full_like(cov[0], float("nan")), True
+    return factor.diagonal(), True
+
+
+def small_batch(batch: int, dim: int, what: str) -> str | None:
+    """Why an anti-collapse term over batches of ``batch`` samples of ``dim``-dimensional features is degraded, or
+    None where it is not: a batch covariance has rank at most batch − 1, so with batch ≤ dim it has no Cholesky factor
+    (or one with pivots near 0 by rounding): the jittered factor's smallest entries are near √jitter and push hard
+    (``what``: the config key of the batch)."""
+    if batch > dim:
+        return None
+    return (
+        f"{what} is {batch}: the anti-collapse term factors the covariance of a batch's {dim}-dimensional features, "
+        f"of rank at most {batch - 1} here: it has no proper Cholesky factor, and the term's smallest directions push "
+        f"hard; set {what} above {dim} (AdaGauss: 256) for the term the authors train with"
+    )
 
 
 def anti_collapse(features: Tensor, beta: float, jitter: float = 1e-4) -> Tensor:

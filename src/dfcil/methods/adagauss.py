@@ -6,6 +6,7 @@ per class, carried into each new feature space by an MLP adapter; a Bayes (Mahal
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any
 
@@ -15,13 +16,15 @@ from torch import Tensor, nn
 
 from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, TrainConfig, configclass
 from dfcil.context import Task
-from dfcil.losses.adagauss import anti_collapse, projected_distillation
+from dfcil.losses.adagauss import anti_collapse, projected_distillation, small_batch
 from dfcil.losses.efc import rotation_batch
 from dfcil.methods.adapter import AdapterConfig, AdapterDrift, BayesClassifier, mlp
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
 from dfcil.methods.lifecycle import TeacherMethod
 from dfcil.methods.memory import ClassMemory, features_of
 from dfcil.models.network import IncrementalNet
+
+log = logging.getLogger("dfcil")
 
 
 @configclass
@@ -47,6 +50,7 @@ class AdaGaussConfig(MethodConfig):
     "adagauss",
     stores="class statistics",
     distributed=False,  # the statistics and the adapter are computed by one process
+    grad_clip_norm=1.0,  # the authors clip the norm of every step's gradient (network, heads, distiller) at 1
 )
 class AdaGauss(TeacherMethod):
     """AdaGauss (Rypeść et al., 2024): CE on the task's classes, λ·MSE(distiller(f), f_old) and the anti-collapse
@@ -78,6 +82,11 @@ class AdaGauss(TeacherMethod):
     def on_task_start(self, ctx: TaskContext) -> None:
         super().on_task_start(ctx)  # the frozen old model, from the second task on
         d = ctx.net.feature_dim
+        if self.cfg.alpha > 0 and ctx.task_id == 0:  # said once; the later tasks' batches have no rotations
+            batches = [("train.batch_size", self.train.batch_size)]
+            batches += [("method.adapter.batch_size", self.cfg.adapter.batch_size)] if self.cfg.adapt else []
+            for why in filter(None, (small_batch(size, d, key) for key, size in batches)):
+                log.warning("adagauss: %s", why)
         with torch.no_grad():  # each task's head block as the authors' fresh nn.Linear (no bias here)
             block = ctx.net.head.blocks[-1].weight
             block.copy_(_uniform(block.shape, 1 / math.sqrt(d), ctx))
