@@ -375,3 +375,16 @@ def test_inspect_refuses_a_second_run_for_synthetic_and_an_unknown_embedding(smo
     assert err.count("\n") == 1 and "jiont" in err and "joint" in err
     assert main(["inspect", str(smoke_run), "--synthetic-images", "0"]) == 2
     assert "--synthetic-images must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_the_numbers_under_a_picture_are_short_lines_that_two_side_by_side_pictures_do_not_run_into():
+    from dfcil.analysis.features import format_numbers
+
+    numbers = {"silhouette": -0.026, "overlap": 0.8125, "overlap_classes": 14, "per_class": [{}] * 20}
+    text = format_numbers(numbers)
+    assert text.splitlines() == [
+        "silhouette of the real classes: -0.026 (1: tight, apart; 0: touching)",
+        "real vs synthetic 5-NN accuracy: 0.812 (0.5: mixed; 1: apart),",
+        "mean of 14 classes (6 with too few images to test)",
+    ]
+    assert max(map(len, text.splitlines())) <= 72  # the caption of a joint panel, about 6 inches at 9 pt

@@ -341,8 +341,8 @@ def format_numbers(numbers: dict[str, Any]) -> str:
     tested, total = numbers["overlap_classes"], len(numbers["per_class"])
     return (
         f"silhouette of the real classes: {numbers['silhouette']:.3f} (1: tight, apart; 0: touching)\n"
-        f"real vs synthetic {KNN_NEIGHBOURS}-NN accuracy: {numbers['overlap']:.3f} (0.5: mixed; 1: apart), mean "
-        f"of {tested} classes ({total - tested} with too few images to test)"
+        f"real vs synthetic {KNN_NEIGHBOURS}-NN accuracy: {numbers['overlap']:.3f} (0.5: mixed; 1: apart),\n"
+        f"mean of {tested} classes ({total - tested} with too few images to test)"
     )
 
 
