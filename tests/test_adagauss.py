@@ -233,3 +233,34 @@ def test_adagauss_resumes_exactly_inside_a_task(tmp_path, stop):
     sa, sb = ma["method_state"], mb["method_state"]  # the Bayes classifier's Gaussians, moved by the adapter
     assert set(sa) == {"means", "precisions"} and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert sa["means"].shape[0] == 6
+
+
+@pytest.mark.parametrize("x", [BATCH, torch.tensor([[0.0, 3.0], [1.0, 3.0]])], ids=["plain", "singular"])
+def test_the_on_device_cholesky_diagonal_is_the_host_one_without_reading_anything_back(x, monkeypatch):
+    from dfcil.losses.adagauss import cholesky_diagonal_on_device
+
+    expected, jittered = batch_cholesky_diagonal(x)
+    a = x.clone().double().requires_grad_(True)  # the reference: one Cholesky of the (jittered) covariance
+    cov = torch.cov(a.T)
+    cov = cov + 1e-4 * float(cov.detach().diagonal().mean()) * torch.eye(2, dtype=cov.dtype) if jittered else cov
+    (-torch.linalg.cholesky(cov).diagonal().clamp(max=1.0).mean()).backward()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a value was read back to the host")
+
+    for name in ("item", "__bool__", "__int__", "__float__", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    b = x.clone().requires_grad_(True)
+    diagonal, flag = cholesky_diagonal_on_device(b)
+    (-diagonal.clamp(max=1.0).mean()).backward()
+    monkeypatch.undo()
+    assert torch.equal(diagonal.detach(), expected) and bool(flag) == jittered
+    assert torch.isfinite(b.grad).all() and torch.allclose(b.grad.double(), a.grad)
+
+
+def test_the_on_device_cholesky_diagonal_of_non_finite_features_is_nan():
+    from dfcil.losses.adagauss import cholesky_diagonal_on_device
+
+    x = BATCH.clone()
+    x[0, 0] = float("nan")
+    assert torch.isnan(cholesky_diagonal_on_device(x)[0]).all()

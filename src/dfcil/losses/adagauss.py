@@ -23,17 +23,25 @@ def batch_cholesky_diagonal(features: Tensor, jitter: float = 1e-4) -> tuple[Ten
     that are not finite give a diagonal of NaN (the engine then names the loss term that became non-finite). The
     term is meant for batches of more samples than dimensions (N > d); with fewer the jittered factor has entries near
     √jitter whose gradients are large (:func:`small_batch` says so)."""
+    diagonal, jittered = cholesky_diagonal_on_device(features, jitter)
+    return diagonal, bool(jittered)
+
+
+def cholesky_diagonal_on_device(features: Tensor, jitter: float = 1e-4) -> tuple[Tensor, Tensor]:
+    """:func:`batch_cholesky_diagonal` without a read back to the host: the plain and the jittered factor are both
+    computed and the diagonal chosen on the device (``torch.where``), so a step that uses it can be replayed as a
+    CUDA graph; the second result is a boolean tensor. The gradient flows through the chosen factor only (the other
+    one's input is the identity, so that its backward pass stays finite)."""
     cov = torch.cov(features.double().T)
-    factor, info = torch.linalg.cholesky_ex(cov)
-    if int(info) == 0:
-        return factor.diagonal(), False
-    scale = float(cov.detach().diagonal().mean())  # a constant of the factorisation, not a path for gradients
-    eps = jitter * (scale if scale > 0 else 1.0)
     eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
-    factor, info = torch.linalg.cholesky_ex(cov + eps * eye)
-    if int(info) != 0:  # NaN or infinite features: no factor at any jitter
-        return torch.full_like(cov[0], float("nan")), True
-    return factor.diagonal(), True
+    plain = torch.linalg.cholesky_ex(cov.detach()).info == 0  # whether it has a factor
+    scale = cov.detach().diagonal().mean()  # a constant of the factorisation, not a path for gradients
+    eps = jitter * torch.where(scale > 0, scale, torch.ones_like(scale))
+    jittered, info_j = torch.linalg.cholesky_ex(torch.where(plain, eye, cov + eps * eye))
+    safe = torch.linalg.cholesky_ex(torch.where(plain, cov, eye))[0]  # the plain factor, finite to differentiate
+    nan = torch.full_like(cov[0], float("nan"))  # NaN or infinite features: no factor at any jitter
+    diagonal = torch.where(plain, safe.diagonal(), torch.where(info_j == 0, jittered.diagonal(), nan))
+    return diagonal, ~plain
 
 
 def small_batch(batch: int, dim: int, what: str) -> str | None:
@@ -54,7 +62,7 @@ def anti_collapse(features: Tensor, beta: float, jitter: float = 1e-4) -> Tensor
     """AdaGauss's anti-collapse term, −mean_i min(L_ii, β) over the diagonal of the Cholesky factor L of the batch's
     feature covariance Σ = LLᵀ (features (N, d) → a scalar, float32). det Σ = Π L_ii², so the term rewards volume
     in every direction, up to L_ii = β, and is −β once every L_ii ≥ β."""
-    diagonal, _ = batch_cholesky_diagonal(features, jitter)
+    diagonal, _ = cholesky_diagonal_on_device(features, jitter)
     return -diagonal.clamp(max=beta).mean().float()
 
 

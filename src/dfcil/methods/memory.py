@@ -47,8 +47,10 @@ class DriftConfig:
     """How stored class statistics follow the backbone from one task to the next."""
 
     # "ldc": LDC's projector, a bias-free linear map trained with Adam on the MSE; "lstsq": the same map in closed
-    # form (ridge least squares, one solve); "none": statistics stay where they were computed
-    kind: Literal["ldc", "lstsq", "none"] = "ldc"
+    # form (ridge least squares, one solve); "dual": DPCR's dual projection, the lstsq map restricted per class to
+    # the row space of the class's features (a memory with covariances: rdfcil_plus); "none": statistics stay where
+    # they were computed
+    kind: Literal["ldc", "lstsq", "dual", "none"] = "ldc"
     # ldc: where the Adam fit starts. random: nn.Linear's default initialisation (the authors' code); identity:
     # P = I, leaving the means where they are, which a fit too short to converge then moves less far from the truth
     init: Literal["random", "identity"] = "random"
@@ -58,7 +60,7 @@ class DriftConfig:
     # augmented passes over the task's images that give feature pairs; the fit's epoch e uses pass e mod passes.
     # LDC draws fresh augmentations every epoch (passes = epochs); fewer passes cost fewer forward passes
     passes: PositiveInt = 20
-    ridge: PositiveFloat = 0.001  # lstsq: ridge, relative to the mean eigenvalue of the old features' Gram matrix
+    ridge: PositiveFloat = 0.001  # lstsq, dual: ridge, relative to the mean eigenvalue of the old features' Gram matrix
     # also fit the map on synthetic images of the old classes (methods with a generator; R-DFCIL+): the task's own
     # images only show how the new classes' region moved
     synthetic: bool = False
@@ -147,7 +149,10 @@ class KernelDrift:
 
 
 def linear_drift(cfg: DriftConfig) -> LinearDrift | None:
-    """The drift a :class:`DriftConfig` names; None for kind "none" (the statistics stay)."""
+    """The drift a :class:`DriftConfig` of kind "ldc" or "lstsq" names; None for kind "none" (the statistics stay).
+    Kind "dual" is :class:`dfcil.methods.projection.DualProjectionDrift`, which needs the classes' covariances."""
+    if cfg.kind == "dual":
+        raise ValueError("drift kind dual is DualProjectionDrift (dfcil.methods.projection), not a LinearDrift")
     return None if cfg.kind == "none" else LinearDrift(cfg)
 
 
@@ -190,6 +195,11 @@ class ClassMemory:
             raise ConfigError(
                 "method.drift sets how LDC moves the stored class means, and method.ldc is false, so there are none: "
                 "set method.ldc: true, or drop method.drift"
+            )
+        if drift.kind == "dual":
+            raise ConfigError(
+                "method.drift.kind dual moves each class's covariance within its row space, and LDC's memory keeps "
+                "class means only: use method.drift.kind lstsq (the same task-wise map) or ldc"
             )
         if drift.synthetic and not generator:
             raise ConfigError(

@@ -16,6 +16,7 @@ from torch import Tensor
 from dfcil.compute.precision import full_precision
 from dfcil.context import TaskContext
 from dfcil.losses.dpcr import class_maps, gram_of, move_statistics, ridge_head, row_space_projector, task_map
+from dfcil.losses.prototypes import lstsq_projector
 from dfcil.methods.memory import ClassMemory
 from dfcil.models.network import NetOutput
 
@@ -34,10 +35,13 @@ class DualProjectionDrift:
         classwise: apply the class-wise projection (False: W_c = A).
         counts: the classes' sample counts n_c, for Φ_c = (n_c − 1)·Σ_c + n_c·μ_cᵀμ_c; None: Σ_c + μ_cᵀμ_c, which has
             the same row space (a sum of two positive semi-definite matrices spans the sum of their ranges).
+        relative: ``ridge`` is relative to the mean eigenvalue of the old features' Gram matrix, as the closed-form
+            map of :func:`~dfcil.losses.prototypes.lstsq_projector` takes it (R-DFCIL+'s ``drift.kind: dual``), not
+            absolute (DPCR's).
+        synthetic: the pairs include synthetic images of the old classes (:class:`~dfcil.methods.memory.Drift`).
     """
 
     passes = 1
-    synthetic = False
 
     def __init__(
         self,
@@ -46,8 +50,11 @@ class DualProjectionDrift:
         task: bool = True,
         classwise: bool = True,
         counts: Callable[[], Tensor] | None = None,
+        relative: bool = False,
+        synthetic: bool = False,
     ) -> None:
         self.ridge, self.tol, self.task, self.classwise, self.counts = ridge, tol, task, classwise, counts
+        self.relative, self.synthetic = relative, synthetic
 
     def move(
         self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator, desc: str
@@ -57,7 +64,12 @@ class DualProjectionDrift:
         old, new = pairs[0]
         d, n = means.shape[1], len(means)
         eye = torch.eye(d, device=means.device)
-        a = task_map(old, new, self.ridge).to(means.device) if self.task else eye
+        if not self.task:
+            a = eye
+        elif self.relative:  # old·A ≈ new: A = Pᵀ of the closed-form map P·f_old ≈ f_new
+            a = lstsq_projector(old, new, self.ridge).T.to(means.device)
+        else:
+            a = task_map(old, new, self.ridge).to(means.device)
         if self.classwise:
             if self.counts is not None:
                 grams = gram_of(means, covs, self.counts()[:n].to(means.device))

@@ -244,7 +244,12 @@ class RDFCIL(ReplayMethod):
             terms["hkd_new"] = w_hkd * hkd_l1(s_real.logits, t_real.logits, old)
         elif self.contrast is not None:  # crd, crcd: the same images' embeddings against the task's bank
             terms[c.new_kd] = w_contrast * self._contrast(s_real.features, t_real.features, batch, ctx)
-        return terms
+        return terms | self.rrl_feature_terms(out.features)
+
+    def rrl_feature_terms(self, features: Tensor) -> dict[str, Tensor]:
+        """Further RRL terms on the student's features of the step's [real; synthetic] images (a subclass's: none
+        here)."""
+        return {}
 
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:
         if ctx.task_id > 0:  # cumulative real + pseudo-label counts since the task started, RRL included

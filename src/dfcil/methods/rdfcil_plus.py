@@ -5,18 +5,27 @@ prototype re-balancing and LDC's drift compensation; each addition is a switch, 
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dfcil.config import NonNegativeFloat, configclass
+from dfcil.config import NonNegativeFloat, PositiveFloat, configclass
 from dfcil.errors import ConfigError
+from dfcil.losses.adagauss import anti_collapse, small_batch
 from dfcil.losses.prototypes import balanced_labels, sample_gaussians
+from dfcil.methods.adapter import BayesClassifier
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
 from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier, linear_drift
+from dfcil.methods.projection import DualProjectionDrift, RidgeClassifier
 from dfcil.methods.rdfcil import RDFCIL, RDFCILConfig
 from dfcil.models.network import IncrementalNet
+
+log = logging.getLogger("dfcil")
+Classifier = NearestMeanClassifier | BayesClassifier | RidgeClassifier
 
 
 @configclass
@@ -31,8 +40,28 @@ class RDFCILPlusConfig(RDFCILConfig):
     # closed-form least-squares map on one augmented pass of feature pairs by default, which moves stored means
     # closer to the true ones than LDC's Adam fit at a fraction of its cost (docs/rdfcil-plus.md, measured)
     drift: DriftConfig = dataclasses.field(default_factory=lambda: DriftConfig(kind="lstsq", passes=1))
-    # which classifier evaluates: the refined head ("head") or nearest class mean on the statistics ("ncm")
-    classifier: Literal["head", "ncm"] = "head"
+    # which classifier evaluates (CLASSIFIERS): the refined head ("head"); nearest class mean on the statistics
+    # ("ncm"); Mahalanobis distances to the moved Gaussians, AdaGauss's Bayes classifier ("bayes"); or DPCR's ridge
+    # head, reconstructed in closed form from the moved statistics after each task ("ridge"). CHR trains the head
+    # only, which "ncm", "bayes" and "ridge" do not read: with them method.chr_epochs 0 saves its time
+    classifier: Literal["head", "ncm", "bayes", "ridge"] = "head"
+    bayes_shrinkage: NonNegativeFloat = 3.0  # bayes: Σ + γ·mean(diag Σ)·I (AdaGauss's γ = 3)
+    bayes_normalize: bool = True  # bayes: L2-normalised features and means, correlation matrices (AdaGauss's)
+    ridge_gamma: PositiveFloat = 200.0  # ridge: γ of (Σ_c Φ_c + γI)⁻¹Q (DPCR's CIFAR-100 value, at d = 512)
+    ridge_normalize: bool = True  # ridge: each class column L2-normalised (DPCR's)
+    # AdaGauss's anti-collapse term in RRL, weight lambda_ac (0: off) and clamp ac_beta, on the covariance of the
+    # student's features of the step's [real; synthetic] images (2·batch rows: the term needs more rows than feature
+    # dimensions), −mean_i min(L_ii, β) over its Cholesky diagonal
+    lambda_ac: NonNegativeFloat = 0.0
+    ac_beta: PositiveFloat = 1.0
+
+
+CLASSIFIERS: dict[str, Callable[[RDFCILPlusConfig, ClassMemory], Classifier | None]] = {
+    "head": lambda cfg, memory: None,  # the network's head
+    "ncm": lambda cfg, memory: NearestMeanClassifier(memory),
+    "bayes": lambda cfg, memory: BayesClassifier(cfg.bayes_shrinkage, cfg.bayes_normalize),
+    "ridge": lambda cfg, memory: RidgeClassifier(cfg.ridge_gamma, cfg.ridge_normalize),
+}
 
 
 @register_method(
@@ -62,10 +91,39 @@ class RDFCILPlus(RDFCIL):
                 "used. Give CHR epochs, classify by the means (method.classifier: ncm), or train rdfcil"
             )
         super().__init__(cfg, train)
-        self.classifier = NearestMeanClassifier(self.memory) if cfg.classifier == "ncm" else None
+        self.classifier = CLASSIFIERS[cfg.classifier](cfg, self.memory)
 
     def build_memory(self, cfg: RDFCILPlusConfig) -> ClassMemory:
-        return ClassMemory(linear_drift(cfg.drift), covariances=True, augmented=True)  # Gaussians, always
+        d = cfg.drift
+        if d.kind == "dual":  # DPCR's dual projection, its task-wise map the closed form of kind lstsq
+            drift = DualProjectionDrift(d.ridge, relative=True, synthetic=d.synthetic)
+        else:
+            drift = linear_drift(d)
+        return ClassMemory(drift, covariances=True, augmented=True)  # Gaussians, always
+
+    def on_task_start(self, ctx: TaskContext) -> None:
+        super().on_task_start(ctx)
+        rows, d = 2 * self.train.batch_size, ctx.net.feature_dim  # [real; synthetic]
+        if self.cfg.lambda_ac > 0 and ctx.task_id == 1 and (why := small_batch(rows, d, "2 × train.batch_size")):
+            log.warning("rdfcil_plus: %s", why)
+
+    def rrl_feature_terms(self, features: Tensor) -> dict[str, Tensor]:
+        c = self.cfg
+        return {"ac": c.lambda_ac * anti_collapse(features, c.ac_beta)} if c.lambda_ac > 0 else {}
+
+    def on_task_end(self, ctx: TaskContext) -> None:
+        if isinstance(self.classifier, RidgeClassifier):  # the counts of the task's classes, Φ_c's n_c
+            self.classifier.add_counts(ctx.data.y, range(ctx.n_old, ctx.n_seen))
+        super().on_task_end(ctx)  # the task's classes' Gaussians, in the final feature space
+        if isinstance(self.classifier, BayesClassifier):
+            self.classifier.refresh(self.memory)
+        elif isinstance(self.classifier, RidgeClassifier):  # every class from its (moved) statistics
+            empty = self.memory.means.new_zeros(0, self.memory.means.shape[1])
+            self.classifier.fit(self.memory, ctx.n_seen, empty, empty.new_zeros(0, dtype=torch.long), ctx.n_seen)
+
+    def components(self) -> dict[str, Any]:
+        own = {"classifier": self.classifier} if isinstance(self.classifier, (BayesClassifier, RidgeClassifier)) else {}
+        return super().components() | own
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         terms = super().training_step(net, batch, ctx, phase)

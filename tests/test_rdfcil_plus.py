@@ -1,0 +1,123 @@
+"""R-DFCIL+'s switches from DPCR and AdaGauss (docs/rdfcil-plus.md): the dual projection of its Gaussians, the
+Bayes (Mahalanobis) and closed-form ridge classifiers on them, and the anti-collapse term in RRL, against
+hand-computed values; each through a whole run, with dfcil eval predicting as the run did."""
+
+import json
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dfcil.checkpoint import loads
+from dfcil.errors import ConfigError
+from dfcil.losses.adagauss import bayes_log_likelihood, bayes_precisions
+from dfcil.losses.dpcr import ridge_head
+from dfcil.methods import Batch, Phase, build_method
+from dfcil.methods.memory import ClassMemory, DriftConfig, linear_drift
+from dfcil.methods.projection import DualProjectionDrift, RidgeClassifier
+from test_ldc import LinearFeatures, _ctx
+from test_methods import _task1_setup, tiny_config
+
+DRIFT = torch.tensor([[1.0, 0.2, 0.0, 0.0], [0.0, 0.9, 0.0, 0.1], [0.0, 0.0, 1.1, 0.0], [0.3, 0.0, 0.0, 1.0]])
+
+
+def _moved(drift, means, covs):
+    memory = ClassMemory(drift, covariances=True, augmented=False)
+    memory.load_state_dict({"means": means, "covs": covs})
+    memory.compensate(_ctx(LinearFeatures(DRIFT)), LinearFeatures(torch.eye(4)), None)
+    return memory
+
+
+def test_the_dual_drift_of_full_rank_classes_is_the_closed_form_map():
+    # every class's Gram matrix has full rank: its row-space projector is I, and the dual projection is the map
+    means, covs = torch.randn(2, 4), torch.eye(4).repeat(2, 1, 1)
+    dual = _moved(DualProjectionDrift(1e-9, relative=True), means, covs)
+    lstsq = _moved(linear_drift(DriftConfig(kind="lstsq", ridge=1e-9)), means, covs)
+    assert torch.allclose(dual.means, lstsq.means, atol=1e-5) and torch.allclose(dual.covs, lstsq.covs, atol=1e-5)
+    assert torch.allclose(dual.means, means @ DRIFT.T, atol=1e-4)  # μ ← Pμ: the pairs' map recovered
+
+
+def test_the_dual_drift_keeps_a_rank_deficient_class_in_its_row_space():
+    # class 0 lies in span(e1, e2): Σ = diag(1, 1, 0, 0), μ = (1, 2, 0, 0); its projector is diag(1, 1, 0, 0), so
+    # μ·W = (μ·A)·UUᵀ with A = Pᵀ: Pμ = (1.4, 1.8, 0, 0.3), the last coordinate dropped
+    means = torch.tensor([[1.0, 2.0, 0.0, 0.0]])
+    covs = torch.diag(torch.tensor([1.0, 1.0, 0.0, 0.0]))[None]
+    dual = _moved(DualProjectionDrift(1e-9, relative=True), means, covs)
+    assert dual.means[0].tolist() == pytest.approx([1.4, 1.8, 0.0, 0.0], abs=1e-4)
+    plain = _moved(linear_drift(DriftConfig(kind="lstsq", ridge=1e-9)), means, covs)
+    assert plain.means[0].tolist() == pytest.approx([1.4, 1.8, 0.0, 0.3], abs=1e-4)
+
+
+def test_rdfcil_plus_builds_the_dual_drift_and_ldc_refuses_it():
+    cfg = tiny_config("rdfcil_plus", [("method.drift", "{kind: dual, synthetic: true}")])
+    drift = build_method(cfg.method, cfg.train).memory.drift
+    assert isinstance(drift, DualProjectionDrift) and drift.relative and drift.synthetic and drift.ridge == 1e-3
+    for name in ("lwf", "rdfcil"):
+        cfg = tiny_config(name, [("method.ldc", "true"), ("method.drift.kind", "dual")])
+        with pytest.raises(ConfigError, match="keeps class means only"):
+            build_method(cfg.method, cfg.train)
+
+
+def test_the_ridge_head_from_the_statistics_alone_is_the_ridge_regression_on_the_features():
+    # Φ_c = (n_c − 1)Σ_c + n_c μ_cᵀμ_c and Q's column n_c μ_c are XᵀX and XᵀY exactly: the head from the memory
+    # equals the ridge regression on the features themselves
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 5, generator=g, dtype=torch.float64).float(), torch.arange(60) % 3
+    memory = ClassMemory(None, covariances=True, augmented=False)
+    memory.add(x, y, range(3))
+    ridge = RidgeClassifier(gamma=2.0)
+    ridge.add_counts(y, range(3))
+    ridge.fit(memory, 3, x.new_zeros(0, 5), y.new_zeros(0), 3)
+    xd = x.double()
+    expected = ridge_head(xd.T @ xd, xd.T @ F.one_hot(y, 3).double(), 2.0, True)
+    assert torch.allclose(ridge.weight.double(), expected.double(), atol=1e-5)
+
+
+def test_the_anti_collapse_term_joins_rrl_only_where_it_is_weighted(caplog):
+    # with β below every Cholesky pivot, −mean min(L_ii, β) = −β: the term is −λ·β by hand
+    caplog.set_level(logging.WARNING, logger="dfcil")
+    extra = [("method.lambda_ac", "0.5"), ("method.ac_beta", "1e-6"), ("train.batch_size", "8")]
+    _, method, net, ctx, batches = _task1_setup(extra, name="rdfcil_plus")
+    x, y = next(iter(batches))
+    terms = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+    assert float(terms["ac"].detach()) == pytest.approx(-0.5e-6, rel=1e-4)
+    assert "2 × train.batch_size is 16" in caplog.text  # 16 rows of 64-dimensional features: said once
+    assert "ac" not in method.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
+    _, off, net, ctx, batches = _task1_setup(name="rdfcil_plus")
+    assert "ac" not in off.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+
+
+@pytest.mark.parametrize("classifier", ["bayes", "ridge"])
+def test_a_run_classified_by_its_gaussians_and_dfcil_eval_agree(classifier, tmp_path):
+    from dfcil.analysis.tools import evaluate_run
+    from dfcil.runs.runner import train
+    from dfcil.training.loop import RunOptions
+
+    cfg = tiny_config("rdfcil_plus", [("method.classifier", classifier), ("method.lambda_ac", "0.1")])
+    train(cfg, tmp_path / "run", options=RunOptions(progress=False))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    saved = loads((tmp_path / "run" / "model.pt").read_bytes())
+    state = saved["method_state"]
+    if classifier == "bayes":
+        assert state["precisions"].shape == (6, 64, 64) and state["means"].shape == (6, 64)
+    else:
+        assert state["ridge_head"].shape == (64, 6)
+        assert torch.allclose(state["ridge_head"].norm(dim=0), torch.ones(6), atol=1e-5)  # columns normalised
+    report = evaluate_run(tmp_path / "run")  # the same classifier again, from model.pt: the run's last row
+    assert [t["correct"] for t in report["tasks"]] == summary["correct_matrix"][1]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("ac" in r["loss"] for r in records if r["type"] == "epoch" and r["task"] == 1)
+
+
+def test_the_bayes_scores_are_the_mahalanobis_distances_to_the_stored_gaussians():
+    _, method, net, ctx, _ = _task1_setup([("method.classifier", "bayes")], name="rdfcil_plus")
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(6, 64, 64, generator=g)
+    method.memory.load_state_dict({"means": torch.randn(6, 64, generator=g), "covs": a @ a.transpose(1, 2) / 64})
+    method.classifier.refresh(method.memory)
+    out = net(torch.randn(4, 3, 32, 32))
+    f, mu = F.normalize(out.features, dim=1), F.normalize(method.memory.means, dim=1)
+    expected = bayes_log_likelihood(f, mu, bayes_precisions(method.memory.covs, 3.0, True))
+    assert torch.allclose(method.eval_logits(out), expected, atol=1e-4)
+    assert set(method.eval_state()) == {"means", "precisions"} and "classifier" in method.components()
