@@ -112,17 +112,17 @@ class RDFCILPlus(RDFCIL):
         return {"ac": c.lambda_ac * anti_collapse(features, c.ac_beta)} if c.lambda_ac > 0 else {}
 
     def on_task_end(self, ctx: TaskContext) -> None:
-        if isinstance(self.classifier, RidgeClassifier):  # the counts of the task's classes, Φ_c's n_c
-            self.classifier.add_counts(ctx.data.y, range(ctx.n_old, ctx.n_seen))
         super().on_task_end(ctx)  # the task's classes' Gaussians, in the final feature space
         if isinstance(self.classifier, BayesClassifier):
             self.classifier.refresh(self.memory)
-        elif isinstance(self.classifier, RidgeClassifier):  # every class from its (moved) statistics
+        elif isinstance(self.classifier, RidgeClassifier):  # every class from its (moved) statistics and counts
+            self.classifier.add_counts(ctx.data.y, range(ctx.n_old, ctx.n_seen))
             empty = self.memory.means.new_zeros(0, self.memory.means.shape[1])
             self.classifier.fit(self.memory, ctx.n_seen, empty, empty.new_zeros(0, dtype=torch.long), ctx.n_seen)
 
     def components(self) -> dict[str, Any]:
-        own = {"classifier": self.classifier} if isinstance(self.classifier, (BayesClassifier, RidgeClassifier)) else {}
+        # a classifier with state of its own (bayes, ridge) is checkpointed; ncm's means are the memory's
+        own = {"classifier": self.classifier} if hasattr(self.classifier, "state_dict") else {}
         return super().components() | own
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
