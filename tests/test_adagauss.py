@@ -194,8 +194,9 @@ def test_the_mlp_draws_from_the_methods_stream_only():
     assert [p.shape for p in blank.parameters()] == [p.shape for p in one.parameters()]
 
 
-def test_the_bottleneck_backbone_gives_64_features():
-    net = build_network("resnet18_cifar_b64")
+@pytest.mark.parametrize("backbone", ["resnet18_cifar_b64", "resnet18_b64"])
+def test_the_bottleneck_backbones_give_64_features(backbone):
+    net = build_network(backbone)
     net.expand(3)
     out = net(torch.randn(2, 3, 32, 32))
     assert out.features.shape == (2, 64) and out.logits.shape == (2, 3) and net.feature_dim == 64

@@ -5,6 +5,8 @@ the spatial mean is the same map as a linear layer after it.
 ``resnet18_cifar_b64`` is AdaGauss's network (Rypeść et al., NeurIPS 2024; docs/baselines.md, AdaGauss): the CIFAR
 ResNet-18 (3×3 stride-1 stem, no max-pool, ReLU after every block) and a 512 → 64 bottleneck, its weight
 N(0, 2/64) (the authors' initialisation of every convolution, std √(2/(k·k·out))), its bias nn.Conv2d's default.
+``resnet18_b64`` is the same bottleneck on the reference's ImageNet ResNet-18 (``resnet18``), for AdaGauss on
+ImageNet-100.
 """
 
 from __future__ import annotations
@@ -44,3 +46,4 @@ class Bottlenecked(nn.Module):
 
 
 BACKBONES.register("resnet18_cifar_b64")(lambda: Bottlenecked(ImageNetResNet((2, 2, 2, 2), cifar=True), 64))
+BACKBONES.register("resnet18_b64")(lambda: Bottlenecked(ImageNetResNet((2, 2, 2, 2)), 64))  # the same on ImageNet-100
