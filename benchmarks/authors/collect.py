@@ -3,6 +3,8 @@
 authors' FeCAM: the log's last 'FeCAM top1 curve'; authors' LDC: the last 'CNN top1 curve' (with NCM: true that
 is the nearest-mean classifier's accuracy); authors' EFC: the task-agnostic accuracy matrix in its output folder,
 averaged over the seen tasks (every task has 500 test images, so that is the accuracy on all seen classes);
+authors' DPCR: the last 'CNN top1 curve' (its ridge head); authors' AdaGauss: FACIL's task-agnostic accuracy
+matrix (results/acc_tag-*.txt, one row per test task, one column per training task) averaged over the seen tasks;
 dfcil: summary.json's acc_per_task. Wall times: runs/wall.tsv (common.sh's `timed`). Prints a markdown table and
 writes runs/results.json. Usage: W=... python benchmarks/authors/collect.py"""
 
@@ -11,6 +13,7 @@ import json
 import os
 import re
 
+METHODS = ("fecam", "ldc", "efc", "dpcr", "adagauss")
 W = os.environ.get("W", os.path.expanduser("~/dfcil-authors"))
 R = os.path.join(W, "runs")
 
@@ -41,6 +44,26 @@ def efc_rows(folder):
     m = [[float(x) for x in line.split(",")] for line in read(files[-1]).splitlines() if line.strip()]
     rows = [round(sum(r[: t + 1]) / (t + 1), 2) for t, r in enumerate(m) if any(r[: t + 1]) or t == 0]
     return rows if len(rows) == len(m) else None  # a run still going (rows of zeros) gives none
+
+
+def facil_tag(folder):
+    """FACIL's results/acc_tag-*.txt under ``folder`` (AdaGauss): the matrix (test task × training task, fractions),
+    or None while a run has not written it."""
+    files = sorted(glob.glob(os.path.join(folder, "*", "results", "acc_tag-*.txt")))
+    if not files:
+        return None
+    return [[float(x) for x in line.split()] for line in read(files[-1]).splitlines() if line.strip()]
+
+
+def facil_rows(folder):
+    m = facil_tag(folder)
+    return [round(100 * sum(m[i][t] for i in range(t + 1)) / (t + 1), 2) for t in range(len(m))] if m else None
+
+
+def facil_old_new(folder):
+    m = facil_tag(folder) or []
+    return [(round(100 * sum(m[i][t] for i in range(t)) / t, 2) if t else None, round(100 * m[t][t], 2))
+            for t in range(len(m))]
 
 
 def summary(d):
@@ -77,23 +100,28 @@ def walltimes():
 
 def main():
     out, extra = {}, {}
-    for m in ("fecam", "ldc", "efc"):
+    for m in METHODS:
         for s in (1, 2):
             log = f"{R}/{m}_authors_s{s}.log"
             a = None
             if m == "fecam" and os.path.exists(log):
                 a = pycil_curve(log, "FeCAM top1 curve:")
-            if m == "ldc" and os.path.exists(log):
+            if m in ("ldc", "dpcr") and os.path.exists(log):
                 a = pycil_curve(log, "CNN top1 curve:")
             if m == "efc":
                 a = efc_rows(f"{R}/efc_authors_s{s}")
+            if m == "adagauss":
+                a = facil_rows(f"{R}/adagauss_authors_s{s}")
             out[f"{m}/authors/s{s}"] = a
             out[f"{m}/dfcil/s{s}"] = dfcil_rows(f"{R}/dfcil_{m}_s{s}")
-    for m, key in (("fecam", "FeCAM: {"), ("ldc", "CNN: {")):
+    for m, key in (("fecam", "FeCAM: {"), ("ldc", "CNN: {"), ("dpcr", "CNN: {")):
         for s in (1, 2):
             if os.path.exists(f"{R}/{m}_authors_s{s}.log"):
                 extra[f"{m}/authors/s{s}"] = pycil_old_new(f"{R}/{m}_authors_s{s}.log", key)
-    for m in ("fecam", "ldc", "efc"):
+    for s in (1, 2):
+        if facil_tag(f"{R}/adagauss_authors_s{s}"):
+            extra[f"adagauss/authors/s{s}"] = facil_old_new(f"{R}/adagauss_authors_s{s}")
+    for m in METHODS:
         for s in (1, 2):
             j = summary(f"{R}/dfcil_{m}_s{s}")
             if j:
@@ -101,7 +129,7 @@ def main():
     wt = walltimes()
     with open(f"{R}/results.json", "w") as f:
         json.dump({"A_t": out, "old_new": extra, "wall_s": wt}, f, indent=1)
-    for m in ("fecam", "ldc", "efc"):
+    for m in METHODS:
         print(f"\n{m}: A_t after tasks 1..4 (%), wall time")
         for side in ("authors", "dfcil"):
             rows = [out[f"{m}/{side}/s{s}"] for s in (1, 2)]
