@@ -170,10 +170,10 @@ def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
             runs = "/".join(sorted({str(p.n) for p in same}))
             ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="-o", color=f"C{i % 10}", capsize=3, markersize=4,
                         label=f"{method} (n={runs})")  # fmt: skip
-            for p in same:
+            for j, p in enumerate(same):  # a sweep's neighbouring labels alternate above and below their points
                 if p.variant:
-                    ax.annotate(p.variant, (p.new_mean, p.old_mean), textcoords="offset points", xytext=(4, 4),
-                                fontsize=7, color=f"C{i % 10}")  # fmt: skip
+                    ax.annotate(p.variant, (p.new_mean, p.old_mean), textcoords="offset points",
+                                xytext=(4, 4 if j % 2 == 0 else -11), fontsize=7, color=f"C{i % 10}")  # fmt: skip
         ax.set(xlabel="new classes: accuracy on the last task's classes (%)",
                ylabel="old classes: accuracy on the earlier tasks' classes (%)",
                title=f"{dataset}, {protocol}: stability against plasticity")  # fmt: skip
