@@ -121,3 +121,43 @@ def test_the_bayes_scores_are_the_mahalanobis_distances_to_the_stored_gaussians(
     expected = bayes_log_likelihood(f, mu, bayes_precisions(method.memory.covs, 3.0, True))
     assert torch.allclose(method.eval_logits(out), expected, atol=1e-4)
     assert set(method.eval_state()) == {"means", "precisions"} and "classifier" in method.components()
+
+
+SWITCHES = {
+    "bayes": [("method.classifier", "bayes")],
+    "ridge": [("method.classifier", "ridge")],
+    "ridge_no_chr": [("method.classifier", "ridge"), ("method.chr_epochs", "0")],
+    "dual_syn": [("method.drift", "{kind: dual, synthetic: true}")],
+    "ac": [("method.lambda_ac", "0.1")],
+}
+
+
+@pytest.mark.parametrize("switch", list(SWITCHES))
+def test_each_switch_resumes_exactly_from_inside_rrl(switch, tmp_path):
+    """Stopped after the first RRL epoch of task 1 and resumed: the same accuracies, weights and classifier state
+    (ridge head and counts, Bayes means and precisions) as the run that never stopped."""
+    from conftest import StopAfterEpochs
+    from dfcil.errors import RunInterrupted
+    from dfcil.methods import Task
+    from dfcil.runs.runner import resume, train
+    from dfcil.training.loop import RunOptions
+    from dfcil.training.state import Interrupt
+
+    cfg = tiny_config("rdfcil_plus", [("method.inversion.zdim", "32"), ("train.epochs", "3"), *SWITCHES[switch]])
+    train(cfg, tmp_path / "a", options=RunOptions(progress=False))
+    interrupt = Interrupt()
+    task0 = Task(task_id=0, n_old=0, n_new=3, num_tasks=2)
+    epochs0 = sum(p.epochs for p in build_method(cfg.method, cfg.train).phases(task0))
+    stop = StopAfterEpochs(interrupt, epochs0 + 1)
+    with pytest.raises(RunInterrupted):
+        train(cfg, tmp_path / "b", options=RunOptions(progress=False, interrupt=interrupt, callbacks=[stop]))
+    position = loads((tmp_path / "b" / "checkpoints" / "last.pt").read_bytes())["position"]
+    assert position["task"] == 1 and position["stage"] == "train"
+    resume(tmp_path / "b", options=RunOptions(progress=False))
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert a["correct_matrix"] == b["correct_matrix"]
+    ma, mb = (loads((tmp_path / d / "model.pt").read_bytes()) for d in "ab")
+    assert all(torch.equal(ma["net"][k], mb["net"][k]) for k in ma["net"])
+    sa, sb = ma.get("method_state", {}), mb.get("method_state", {})
+    assert set(sa) == set(sb) and (switch not in ("bayes", "ridge", "ridge_no_chr") or sa)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
