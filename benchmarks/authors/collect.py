@@ -137,7 +137,7 @@ def main():
                 w = wt.get(f"{m}/{side}/s{s}", ("?", "?"))[0]
                 cells = " | ".join(f"{x:.2f}" for x in v) if v else "— | — | — | —"
                 print(f"| {side} seed {s} | {cells} | {w} s |")
-            if all(rows):
+            if all(rows) and len({len(r) for r in rows}) == 1:  # a run still going has a shorter row
                 means = " | ".join(f"{(a + b) / 2:.2f}" for a, b in zip(*rows, strict=True))
                 print(f"| {side} mean | {means} | |")
         for k in (f"{m}/authors/s1", f"{m}/authors/s2", f"{m}/dfcil/s1", f"{m}/dfcil/s2"):
