@@ -62,8 +62,10 @@ def facil_rows(folder):
 
 def facil_old_new(folder):
     m = facil_tag(folder) or []
-    return [(round(100 * sum(m[i][t] for i in range(t)) / t, 2) if t else None, round(100 * m[t][t], 2))
-            for t in range(len(m))]
+    return [
+        (round(100 * sum(m[i][t] for i in range(t)) / t, 2) if t else None, round(100 * m[t][t], 2))
+        for t in range(len(m))
+    ]
 
 
 def summary(d):
