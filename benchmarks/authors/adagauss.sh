@@ -19,18 +19,6 @@ DFCIL_ADA_COMMIT=efe150813f46b978bedf50933157825b474250f3   # dfcil with adagaus
 DFCIL_ADA=${DFCIL_ADA:-$W/dfcil-ada}   # a clone at DFCIL_ADA_COMMIT with its .venv (setup makes it)
 RUN=${RUN:-adagauss}                   # the runs' names: $W/runs/${RUN}_authors_s<seed>, dfcil_${RUN}_s<seed>
 
-setup_dfcil_ada() {  # dfcil at DFCIL_ADA_COMMIT in its own venv (CPU torch 2.13.0), as setup_dfcil
-  if [ ! -d "$DFCIL_ADA" ]; then
-    git clone -q "$DFCIL_SRC" "$DFCIL_ADA"
-    git -C "$DFCIL_ADA" checkout -q $DFCIL_ADA_COMMIT
-  fi
-  if [ ! -x "$DFCIL_ADA/.venv/bin/dfcil" ]; then
-    "$PYTHON" -m venv "$DFCIL_ADA/.venv"
-    "$DFCIL_ADA/.venv/bin/pip" install -q torch==2.13.0 --index-url "$TORCH_INDEX"
-    "$DFCIL_ADA/.venv/bin/pip" install -q -e "$DFCIL_ADA"
-  fi
-}
-
 check_dfcil_ada() {  # the dfcil side runs the recorded commit only
   local head
   head=$(git -C "$DFCIL_ADA" rev-parse HEAD)
@@ -41,7 +29,7 @@ check_dfcil_ada() {  # the dfcil side runs the recorded commit only
 S=$2
 case "$1" in
   setup)
-    setup_authors_venv; setup_dfcil_ada
+    setup_authors_venv; setup_dfcil_at "$DFCIL_ADA" $DFCIL_ADA_COMMIT
     # ada_gauss.py:11 imports torchmetrics (not in requirements-authors.txt: the other codes do not use it)
     "$W/venv-authors/bin/python" -c "import torchmetrics" 2>/dev/null || \
       "$W/venv-authors/bin/pip" install -q torchmetrics==1.9.0 lightning-utilities==0.15.3

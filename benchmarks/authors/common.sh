@@ -51,6 +51,22 @@ setup_dfcil() {  # dfcil at DFCIL_COMMIT in its own venv (CPU torch 2.13.0)
   fi
 }
 
+setup_dfcil_at() {  # setup_dfcil_at DIR COMMIT: a dfcil clone at COMMIT in DIR (from DFCIL_SRC) with its own venv; an
+  # existing DIR must be at COMMIT without local changes under src/ and configs/
+  local dir=$1 commit=$2
+  if [ ! -d "$dir" ]; then
+    git clone -q "$DFCIL_SRC" "$dir"
+    git -C "$dir" checkout -q "$commit"
+  fi
+  [ "$(git -C "$dir" rev-parse HEAD)" = "$commit" ] && git -C "$dir" diff --quiet HEAD -- src configs || \
+    { echo "$dir: not at $commit, or changed under src/ or configs/" >&2; exit 2; }
+  if [ ! -x "$dir/.venv/bin/dfcil" ]; then
+    "$PYTHON" -m venv "$dir/.venv"
+    "$dir/.venv/bin/pip" install -q torch==2.13.0 --index-url "$TORCH_INDEX"
+    "$dir/.venv/bin/pip" install -q -e "$dir"
+  fi
+}
+
 make_data() {  # make_data NAME ARGS...: $W/data/NAME/cifar-100-python from DATA (make_cifar_pickles.py ARGS)
   local name=$1; shift
   [ -f "$W/data/$name/cifar-100-python/train" ] || \

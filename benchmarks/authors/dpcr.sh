@@ -55,21 +55,6 @@ dpcr_json() {  # dpcr_json FILE SEED PREFIX MODEL_DIR: the protocol on the autho
 JSON
 }
 
-setup_dfcil_dpcr() {  # dfcil at DPCR_DFCIL_COMMIT in $DPCR_DFCIL, with its own venv (CPU torch 2.13.0)
-  if [ ! -d "$DPCR_DFCIL" ]; then
-    git clone -q "$DFCIL_SRC" "$DPCR_DFCIL"
-    git -C "$DPCR_DFCIL" checkout -q $DPCR_DFCIL_COMMIT
-  fi
-  [ "$(git -C "$DPCR_DFCIL" rev-parse HEAD)" = $DPCR_DFCIL_COMMIT ] && \
-    git -C "$DPCR_DFCIL" diff --quiet HEAD -- src configs || \
-    { echo "$DPCR_DFCIL: not at $DPCR_DFCIL_COMMIT, or changed under src/ or configs/" >&2; exit 2; }
-  if [ ! -x "$DPCR_DFCIL/.venv/bin/dfcil" ]; then
-    "$PYTHON" -m venv "$DPCR_DFCIL/.venv"
-    "$DPCR_DFCIL/.venv/bin/pip" install -q torch==2.13.0 --index-url "$TORCH_INDEX"
-    "$DPCR_DFCIL/.venv/bin/pip" install -q -e "$DPCR_DFCIL"
-  fi
-}
-
 dfcil_dpcr() {  # dfcil_dpcr OUT ARGS...: dfcil's DPCR on this protocol's schedule, nice 10, its output into OUT.log
   local out=$1
   shift
@@ -82,7 +67,7 @@ dfcil_dpcr() {  # dfcil_dpcr OUT ARGS...: dfcil's DPCR on this protocol's schedu
 [ "${BASH_SOURCE[0]}" = "$0" ] || return 0   # sourced: the functions only
 case "$1" in
   setup)
-    setup_authors_venv; setup_dfcil_dpcr
+    setup_authors_venv; setup_dfcil_at "$DPCR_DFCIL" $DPCR_DFCIL_COMMIT
     make_data pycil20_100 --pycil-seed 1993 --num-classes 20 --train-per-class $PER_CLASS
     checkout dpcr RHe502/ICML25-DPCR $DPCR_COMMIT dpcr.patch
     ln -sfn ../data/pycil20_100 "$W/dpcr/data" ;;  # utils/data.py (patched) reads torchvision's CIFAR100 at ./data
