@@ -167,6 +167,14 @@ def test_rdfcil_plus_switches_and_refusals(tmp_path):
         ("rdfcil", [("method.drift", "{passes: 1}")], "method.ldc is false"),
         ("lwf", [("method.ldc", "true"), ("method.drift.synthetic", "true")], "no generator"),
         ("rdfcil_plus", [("method.chr_epochs", "0"), ("train.epochs", "2")], "would never be used"),
+        # a switch's own keys with the switch off, and drift keys the drift kind does not read
+        ("rdfcil_plus", [("method.ridge_gamma", "2000")], "method.ridge_gamma is 2000.0, and its switch is off"),
+        ("rdfcil_plus", [("method.bayes_shrinkage", "1")], "set method.classifier: bayes"),
+        ("rdfcil_plus", [("method.ac_beta", "0.5")], "set method.lambda_ac above 0"),
+        ("rdfcil_plus", [("method.replay", "false"), ("method.lambda_replay", "1")], "set method.replay: true"),
+        ("rdfcil_plus", [("method.drift", "{kind: none, synthetic: true}")], "kind none does not read it: drop it"),
+        ("rdfcil_plus", [("method.drift.passes", "5")], "method.drift.passes is 5, and drift kind lstsq does not"),
+        ("lwf", [("method.ldc", "true"), ("method.drift.ridge", "0.1")], "use a kind that reads it: dual, lstsq"),
     ],
 )
 def test_settings_a_method_would_ignore_are_refused(name, extra, match, tmp_path, capsys):
@@ -190,6 +198,12 @@ def test_settings_a_method_would_ignore_are_refused(name, extra, match, tmp_path
         ("rdfcil", [("method.ldc", "true"), ("method.drift.synthetic", "true")]),
         ("rdfcil_plus", [("method.chr_epochs", "0"), ("train.epochs", "2"), ("method.classifier", "ncm")]),
         ("rdfcil_plus", [("method.chr_epochs", "0"), ("train.epochs", "2"), ("method.replay", "false")]),
+        ("rdfcil_plus", [("method.classifier", "ridge"), ("method.ridge_gamma", "2000")]),
+        ("rdfcil_plus", [("method.classifier", "bayes"), ("method.bayes_shrinkage", "1")]),
+        ("rdfcil_plus", [("method.lambda_ac", "1"), ("method.ac_beta", "0.5")]),
+        ("rdfcil_plus", [("method.drift", "{kind: ldc, passes: 5}")]),
+        ("rdfcil_plus", [("method.drift", "{kind: dual, synthetic: true, ridge: 0.01}")]),
+        ("lwf", [("method.ldc", "true"), ("method.drift", "{kind: lstsq, ridge: 0.1}")]),
     ],
 )
 def test_the_same_settings_with_what_uses_them_are_accepted(name, extra):

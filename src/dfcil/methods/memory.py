@@ -15,6 +15,7 @@ expects); the maths is in :mod:`dfcil.losses.prototypes` and :mod:`dfcil.losses.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,33 @@ class DriftConfig:
 
 
 # ---------------------------------------------------------------------------------------------------- drifts
+
+
+# the DriftConfig keys each kind reads (besides kind): lstsq and dual fit on one pass in closed form
+DRIFT_READS: dict[str, frozenset[str]] = {
+    "ldc": frozenset({"init", "epochs", "lr", "batch_size", "passes", "synthetic"}),
+    "lstsq": frozenset({"ridge", "synthetic"}),
+    "dual": frozenset({"ridge", "synthetic"}),
+    "none": frozenset(),
+}
+
+
+def check_drift_keys(drift: DriftConfig, default: DriftConfig) -> None:
+    """Refuse ``method.drift`` keys set away from the method's ``default`` that ``drift.kind`` does not read (e.g.
+    ``passes`` with the closed-form kinds, which fit on one pass; anything with kind none)."""
+    unread = [
+        f.name
+        for f in dataclasses.fields(DriftConfig)
+        if f.name != "kind" and f.name not in DRIFT_READS[drift.kind]
+        and getattr(drift, f.name) != getattr(default, f.name)
+    ]  # fmt: skip
+    if unread:
+        readers = sorted(k for k, keys in DRIFT_READS.items() if unread[0] in keys)
+        also = f" (nor {', '.join(f'method.drift.{k}' for k in unread[1:])})" if len(unread) > 1 else ""
+        raise ConfigError(
+            f"method.drift.{unread[0]} is {getattr(drift, unread[0])!r}, and drift kind {drift.kind} does not read "
+            f"it{also}: drop it, or use a kind that reads it: {', '.join(readers)}"
+        )
 
 
 class Drift(Protocol):
@@ -206,6 +234,8 @@ class ClassMemory:
                 "method.drift.synthetic fits the drift on synthetic images too, and this method has no generator to "
                 "draw them: drop method.drift.synthetic (rdfcil and rdfcil_plus have one)"
             )
+        if on:
+            check_drift_keys(drift, DriftConfig())
         return cls(linear_drift(drift), covariances=False, augmented=False) if on else None
 
     # -- the task's work -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dfcil.losses.adagauss import anti_collapse, small_batch
 from dfcil.losses.prototypes import balanced_labels, sample_gaussians
 from dfcil.methods.adapter import BayesClassifier
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
-from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier, linear_drift
+from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier, check_drift_keys, linear_drift
 from dfcil.methods.projection import DualProjectionDrift, RidgeClassifier
 from dfcil.methods.rdfcil import RDFCIL, RDFCILConfig
 from dfcil.models.network import IncrementalNet
@@ -64,6 +64,29 @@ CLASSIFIERS: dict[str, Callable[[RDFCILPlusConfig, ClassMemory], Classifier | No
 }
 
 
+# each switch's own keys, read only while it is on: (keys, is it on, how to turn it on)
+SWITCH_KEYS: tuple[tuple[tuple[str, ...], Callable[[RDFCILPlusConfig], bool], str], ...] = (
+    (("replay_ratio", "lambda_replay"), lambda c: c.replay, "method.replay: true"),
+    (("bayes_shrinkage", "bayes_normalize"), lambda c: c.classifier == "bayes", "method.classifier: bayes"),
+    (("ridge_gamma", "ridge_normalize"), lambda c: c.classifier == "ridge", "method.classifier: ridge"),
+    (("ac_beta",), lambda c: c.lambda_ac > 0, "method.lambda_ac above 0"),
+)
+
+
+def check_switch_keys(cfg: RDFCILPlusConfig) -> None:
+    """Refuse a switch's own keys set away from their defaults while the switch is off (they would be ignored),
+    and drift keys that the drift kind does not read."""
+    default = RDFCILPlusConfig()
+    for keys, on, how in SWITCH_KEYS:
+        unread = [k for k in keys if not on(cfg) and getattr(cfg, k) != getattr(default, k)]
+        if unread:
+            raise ConfigError(
+                f"method.{unread[0]} is {getattr(cfg, unread[0])!r}, and its switch is off, so it would be ignored: "
+                f"drop it, or set {how}"
+            )
+    check_drift_keys(cfg.drift, default.drift)
+
+
 @register_method(
     "rdfcil_plus",
     stores="class statistics",  # and, as R-DFCIL, a synthesizer per task, dropped after it
@@ -90,6 +113,7 @@ class RDFCILPlus(RDFCIL):
                 "rdfcil_plus replays its class statistics in CHR, and method.chr_epochs is 0: they would never be "
                 "used. Give CHR epochs, classify by the means (method.classifier: ncm), or train rdfcil"
             )
+        check_switch_keys(cfg)
         super().__init__(cfg, train)
         self.classifier = CLASSIFIERS[cfg.classifier](cfg, self.memory)
 
