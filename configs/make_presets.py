@@ -45,6 +45,10 @@ ORDERS = {
 ONLY = {
     "tiny_imagenet200/efc.yaml": ("n10", "n20"),
     "tiny_imagenet200/lwf_ldc.yaml": ("n10",),
+    "tiny_imagenet200/dpcr.yaml": ("n10",),
+    "tiny_imagenet200/adagauss.yaml": ("n10",),
+    "imagenet100/dpcr.yaml": ("n10",),
+    "imagenet100/adagauss.yaml": ("n10",),
     "cifar100/ablations": ("n20",),
 }
 # rows of another paper than R-DFCIL's: (method, variant) → (its source in dfcil.analysis.paper, the row the preset
