@@ -26,6 +26,6 @@ fresh fecam dipamgoswami/FeCAM $FECAM_COMMIT fecam.patch fecam_diag.patch
 fresh ldc alviur/ldc $LDC_COMMIT ldc.patch ldc_diag_noaug.patch
 fresh efc simomagi/elastic_feature_consolidation $EFC_COMMIT efc.patch
 fresh adagauss grypesc/AdaGauss $ADAGAUSS_COMMIT adagauss.patch
-fresh dpcr RHe502/ICML25-DPCR $DPCR_COMMIT dpcr.patch
+fresh dpcr RHe502/ICML25-DPCR $DPCR_COMMIT dpcr.patch dpcr_diag_noaug.patch
 git -C "$T/fecam" cat-file -e $FECAM_COMMIT:convs/cifar_resnet.py && echo "found: convs/cifar_resnet.py at FeCAM ${FECAM_COMMIT:0:7}"
 echo "all checks passed ($T)"

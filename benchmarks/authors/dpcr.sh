@@ -1,7 +1,8 @@
 #!/bin/bash
 # DPCR: the authors' code (github.com/RHe502/ICML25-DPCR, a PyCIL fork) against dfcil's `dpcr`, on 20 CIFAR-100
 # classes in 4 tasks of 5, 100 training images per class (README.md).
-# Usage: DATA=... benchmarks/authors/dpcr.sh setup | authors SEED | dfcil SEED | dfcil-relu SEED | all   (seeds 1, 2)
+# Usage: DATA=... benchmarks/authors/dpcr.sh setup | authors SEED | dfcil SEED | dfcil-relu SEED | authors-noaug SEED | all
+# (seeds 1, 2; dfcil-relu and authors-noaug: the diagnostic at equal network, border and augmentation)
 # dfcil's DPCR is newer than DFCIL_COMMIT (912541e, the other three comparisons'): its side runs a dfcil checkout at
 # DPCR_DFCIL_COMMIT, $DPCR_DFCIL (default $W/dfcil-dpcr, cloned from DFCIL_SRC with its own venv at setup; an existing
 # checkout must be at that commit, without local changes under src/ and configs/).
@@ -75,6 +76,12 @@ case "$1" in
     dpcr_json "$W/dpcr/exps/dpcr_mini_s$2.json" $2 mini_s$2 weights/dpcr_mini_s$2/
     timed "dpcr authors $2" authors_python "$W/dpcr" "$W/runs/dpcr_authors_s$2.log" \
       main.py --config exps/dpcr_mini_s$2.json ;;
+  authors-noaug)   # diagnostic: the authors' code with crop + flip only (dpcr_diag_noaug.patch), dfcil-relu's augmentation
+    checkout dpcr-noaug RHe502/ICML25-DPCR $DPCR_COMMIT dpcr.patch dpcr_diag_noaug.patch
+    ln -sfn ../data/pycil20_100 "$W/dpcr-noaug/data"
+    dpcr_json "$W/dpcr-noaug/exps/dpcr_noaug_s$2.json" $2 noaug_s$2 weights/dpcr_noaug_s$2/
+    timed "dpcr authors-noaug $2" authors_python "$W/dpcr-noaug" "$W/runs/dpcr_authors_noaug_s$2.log" \
+      main.py --config exps/dpcr_noaug_s$2.json ;;
   dfcil)
     timed "dpcr dfcil $2" dfcil_dpcr "$W/runs/dfcil_dpcr_s$2" \
       --data.num_classes 20 --data.num_tasks 4 --data.class_order "$ORDER20" --seed $2 ;;
@@ -84,5 +91,5 @@ case "$1" in
       --model.backbone resnet32_relu --data.crop_fill black ;;
   all)
     bash "$0" setup; for s in 1 2; do bash "$0" authors $s; bash "$0" dfcil $s; done ;;
-  *) echo "usage: $0 setup | authors SEED | dfcil SEED | dfcil-relu SEED | all" >&2; exit 2 ;;
+  *) echo "usage: $0 setup | authors SEED | dfcil SEED | dfcil-relu SEED | authors-noaug SEED | all" >&2; exit 2 ;;
 esac
