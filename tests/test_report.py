@@ -776,3 +776,14 @@ def test_timing_gives_each_tasks_seconds_and_extrapolates_an_unfinished_run(tmp_
     assert "| 1 | measured | 10.0 | rrl 20.0, chr 5.0 | 1.0 | 6.0 | 36.0 | 70.00 |" in out
     assert "| 3 | estimated (tasks 1..2, less compile) | | | | | 33.0 | |" in out  # mean of 36 - 6 and 36
     assert "extrapolated total: 136 s (2.3 min) over 4 tasks" in out
+
+
+def test_a_folder_of_links_to_runs_is_read_through_them_each_real_run_once(runs_root, tmp_path):
+    picked = tmp_path / "picked"
+    picked.mkdir()
+    (picked / "a").symlink_to(runs_root / "abd" / "s1", target_is_directory=True)
+    (picked / "b").symlink_to(runs_root / "abd", target_is_directory=True)  # s1 again, through another link
+    (picked / "loop").symlink_to(picked, target_is_directory=True)  # a cycle: walked once
+    runs = find_runs([picked])
+    assert sorted(r.name for r in runs) == ["picked/a", "picked/b/s2"]
+    assert len(find_runs([picked, runs_root / "abd"])) == 2  # the real folders, given too: still each once

@@ -175,7 +175,8 @@ class Group:
 
 
 def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -> list[Run]:
-    """Every run directory (a folder with ``config.yaml``) at or below ``paths``, in path order. A sweep's root
+    """Every run directory (a folder with ``config.yaml``) at or below ``paths``, in path order, through symbolic
+    links too (each real folder once). A sweep's root
     (``sweep.json``) is not a run, and runs' checkpoint folders and hidden folders are not searched. A folder matched
     by one of the ``exclude`` globs (:func:`excluded`), run or not, is left out unread with everything below it; a
     glob that matches nothing is said. A run whose files cannot be used (unreadable, cut short, the wrong shape, not
@@ -187,15 +188,21 @@ def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -
         if not given.exists():
             raise ReportError(f"{given} does not exist")
         root = given.resolve()
-        for folder, subdirs, files in os.walk(root):
+        walked: set[Path] = set()  # the folders' real paths: a symlink loop, or a run reached twice, is read once
+        for folder, subdirs, files in os.walk(root, followlinks=True):  # a folder of links to runs is a folder of runs
             here, name = Path(folder), str(Path(root.name) / Path(folder).relative_to(root))
+            real = here.resolve()
+            if real in walked:  # reached again through a link
+                subdirs[:] = []
+                continue
+            walked.add(real)
             if matched := excluded(here, name, exclude):
                 unused |= dict.fromkeys(matched, False)
                 subdirs[:] = []  # nor anything below it
                 continue
             subdirs[:] = sorted(d for d in subdirs if not d.startswith(".") and d != "checkpoints")
-            if "config.yaml" in files and "sweep.json" not in files and here not in runs:
-                runs[here] = _read_run(here, name)
+            if "config.yaml" in files and "sweep.json" not in files and real not in runs:
+                runs[real] = _read_run(here, name)
     for glob in (g for g, left in unused.items() if left):
         print(f"dfcil report: warning: --exclude {glob!r} matches no run directory (a typo?)", file=sys.stderr)
     skipped = sum(r is None for r in runs.values())
