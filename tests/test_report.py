@@ -537,6 +537,25 @@ def test_a_method_key_added_since_a_run_was_saved_reads_as_what_the_run_trained(
     assert groups == {"lwf · cifar100 · n10": 2, "lwf[cosine] · cifar100 · n10": 1}  # the cosine head: LDC's LwF
 
 
+def test_an_rdfcil_plus_run_from_before_its_classifier_switches_pairs_with_the_later_ones(tmp_path):
+    """rdfcil_plus gained the Bayes and ridge classifiers and the anti-collapse term after runs were saved: an old
+    run (none of their keys) is the default group that ``--against rdfcil_plus`` names, beside a ridge run."""
+    root = tmp_path / "runs"
+    mini = C100_N10 | {"num_tasks": 4, "num_classes": 20}
+    new = {"bayes_shrinkage": 3.0, "bayes_normalize": True, "ridge_gamma": 200.0, "ridge_normalize": True}
+    new |= {"lambda_ac": 0.0, "ac_beta": 1.0}
+    for order in (0, 1):
+        data = mini | {"class_order_seed": order}
+        write_run(root, f"old{order}", data, {"name": "rdfcil_plus", "classifier": "head"}, summary=summary(40, 58))
+        ridge = {"name": "rdfcil_plus", "classifier": "ridge"} | new
+        write_run(root, f"ridge{order}", data, ridge, summary=summary(41.0 + order, 59.0))
+    labels = sorted(g.label for g in group_runs(find_runs([root])))
+    assert labels == [
+        'rdfcil_plus · cifar100 · n4 (20 classes) · method.classifier="head"',
+        'rdfcil_plus · cifar100 · n4 (20 classes) · method.classifier="ridge"',
+    ]
+
+
 def test_the_method_keys_the_report_fills_in_are_the_methods_defaults():
     import dataclasses
 

@@ -43,6 +43,15 @@ _DRIFT = {
 METHOD_KEYS_ADDED: dict[str, dict[str, Any]] = {
     "lwf": {"head": "linear", "ce": "seen", "ldc": False, "drift": _DRIFT},
     "rdfcil": {"ldc": False, "drift": _DRIFT},
+    # the Bayes and ridge classifiers and the anti-collapse term (their keys read only when switched on)
+    "rdfcil_plus": {
+        "bayes_shrinkage": 3.0,
+        "bayes_normalize": True,
+        "ridge_gamma": 200.0,
+        "ridge_normalize": True,
+        "lambda_ac": 0.0,
+        "ac_beta": 1.0,
+    },
 }
 
 
