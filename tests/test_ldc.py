@@ -170,7 +170,7 @@ def test_rdfcil_plus_switches_and_refusals(tmp_path):
         # a switch's own keys with the switch off, and drift keys the drift kind does not read
         ("rdfcil_plus", [("method.ridge_gamma", "2000")], "method.ridge_gamma is 2000.0, and its switch is off"),
         ("rdfcil_plus", [("method.bayes_shrinkage", "1")], "set method.classifier: bayes"),
-        ("rdfcil_plus", [("method.ac_beta", "0.5")], "set method.lambda_ac above 0"),
+        ("rdfcil_plus", [("method.lambda_ac", "0"), ("method.ac_beta", "0.5")], "set method.lambda_ac above 0"),
         ("rdfcil_plus", [("method.replay", "false"), ("method.lambda_replay", "1")], "set method.replay: true"),
         ("rdfcil_plus", [("method.drift", "{kind: none, synthetic: true}")], "kind none does not read it: drop it"),
         ("rdfcil_plus", [("method.drift.passes", "5")], "method.drift.passes is 5, and drift kind lstsq does not"),

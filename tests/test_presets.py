@@ -162,7 +162,7 @@ DIGESTS = {
     "cifar100/lwf_mc": "52ad2df401f29487",
     "cifar100/podnet_df": "f611df80f429c99f",
     "cifar100/rdfcil": "8af552effbc4c529",
-    "cifar100/rdfcil_plus": "cfe11207594d00ba",
+    "cifar100/rdfcil_plus": "fd4038cf7af3e25b",
     "cifar100/ucir_df": "7e5f7e2ba37e62ab",
     "imagenet100/abd": "cc61b0f950f9f9d1",
     "imagenet100/finetune": "0bd4207818d5b9e4",

@@ -84,7 +84,9 @@ def test_the_anti_collapse_term_joins_rrl_only_where_it_is_weighted(caplog):
     assert float(terms["ac"].detach()) == pytest.approx(-0.5e-6, rel=1e-4)
     assert "2 × train.batch_size is 16" in caplog.text  # 16 rows of 64-dimensional features: said once
     assert "ac" not in method.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
-    _, off, net, ctx, batches = _task1_setup(name="rdfcil_plus")
+    _, on, net, ctx, batches = _task1_setup(name="rdfcil_plus")  # on by default (λ = β = 1)
+    assert "ac" in on.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+    _, off, net, ctx, batches = _task1_setup([("method.lambda_ac", "0")], name="rdfcil_plus")
     assert "ac" not in off.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
 
 
@@ -128,7 +130,7 @@ SWITCHES = {
     "ridge": [("method.classifier", "ridge")],
     "ridge_no_chr": [("method.classifier", "ridge"), ("method.chr_epochs", "0")],
     "dual_syn": [("method.drift", "{kind: dual, synthetic: true}")],
-    "ac": [("method.lambda_ac", "0.1")],
+    "no_ac": [("method.lambda_ac", "0")],  # the term is on by default
 }
 
 

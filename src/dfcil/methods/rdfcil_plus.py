@@ -51,8 +51,9 @@ class RDFCILPlusConfig(RDFCILConfig):
     ridge_normalize: bool = True  # ridge: each class column L2-normalised (DPCR's)
     # AdaGauss's anti-collapse term in RRL, weight lambda_ac (0: off) and clamp ac_beta, on the covariance of the
     # student's features of the step's [real; synthetic] images (2·batch rows: the term needs more rows than feature
-    # dimensions), −mean_i min(L_ii, β) over its Cholesky diagonal
-    lambda_ac: NonNegativeFloat = 0.0
+    # dimensions), −mean_i min(L_ii, β) over its Cholesky diagonal. On by default (λ = β = 1, AdaGauss's values):
+    # the one switch whose paired gain on cifar100-mini is beyond its spread (docs/rdfcil-plus.md)
+    lambda_ac: NonNegativeFloat = 1.0
     ac_beta: PositiveFloat = 1.0
 
 
