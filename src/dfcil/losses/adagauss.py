@@ -32,14 +32,18 @@ def cholesky_diagonal_on_device(features: Tensor, jitter: float = 1e-4) -> tuple
     computed and the diagonal chosen on the device (``torch.where``), so a step that uses it can be replayed as a
     CUDA graph; the second result is a boolean tensor. The gradient flows through the chosen factor only (the other
     one's input is the identity, so that its backward pass stays finite)."""
-    cov = torch.cov(features.double().T)
+    x = features.double()
+    x = x - x.mean(0, keepdim=True)
+    cov = x.T @ x / (len(x) - 1)  # torch.cov's unbiased covariance, written out: torch.cov reads back to the host
     eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
     plain = torch.linalg.cholesky_ex(cov.detach()).info == 0  # whether it has a factor
     scale = cov.detach().diagonal().mean()  # a constant of the factorisation, not a path for gradients
     eps = jitter * torch.where(scale > 0, scale, torch.ones_like(scale))
     jittered, info_j = torch.linalg.cholesky_ex(torch.where(plain, eye, cov + eps * eye))
     safe = torch.linalg.cholesky_ex(torch.where(plain, cov, eye))[0]  # the plain factor, finite to differentiate
-    nan = torch.full_like(cov[0], float("nan"))  # NaN or infinite features: no factor at any jitter
+    nan = (
+        torch.zeros_like(cov[0]) / 0
+    )  # NaN (0/0: no Python NaN argument, which a graph check cannot compare) or infinite features: no factor at any jitter
     diagonal = torch.where(plain, safe.diagonal(), torch.where(info_j == 0, jittered.diagonal(), nan))
     return diagonal, ~plain
 
