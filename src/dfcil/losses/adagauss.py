@@ -41,9 +41,9 @@ def cholesky_diagonal_on_device(features: Tensor, jitter: float = 1e-4) -> tuple
     eps = jitter * torch.where(scale > 0, scale, torch.ones_like(scale))
     jittered, info_j = torch.linalg.cholesky_ex(torch.where(plain, eye, cov + eps * eye))
     safe = torch.linalg.cholesky_ex(torch.where(plain, cov, eye))[0]  # the plain factor, finite to differentiate
-    nan = (
-        torch.zeros_like(cov[0]) / 0
-    )  # NaN (0/0: no Python NaN argument, which a graph check cannot compare) or infinite features: no factor at any jitter
+    # NaN or infinite features: no factor at any jitter (0/0: a NaN without a Python NaN argument, which a graph
+    # check cannot compare)
+    nan = torch.zeros_like(cov[0]) / 0
     diagonal = torch.where(plain, safe.diagonal(), torch.where(info_j == 0, jittered.diagonal(), nan))
     return diagonal, ~plain
 
