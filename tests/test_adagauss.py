@@ -183,6 +183,25 @@ def test_the_adapter_drift_follows_an_affine_shift_that_leaving_the_means_would_
         drift.move(means, None, pairs, g, "test")
 
 
+def test_an_adapter_fit_cut_too_short_is_warned_of_and_a_converged_one_is_not(caplog):
+    """A cut schedule (the fidelity protocol's 10 epochs of 5 steps) leaves the MLP adapter far from the feature
+    pairs; it then moves the old Gaussians off their classes (old accuracy 0 there): the fit is checked against the
+    least-squares linear map, which any converged fit beats (here the map is affine: the linear one misses b)."""
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.tensor([[0.8, 0.3, 0.0], [-0.2, 1.1, 0.1], [0.0, 0.2, 0.9]]), torch.tensor([1.0, -1.0, 0.5])
+    old = torch.randn(1024, 3, generator=g)
+    pairs = [(old, old @ a.T + b)]
+    caplog.set_level("INFO", logger="dfcil")
+    good = AdapterConfig(multiplier=16, epochs=60, lr=0.05, milestones=(45,), batch_size=64, passes=1)
+    AdapterDrift(good, alpha=0.0).fit(pairs, g, "task 1 drift")
+    assert "task 1 drift: AdaGauss's adapter fit MSE" in caplog.text and "WARNING" not in caplog.text
+    short = AdapterConfig(multiplier=16, epochs=1, lr=0.001, milestones=(), batch_size=64, passes=1)
+    AdapterDrift(short, alpha=0.0).fit(pairs, g, "task 2 drift")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "task 2 drift: AdaGauss's adapter fit has not converged" in warned[0]
+    assert "method.adapter.epochs" in warned[0]
+
+
 def test_the_mlp_draws_from_the_methods_stream_only():
     state = torch.random.get_rng_state()
     one, two = (mlp(4, 8, "cpu", torch.Generator().manual_seed(3)) for _ in range(2))

@@ -127,14 +127,18 @@ def fit_projector(
     return weight.detach()
 
 
-def map_errors(old: Tensor, new: Tensor, projector: Tensor, ridge: float = 1e-6) -> dict[str, float]:
-    """How well a map P carries ``old`` features (N, d) onto ``new`` ones, as MSEs (mean over samples and
-    dimensions): ``fit``, of P; ``best``, of the least-squares map (:func:`lstsq_projector`, the least any linear
+def map_errors(
+    old: Tensor, new: Tensor, projector: Tensor | Callable[[Tensor], Tensor], ridge: float = 1e-6
+) -> dict[str, float]:
+    """How well a map carries ``old`` features (N, d) onto ``new`` ones, as MSEs (mean over samples and
+    dimensions): ``fit``, of the map (a matrix P, f ↦ Pf, or any function of the (N, d) features, such as
+    AdaGauss's adapter); ``best``, of the least-squares linear map (:func:`lstsq_projector`, the least any linear
     map reaches up to its small ridge); ``stay``, of leaving the features where they are (P = I)."""
     fo, fn = old.float(), new.float()
     best = lstsq_projector(fo, fn, ridge)
+    mapped = fo @ projector.T.to(fo.device) if isinstance(projector, Tensor) else projector(fo)
     return {
-        "fit": float(F.mse_loss(fo @ projector.T.to(fo.device), fn)),
+        "fit": float(F.mse_loss(mapped.float(), fn)),
         "best": float(F.mse_loss(fo @ best.T, fn)),
         "stay": float(F.mse_loss(fo, fn)),
     }

@@ -24,7 +24,8 @@ from dfcil.compute.precision import full_precision
 from dfcil.config import NonNegativeFloat, PositiveFloat, PositiveInt, configclass
 from dfcil.context import TaskContext
 from dfcil.losses.adagauss import anti_collapse, bayes_log_likelihood, bayes_precisions, pushed_gaussians
-from dfcil.methods.memory import ClassMemory
+from dfcil.losses.prototypes import map_errors
+from dfcil.methods.memory import ClassMemory, check_fit
 from dfcil.models.network import NetOutput
 from dfcil.progress import ProgressLog
 
@@ -65,6 +66,12 @@ class AdapterConfig:
     # epoch (passes = epochs); fewer passes cost fewer forward passes and less memory
     passes: PositiveInt = 100
     samples: PositiveInt = 10000  # N: samples of each Gaussian pushed through the adapter
+
+
+ADAPTER_FIX = (
+    "It moves the stored Gaussians off their classes (old-class accuracy can fall to 0): raise "
+    "method.adapter.epochs (the authors': 100; the fit runs on stored feature pairs, so epochs are cheap)"
+)
 
 
 class AdapterDrift:
@@ -114,7 +121,11 @@ class AdapterDrift:
                 total, steps = total + float(loss.detach()), steps + 1
             if lines.due(epoch + 1):
                 lines.log(epoch + 1, {"loss": total / max(steps, 1)})
-        return adapter.eval()
+        adapter.eval()
+        with torch.no_grad():  # the fit on its last pass, against the least-squares linear map and no move
+            errors = map_errors(*pairs[(c.epochs - 1) % len(pairs)], adapter)
+        check_fit(errors, desc, "AdaGauss's adapter fit", ADAPTER_FIX)
+        return adapter
 
     def move(
         self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator, desc: str

@@ -142,19 +142,25 @@ class LinearDrift:
 UNCONVERGED = 1.25  # the fit's MSE over the least-squares map's above which the fit is said not to have converged
 
 
-def check_fit(errors: dict[str, float], desc: str) -> None:
-    """Log how far LDC's Adam fit got on its last pass of feature pairs, against the least-squares map and against
-    leaving the means where they are, and warn where it has not converged (its MSE above :data:`UNCONVERGED` times
-    the least-squares map's), saying whether it then moves the means further than leaving them would."""
+def check_fit(
+    errors: dict[str, float],
+    desc: str,
+    what: str = "LDC's projector fit",
+    fix: str = "Raise method.drift.epochs, start it at method.drift.init: identity, or use method.drift.kind: lstsq",
+) -> None:
+    """Log how far a fitted drift map (``what``: LDC's Adam fit, AdaGauss's adapter) got on its last pass of feature
+    pairs, against the least-squares linear map and against leaving the features where they are, and warn where it
+    has not converged (its MSE above :data:`UNCONVERGED` times the least-squares map's, which any converged fit of
+    a linear map or of an MLP wide enough to hold one reaches), saying whether it then moves the statistics further
+    than leaving them would, and ``fix``."""
     fit, best, stay = errors["fit"], errors["best"], errors["stay"]
-    log.info("%s: projector MSE %.4g (least squares %.4g, means left in place %.4g)", desc, fit, best, stay)
+    log.info("%s: %s MSE %.4g (least squares %.4g, left in place %.4g)", desc, what, fit, best, stay)
     if fit <= UNCONVERGED * best:
         return
-    worse = ", worse than leaving the means in place" if fit > stay else ""
+    worse = ", worse than leaving the statistics in place" if fit > stay else ""
     log.warning(
-        "%s: LDC's projector fit has not converged: its MSE %.4g is %.1f times the least-squares map's (%.4g)%s. "
-        "Raise method.drift.epochs, start it at method.drift.init: identity, or use method.drift.kind: lstsq",
-        desc, fit, fit / best if best > 0 else float("inf"), best, worse,
+        "%s: %s has not converged: its MSE %.4g is %.1f times the least-squares map's (%.4g)%s. %s",
+        desc, what, fit, fit / best if best > 0 else float("inf"), best, worse, fix,
     )  # fmt: skip
 
 
