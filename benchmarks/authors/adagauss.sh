@@ -12,12 +12,17 @@
 # newer than DFCIL_COMMIT (the other methods' dfcil side): it runs from a clone of its own at DFCIL_ADA_COMMIT.
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 EPOCHS=20; BS=100   # a tenth of the authors' 200 epochs a task; batch 256 there (first task: 64 images + 3 rotations)
-AD_EPOCHS=$((EPOCHS / 2))   # the adapter: nepochs // 2 epochs (ada_gauss.py:452), 10 here (100 there)
+# the adapter: the 100 epochs and milestones of the authors' 200-epoch schedule (nepochs // 2 at ada_gauss.py:452,
+# patched): its fit runs on the task's images through two frozen networks, and nepochs // 2 = 10 epochs of 5 steps
+# leave it far from the feature pairs on both sides (dfcil's adapter check says so), moving every old Gaussian off
+# its class (old accuracy 0.00 after task 1, docs/notes/authors-code-2026-12.md)
+AD_EPOCHS=100
+AD_PASSES=10   # dfcil's adapter cycles over 10 augmented passes of feature pairs; the authors' draws a fresh one an epoch
 ms() { echo "[$((3 * $1 / 10)), $((6 * $1 / 10)), $((9 * $1 / 10))]"; }   # int(0.3 E), int(0.6 E), int(0.9 E)
-MILESTONES=$(ms $EPOCHS); AD_MILESTONES=$(ms $AD_EPOCHS)   # [6, 12, 18] (ada_gauss.py:620), [3, 6, 9] (:449, patch)
+MILESTONES=$(ms $EPOCHS); AD_MILESTONES=$(ms $AD_EPOCHS)   # [6, 12, 18] (ada_gauss.py:620), [30, 60, 90] (:449)
 DFCIL_ADA_COMMIT=efe150813f46b978bedf50933157825b474250f3   # dfcil with adagauss (configs/cifar100/adagauss.yaml)
 DFCIL_ADA=${DFCIL_ADA:-$W/dfcil-ada}   # a clone at DFCIL_ADA_COMMIT with its .venv (setup makes it)
-RUN=${RUN:-adagauss}                   # the runs' names: $W/runs/${RUN}_authors_s<seed>, dfcil_${RUN}_s<seed>
+RUN=${RUN:-adagauss_ad100}             # the runs' names: $W/runs/${RUN}_authors_s<seed>, dfcil_${RUN}_s<seed>
 
 check_dfcil_ada() {  # the dfcil side runs the recorded commit only
   local head
@@ -54,7 +59,7 @@ case "$1" in
       --data.root "$DATA" --device cpu --config configs/cifar100/n10.yaml --config configs/cifar100/adagauss.yaml \
       --data.num_classes 20 --data.num_tasks 4 --data.class_order "$ORDER20" --data.train_per_class 100 \
       --train.epochs $EPOCHS --train.batch_size $BS --train.milestones "$MILESTONES" \
-      --method.adapter.epochs $AD_EPOCHS --method.adapter.passes $AD_EPOCHS --method.adapter.batch_size $BS \
+      --method.adapter.epochs $AD_EPOCHS --method.adapter.passes $AD_PASSES --method.adapter.batch_size $BS \
       --method.adapter.milestones "$AD_MILESTONES" --seed $S "$@" --out "$out" > "$out.log" 2>&1 ;;
   all)
     bash "$0" setup; for s in 1 2; do bash "$0" authors $s; bash "$0" dfcil $s; done ;;
