@@ -33,6 +33,12 @@
 #                                        #   checkpoints, compile cache): put it at the repository root (or CELL_FROM)
 #                                        #   there. $OUT/cell-report.md: dfcil report's table. DRY_RUN=1: the plan,
 #                                        #   the unpacking and the packing only, on any machine (no GPU, no data)
+#                                        #   CELL_CONFIG may name several rows (space-separated), CELL_ORDERS the
+#                                        #   class orders (default 0,1,2), CELL_COMPILE=none the eager head and
+#                                        #   graphed steps without compiling (every row x order runs at once)
+#   bash benchmarks/gpu_check.sh stage   # keeps this call's parts of $DEVDATA (.devdata) in $STAGE (default
+#                                        #   /tmp/devdata-stage) for the next call on the same machine, and unpacks
+#                                        #   them into $DATA once all are there: the full arrays in two calls
 #   bash benchmarks/gpu_check.sh mps     # throughput of 1, 3 and 6 runs at once, without and with CUDA MPS
 #                                        #   (benchmarks/concurrency.py; JOBS=1,3,6, MPS=off,auto, MPS_BUDGET
 #                                        #   seconds, 570); the table in $OUT/concurrency.txt
@@ -46,8 +52,8 @@
 # Results and records go to $OUT (default /tmp/out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-case "${1:-}" in prep | speed | full | resume | tests | mini | mini10 | round2 | cell | mps | batched) ;; *)
-  echo "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests|mini|mini10|round2|cell|mps|batched (docs/gpu.md)" >&2
+case "${1:-}" in prep | stage | speed | full | resume | tests | mini | mini10 | round2 | cell | mps | batched) ;; *)
+  echo "usage: bash benchmarks/gpu_check.sh prep|stage|full|resume|speed|tests|mini|mini10|round2|cell|mps|batched (docs/gpu.md)" >&2
   exit 2
   ;;
 esac
@@ -63,9 +69,17 @@ if compgen -G ".whl/*.whl" > /dev/null && [ ! -d /tmp/site/pydantic ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD/src
 
-data() {  # the CIFAR-100 arrays in $DATA, unpacked from .devdata/ if need be
+DEVDATA=${DEVDATA:-.devdata}       # the packed arrays (benchmarks/pack_cifar.py), or this call's share of them
+STAGE=${STAGE:-/tmp/devdata-stage}  # `stage` keeps the parts that earlier calls on this machine brought
+
+data() {  # the CIFAR-100 arrays in $DATA, unpacked from $DEVDATA (with the parts staged before) if need be
   [ -f "$DATA/cifar100/train.npz" ] && return 0
-  python3 benchmarks/pack_cifar.py unpack .devdata "$DATA" \
+  local src=$DEVDATA
+  if [ -d "$STAGE" ]; then
+    cp "$DEVDATA"/* "$STAGE/" 2>/dev/null
+    src=$STAGE
+  fi
+  python3 benchmarks/pack_cifar.py unpack "$src" "$DATA" \
     || { echo "no CIFAR-100 arrays: set DATA to a data root holding cifar100/ (docs/gpu.md)"; exit 3; }
 }
 
@@ -155,6 +169,19 @@ mini10)
   (cd "$RUNS" && find mini10 -maxdepth 2 \( -name summary.json -o -name config.yaml -o -name meta.json \
     -o -name metrics.jsonl -o -name sweep.json -o -name run.log \) | tar czf "$OUT/mini10-runs.tgz" -T -)
   ;;
+stage)  # this call's parts of $DEVDATA kept in $STAGE for a later call on the same machine (data too large for
+  # one call); once the stage holds every part (index.json says how many), they are unpacked into $DATA
+  mkdir -p "$STAGE" && cp "$DEVDATA"/* "$STAGE/" || { echo "stage: nothing to keep in $DEVDATA"; exit 3; }
+  ! command -v nvidia-smi > /dev/null || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+    | tee "$OUT/gpu.txt"
+  have=$(find "$STAGE" -maxdepth 1 -name 'part*' | wc -l)
+  need=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["parts"])' "$STAGE/index.json" 2>/dev/null)
+  if [ -n "$need" ] && [ "$have" -ge "$need" ]; then
+    data
+  else
+    echo "stage: $have of ${need:-? (no index.json yet)} parts kept in $STAGE"
+  fi
+  ;;
 cell)
   CELL=${CELL:-$RUNS/cell}
   from=${CELL_FROM:-cell.tgz}
@@ -162,10 +189,15 @@ cell)
     mkdir -p "$CELL" && tar xzf "$from" -C "$CELL" || { echo "cell: cannot unpack $from into $CELL"; exit 4; }
     echo "cell: continuing the runs carried in $from"
   fi
-  sweep=(python3 -m dfcil sweep --config "${CELL_CONFIG:-configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml}"
-    --grid data.class_order_seed=0,1,2 --jobs 3 --data.root "$DATA" --device cuda --engine.channels_last true
-    --engine.cuda_graphs on --model.static_head true --engine.compile step
-    --engine.compile_cache "$CELL/.compile-cache" --out "$CELL")
+  read -ra rows <<< "${CELL_CONFIG:-configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml}"
+  orders=${CELL_ORDERS:-0,1,2}
+  IFS=, read -ra olist <<< "$orders"
+  sweep=(python3 -m dfcil sweep)
+  for r in "${rows[@]}"; do sweep+=(--config "$r"); done
+  sweep+=(--grid "data.class_order_seed=$orders" --jobs $((${#rows[@]} * ${#olist[@]})) --data.root "$DATA"
+    --device cuda --engine.channels_last true --engine.cuda_graphs on)
+  [ "${CELL_COMPILE:-step}" = step ] && sweep+=(--model.static_head true --engine.compile step)
+  sweep+=(--engine.compile_cache "$CELL/.compile-cache" --out "$CELL")
   if [ "${DRY_RUN:-0}" = 1 ]; then
     echo "cell: would run (for ${CELL_BUDGET:-540} s at most): ${sweep[*]}"
     "${sweep[@]}" --dry-run || exit 1

@@ -8,6 +8,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,6 +136,49 @@ def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_ma
     moved = machine2 / "runs" / "cell"
     assert (moved / "order0" / "checkpoints" / "last.pt").read_text() == "checkpoints/last.pt"
     assert (moved / ".compile-cache" / "fx" / "graph.py").exists()
+
+
+def test_gpu_check_cell_runs_several_rows_on_chosen_orders_and_stage_keeps_data_parts(tmp_path):
+    """``CELL_CONFIG`` with two rows and ``CELL_ORDERS=0``: one sweep of both rows on order 0, both at once, eager
+    head without compiling under ``CELL_COMPILE=none``; ``stage`` keeps a call's data parts for the next call."""
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs"),
+           "CELL_ORDERS": "0", "CELL_COMPILE": "none",
+           "CELL_CONFIG": "configs/cifar100/n10.yaml+configs/cifar100/rdfcil_plus.yaml "
+                          "configs/cifar100/n10.yaml+configs/cifar100/dpcr.yaml"}  # fmt: skip
+    done = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "cell"], capture_output=True, text=True, env=env,
+                          cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "--grid data.class_order_seed=0 --jobs 2" in out and "sweep of 2 runs" in out
+    assert "--engine.compile" not in out.split("sweep of")[0].replace("--engine.compile_cache", "")
+    assert "rdfcil_plus [new]" in out and "dpcr [new]" in out
+
+    root = tmp_path / "root" / "cifar100"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    arrays = {s: {"x": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), "y": np.arange(n) % 4}
+              for s, n in (("train", 16), ("test", 8))}  # fmt: skip
+    for split, a in arrays.items():
+        np.savez(root / f"{split}.npz", **a)
+    _load("pack_cifar").main(["pack", str(root.parent), str(tmp_path / "packed"), "--parts", "2"])
+    for i in (0, 1):  # two calls, each bringing one part (and the index)
+        (tmp_path / f"call{i}").mkdir()
+        for f in (f"part{i}", "index.json"):
+            shutil.copy(tmp_path / "packed" / f, tmp_path / f"call{i}" / f)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs"),
+           "STAGE": str(tmp_path / "stage"), "DATA": str(tmp_path / "data")}  # fmt: skip
+    outs = []
+    for i in (0, 1):
+        done = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "stage"], capture_output=True, text=True,
+                              env={**env, "DEVDATA": str(tmp_path / f"call{i}")}, cwd=REPO)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        outs.append(done.stdout)
+        assert (tmp_path / "data" / "cifar100" / "train.npz").exists() == (i == 1)
+    assert "1 of 2 parts kept" in outs[0]
+    assert "unpacked to" in outs[1]
+    for split, a in arrays.items():
+        with np.load(tmp_path / "data" / "cifar100" / f"{split}.npz") as got:
+            assert np.array_equal(got["x"], a["x"]) and np.array_equal(got["y"], a["y"])
 
 
 @pytest.mark.slow
