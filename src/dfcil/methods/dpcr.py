@@ -63,6 +63,7 @@ class DPCRConfig(LwFConfig):
     head="cosine",
     stores="class statistics",
     distributed=False,  # the statistics and the head are computed by one process
+    graph_safe=True,  # its step is LwF's, which replays as a CUDA graph (checked by tests/test_graphs.py)
 )
 class DPCR(LwF):
     """DPCR (He et al., 2025): LwF, dual-projection shift estimation and a reconstructed ridge-regression head.
