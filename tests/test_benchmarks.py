@@ -57,7 +57,8 @@ def test_gpu_check_script_parses_and_refuses_an_unknown_stage():
     script = BENCH / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     done = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True)
-    assert done.returncode == 2 and "usage: bash benchmarks/gpu_check.sh prep|full|resume|speed|tests" in done.stderr
+    assert done.returncode == 2
+    assert "usage: bash benchmarks/gpu_check.sh prep|stage|full|resume|speed|tests" in done.stderr
 
 
 def test_speed_steps_share_a_fused_optimiser_across_phases():
@@ -215,3 +216,14 @@ def test_batched_orders_check_fails_when_the_groups_mix(monkeypatch, capsys):
     monkeypatch.setattr(bench.GroupedBlock, "forward", mixed)
     assert bench.main(["--check", "--backbone", "resnet8", "--models", "2", "--batch", "4", "--classes", "5"]) == 1
     assert "(DIFFERENT)" in capsys.readouterr().out
+
+
+def test_collect_reads_facils_accuracy_matrix_by_training_task_rows(tmp_path):
+    """FACIL's acc_tag[t][u] is test task u after training task t: A_t is row t's mean over u <= t, old is the
+    mean over u < t and new is u = t (the authors' AdaGauss log prints the same Avg. per row)."""
+    collect = _load("authors/collect")
+    (tmp_path / "exp" / "results").mkdir(parents=True)
+    rows = ["0.716 0 0 0", "0.646 0.282 0 0", "0.616 0.250 0.140 0", "0.572 0.244 0.132 0.140"]
+    (tmp_path / "exp" / "results" / "acc_tag-1.txt").write_text("\n".join(rows) + "\n")
+    assert collect.facil_rows(str(tmp_path)) == [71.6, 46.4, 33.53, 27.2]
+    assert collect.facil_old_new(str(tmp_path))[1:] == [(64.6, 28.2), (43.3, 14.0), (31.6, 14.0)]

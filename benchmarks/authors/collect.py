@@ -6,7 +6,8 @@ averaged over the seen tasks (every task has 500 test images, so that is the acc
 authors' DPCR: the last 'CNN top1 curve' (its ridge head); authors' AdaGauss: FACIL's task-agnostic accuracy
 matrix (results/acc_tag-*.txt, one row per test task, one column per training task) averaged over the seen tasks;
 dfcil: summary.json's acc_per_task. Wall times: runs/wall.tsv (common.sh's `timed`). Prints a markdown table and
-writes runs/results.json. Usage: W=... python benchmarks/authors/collect.py"""
+writes runs/results.json. AdaGauss's runs are named by adagauss.sh's RUN (ADAGAUSS_RUN here, the same default).
+Usage: W=... python benchmarks/authors/collect.py"""
 
 import glob
 import json
@@ -16,6 +17,11 @@ import re
 METHODS = ("fecam", "ldc", "efc", "dpcr", "adagauss")
 W = os.environ.get("W", os.path.expanduser("~/dfcil-authors"))
 R = os.path.join(W, "runs")
+RUNS = {"adagauss": os.environ.get("ADAGAUSS_RUN", "adagauss_ad100")}  # a method's run name, where not its own
+
+
+def run(m):
+    return RUNS.get(m, m)
 
 
 def read(path):
@@ -47,8 +53,9 @@ def efc_rows(folder):
 
 
 def facil_tag(folder):
-    """FACIL's results/acc_tag-*.txt under ``folder`` (AdaGauss): the matrix (test task × training task, fractions),
-    or None while a run has not written it."""
+    """FACIL's results/acc_tag-*.txt under ``folder`` (AdaGauss): the matrix acc_tag[t][u], the task-agnostic
+    accuracy (a fraction) on test task u after training task t (main_incremental.py fills acc_tag[t, u]), or None
+    while a run has not written it."""
     files = sorted(glob.glob(os.path.join(folder, "*", "results", "acc_tag-*.txt")))
     if not files:
         return None
@@ -56,16 +63,15 @@ def facil_tag(folder):
 
 
 def facil_rows(folder):
+    """A_t (%): row t's mean over the test tasks seen so far (every task has as many test images)."""
     m = facil_tag(folder)
-    return [round(100 * sum(m[i][t] for i in range(t + 1)) / (t + 1), 2) for t in range(len(m))] if m else None
+    return [round(100 * sum(m[t][: t + 1]) / (t + 1), 2) for t in range(len(m))] if m else None
 
 
 def facil_old_new(folder):
+    """(old, new) accuracy (%) after each task t: row t's mean over the earlier test tasks, and test task t."""
     m = facil_tag(folder) or []
-    return [
-        (round(100 * sum(m[i][t] for i in range(t)) / t, 2) if t else None, round(100 * m[t][t], 2))
-        for t in range(len(m))
-    ]
+    return [(round(100 * sum(m[t][:t]) / t, 2) if t else None, round(100 * m[t][t], 2)) for t in range(len(m))]
 
 
 def summary(d):
@@ -113,19 +119,19 @@ def main():
             if m == "efc":
                 a = efc_rows(f"{R}/efc_authors_s{s}")
             if m == "adagauss":
-                a = facil_rows(f"{R}/adagauss_authors_s{s}")
+                a = facil_rows(f"{R}/{run(m)}_authors_s{s}")
             out[f"{m}/authors/s{s}"] = a
-            out[f"{m}/dfcil/s{s}"] = dfcil_rows(f"{R}/dfcil_{m}_s{s}")
+            out[f"{m}/dfcil/s{s}"] = dfcil_rows(f"{R}/dfcil_{run(m)}_s{s}")
     for m, key in (("fecam", "FeCAM: {"), ("ldc", "CNN: {"), ("dpcr", "CNN: {")):
         for s in (1, 2):
             if os.path.exists(f"{R}/{m}_authors_s{s}.log"):
                 extra[f"{m}/authors/s{s}"] = pycil_old_new(f"{R}/{m}_authors_s{s}.log", key)
     for s in (1, 2):
-        if facil_tag(f"{R}/adagauss_authors_s{s}"):
-            extra[f"adagauss/authors/s{s}"] = facil_old_new(f"{R}/adagauss_authors_s{s}")
+        if facil_tag(f"{R}/{run('adagauss')}_authors_s{s}"):
+            extra[f"adagauss/authors/s{s}"] = facil_old_new(f"{R}/{run('adagauss')}_authors_s{s}")
     for m in METHODS:
         for s in (1, 2):
-            j = summary(f"{R}/dfcil_{m}_s{s}")
+            j = summary(f"{R}/dfcil_{run(m)}_s{s}")
             if j:
                 extra[f"{m}/dfcil/s{s}"] = list(zip(j["old_acc"], j["new_acc"], strict=True))
     wt = walltimes()
@@ -136,7 +142,7 @@ def main():
         for side in ("authors", "dfcil"):
             rows = [out[f"{m}/{side}/s{s}"] for s in (1, 2)]
             for s, v in zip((1, 2), rows, strict=True):
-                w = wt.get(f"{m}/{side}/s{s}", ("?", "?"))[0]
+                w = wt.get(f"{run(m)}/{side}/s{s}", ("?", "?"))[0]
                 cells = " | ".join(f"{x:.2f}" for x in v) if v else "— | — | — | —"
                 print(f"| {side} seed {s} | {cells} | {w} s |")
             if all(rows) and len({len(r) for r in rows}) == 1:  # a run still going has a shorter row
