@@ -185,6 +185,9 @@ stage)  # this call's parts of $DEVDATA kept in $STAGE for a later call on the s
 cell)
   CELL=${CELL:-$RUNS/cell}
   from=${CELL_FROM:-cell.tgz}
+  if [ ! -e "$CELL/sweep.json" ] && [ ! -f "$from" ] && [ -f "$from.00" ]; then  # carried in pieces
+    cat "$from".[0-9][0-9] > "/tmp/${from##*/}" && from=/tmp/${from##*/}
+  fi
   if [ ! -e "$CELL/sweep.json" ] && [ -f "$from" ]; then  # carried from an earlier machine
     mkdir -p "$CELL" && tar xzf "$from" -C "$CELL" || { echo "cell: cannot unpack $from into $CELL"; exit 4; }
     echo "cell: continuing the runs carried in $from"
@@ -207,12 +210,26 @@ cell)
     python3 -m dfcil report "$CELL" > "$OUT/cell-report.md" 2>&1
     tail -20 "$OUT/cell-report.md"
   fi
-  # what resuming needs, not the weights of finished runs or the older checkpoint
+  # what resuming needs: records, logs, the newest checkpoint of each unfinished run and the static state of its
+  # current task (its teacher and generator); not finished runs' checkpoints or weights, the older checkpoint or
+  # earlier tasks' static states, which resuming never reads
   if [ -d "$CELL" ]; then
-    (cd "$CELL" && find . -path ./.compile-cache -prune -o -type f ! -name prev.pt ! -name model.pt ! -name '*.png' \
-      -print > "$OUT/.cell-files" && { [ "${CELL_CARRY_CACHE:-1}" = 1 ] && [ -d .compile-cache ] \
-      && echo ./.compile-cache >> "$OUT/.cell-files"; true; } && tar czf "$OUT/cell.tgz" -T "$OUT/.cell-files")
+    list=/tmp/cell-files.$$
+    (cd "$CELL" && find . -path ./.compile-cache -prune -o -path '*/checkpoints' -prune -o -type f ! -name model.pt \
+      ! -name '*.png' -print > "$list" \
+      && for d in $(find . -path ./.compile-cache -prune -o -type d -name checkpoints -print); do
+        [ -f "$d/../summary.json" ] || [ ! -f "$d/last.pt" ] && continue
+        echo "$d/last.pt"
+        newest=$(find "$d" -maxdepth 1 -name 'task*-static.pt' | sort -V | tail -1)
+        [ -z "$newest" ] || echo "$newest"
+      done >> "$list" && { [ "${CELL_CARRY_CACHE:-1}" = 1 ] && [ -d .compile-cache ] \
+      && echo ./.compile-cache >> "$list"; true; } && tar czf "$OUT/cell.tgz" -T "$list")
+    rm -f "$list"
     echo "cell: $OUT/cell.tgz ($(du -h "$OUT/cell.tgz" | cut -f1)) resumes the cell elsewhere (docs/gpu.md)"
+    if [ "$(stat -c %s "$OUT/cell.tgz")" -gt "$(numfmt --from=iec "${CELL_PIECE:-15M}")" ]; then
+      split -b "${CELL_PIECE:-15M}" -d -a 2 "$OUT/cell.tgz" "$OUT/cell.tgz." && rm "$OUT/cell.tgz"
+      echo "cell: in pieces of ${CELL_PIECE:-15M}: $(cd "$OUT" && echo cell.tgz.*) (put them all at the repository root)"
+    fi
   fi
   ;;
 mps)

@@ -108,9 +108,13 @@ def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_ma
     machine1, machine2 = tmp_path / "m1", tmp_path / "m2"
     cell = machine1 / "runs" / "cell"
     run = cell / "order0"
-    for name in ("checkpoints/last.pt", "checkpoints/prev.pt", "run.log", "model.pt"):
+    static = [f"checkpoints/task{t}-static.pt" for t in (1, 2, 10)]
+    for name in ("checkpoints/last.pt", "checkpoints/prev.pt", "run.log", "model.pt", *static):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text(name)
+    for name in ("checkpoints/last.pt", "checkpoints/task3-static.pt", "summary.json"):  # a finished run
+        (cell / "order1" / name).parent.mkdir(parents=True, exist_ok=True)
+        (cell / "order1" / name).write_text(name * 40)
     (cell / ".compile-cache" / "fx").mkdir(parents=True)
     (cell / ".compile-cache" / "fx" / "graph.py").write_text("kernel")
     (cell / "sweep.json").write_text("{}")
@@ -118,6 +122,7 @@ def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_ma
     def cell_check(machine, cwd):
         env = {**os.environ, "DRY_RUN": "1", "OUT": str(machine / "out"), "RUNS": str(machine / "runs")}
         env["CELL_FROM"] = str(cwd / "cell.tgz")
+        env["CELL_PIECE"] = "300"  # bytes: the packed cell comes back in pieces, as a large one must
         done = subprocess.run(["bash", str(script), "cell"], capture_output=True, text=True, env=env, cwd=REPO)
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
@@ -125,18 +130,23 @@ def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_ma
     out = cell_check(machine1, tmp_path)
     assert "--grid data.class_order_seed=0,1,2 --jobs 3" in out and "--engine.compile step" in out
     assert f"--engine.compile_cache {cell}/.compile-cache" in out
-    assert out.count("[new]") == 3 and "sweep of 3 runs" in out  # no run config yet in order 0's directory
-    packed = machine1 / "out" / "cell.tgz"
-    with tarfile.open(packed) as tar:
+    assert out.count("[new]") == 2 and "order1 [done]" in out and "sweep of 3 runs" in out  # order 1 finished
+    pieces = sorted((machine1 / "out").glob("cell.tgz.*"))
+    assert len(pieces) >= 2 and not (machine1 / "out" / "cell.tgz").exists() and "in pieces of 300" in out
+    (tmp_path / "joined.tgz").write_bytes(b"".join(p.read_bytes() for p in pieces))
+    with tarfile.open(tmp_path / "joined.tgz") as tar:
         names = {n.removeprefix("./") for n in tar.getnames() if not tar.getmember(n).isdir()}
-    assert names == {"order0/checkpoints/last.pt", "order0/run.log", "sweep.json",
-                     ".compile-cache/fx/graph.py"}  # fmt: skip
-    shutil.copy(packed, tmp_path / "cell.tgz")
+    # the newest checkpoint and the current task's static state of the unfinished run; the finished run's records
+    assert names == {"order0/checkpoints/last.pt", "order0/checkpoints/task10-static.pt", "order0/run.log",
+                     "order1/summary.json", "sweep.json", ".compile-cache/fx/graph.py"}  # fmt: skip
+    for p in pieces:
+        shutil.copy(p, tmp_path / p.name)
     out = cell_check(machine2, tmp_path)
     assert "continuing the runs carried in" in out
     moved = machine2 / "runs" / "cell"
     assert (moved / "order0" / "checkpoints" / "last.pt").read_text() == "checkpoints/last.pt"
     assert (moved / ".compile-cache" / "fx" / "graph.py").exists()
+    assert (moved / "order0" / "checkpoints" / "task10-static.pt").exists()
 
 
 def test_gpu_check_cell_runs_several_rows_on_chosen_orders_and_stage_keeps_data_parts(tmp_path):
