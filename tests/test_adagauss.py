@@ -233,6 +233,37 @@ def test_later_tasks_train_at_a_tenth_of_the_first_tasks_lr():
     assert build_method(AdaGaussConfig(adapt=False), train).memory.drift is None  # the Gaussians stay
 
 
+def test_the_first_tasks_steps_take_a_quarter_batch_with_its_rotations_as_the_authors_loader():
+    """The authors' first task with rotation loads batch // 4 images a step (each with its 3 rotations: as many
+    samples as a later step, 4x the steps an epoch); later tasks, or no rotation, take the whole batch."""
+    train = TrainConfig(batch_size=256)
+    method = build_method(AdaGaussConfig(), train)
+    assert [method.batch_size(t) for t in (0, 1, 5)] == [64, 256, 256]
+    assert build_method(AdaGaussConfig(rotation=False), train).batch_size(0) == 256
+    assert build_method(AdaGaussConfig(rotation_batch_divisor=1), train).batch_size(0) == 256
+
+
+def test_a_run_trains_the_first_task_in_the_methods_batches(tmp_path):
+    from dfcil.training.callbacks import Callback
+
+    class Steps(Callback):
+        def __init__(self):
+            self.steps, self.per_task = 0, {}
+
+        def on_step_end(self):
+            self.steps += 1
+
+        def on_epoch_end(self, record):
+            self.per_task[record["task"]], self.steps = self.steps, 0
+
+    counter = Steps()
+    per_class = 16
+    extra = [("train.batch_size", "8"), ("train.epochs", "1"), ("data.train_per_class", str(per_class))]
+    cfg = tiny_config("adagauss", extra)
+    train(cfg, tmp_path / "r", options=RunOptions(progress=False, callbacks=[counter]))
+    assert counter.per_task == {0: 3 * per_class // 2, 1: 3 * per_class // 8}  # 3 classes a task; batches 2, 8
+
+
 # the first epoch of each task trains the head and distiller only (detach_fraction ½ of 2 epochs); stop after it in
 # task 0 (rotation head saved) and in task 1 (distiller saved, the old model and the old Gaussians in the checkpoint)
 @pytest.mark.parametrize("stop", [1, 3])

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, TrainConfig, configclass
+from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, PositiveInt, TrainConfig, configclass
 from dfcil.context import Task
 from dfcil.losses.adagauss import anti_collapse, projected_distillation, small_batch
 from dfcil.losses.efc import rotation_batch
@@ -36,6 +36,9 @@ class AdaGaussConfig(MethodConfig):
     ac_jitter: PositiveFloat = 1e-4  # a singular batch covariance is factored with this × its mean variance added
     multiplier: int = 32  # the distiller's hidden width, multiplier × d (the authors' --multiplier)
     rotation: bool = True  # first task: self-rotation labels, 4× the classes (the CIFAR script's --rotation)
+    # with rotation, the first task's steps take train.batch_size // this images, each with its 3 rotations (the
+    # authors' loader batch // 4: as many samples a step as later, 4x as many steps an epoch); 1: whole batches
+    rotation_batch_divisor: PositiveInt = 4
     # the first epochs (this fraction of the task's, rounded down: 2 of 200) train the head and distiller only,
     # the backbone's features detached (the authors' int(nepochs · 0.01))
     detach_fraction: NonNegativeFloat = 0.01
@@ -78,6 +81,11 @@ class AdaGauss(TeacherMethod):
         if task.task_id == 0:
             return [Phase.from_train("train", self.train)]
         return [Phase.from_train("train", self.train, lr=self.train.lr * self.cfg.later_lr_scale)]
+
+    def batch_size(self, task: int) -> int:
+        if task == 0 and self.cfg.rotation:
+            return max(1, self.train.batch_size // self.cfg.rotation_batch_divisor)
+        return self.train.batch_size
 
     def on_task_start(self, ctx: TaskContext) -> None:
         super().on_task_start(ctx)  # the frozen old model, from the second task on

@@ -88,6 +88,10 @@ class Method:
         the run's ``train`` schedule (:meth:`Phase.from_train`)."""
         return [Phase.from_train("train", self.train)]
 
+    def batch_size(self, task: int) -> int:
+        """Real images per training step in task ``task``, for the whole task; default: ``train.batch_size``."""
+        return self.train.batch_size
+
     def check_image_size(self, size: int) -> None:
         """Raise ValueError (the message naming the sizes it takes) for an image size this method cannot train; the
         protocol calls it before any training, so the error comes before task 0, not after it."""

@@ -179,9 +179,9 @@ def restore(loop: Loop, payload: dict[str, Any]) -> TaskContext | None:
 
 
 def task_context(loop: Loop, task: int) -> TaskContext:
-    """Task ``task``'s context: its classes and its training images on the device."""
+    """Task ``task``'s context: its classes and its training images on the device, in the method's batches."""
     split = loop.protocol.split
-    data = loop.batches(task, loop.state.rngs["data"])
+    data = loop.batches(task, loop.state.rngs["data"], loop.method.batch_size(task))
     return TaskContext(
         task_id=task, n_old=split.offsets[task], n_new=split.task_sizes[task], num_tasks=split.num_tasks,
         net=loop.net, data=data, rng=loop.state.rngs["method"], runtime=loop.runtime,

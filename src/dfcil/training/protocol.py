@@ -408,10 +408,11 @@ class TaskBatches:
     seen: bool = False  # every task so far (joint training), not only the task's own
     dist: Dist = Dist()  # several processes: each loads its share of every batch
 
-    def __call__(self, task: int, rng: torch.Generator) -> TrainBatches:
-        """Task ``task``'s batches, shuffled and augmented with ``rng`` (the run's data stream)."""
+    def __call__(self, task: int, rng: torch.Generator, batch_size: int | None = None) -> TrainBatches:
+        """Task ``task``'s batches of ``batch_size`` real images (default: ``train.batch_size``), shuffled and
+        augmented with ``rng`` (the run's data stream)."""
         x, y = self.protocol.train_tensors(task, self.seen, self.per_class, self.device)
-        return TrainBatches(x, y, self.batch_size, self.normalizer, rng, self.dist)
+        return TrainBatches(x, y, batch_size or self.batch_size, self.normalizer, rng, self.dist)
 
 
 @dataclasses.dataclass(frozen=True)
