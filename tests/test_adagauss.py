@@ -185,8 +185,8 @@ def test_the_adapter_drift_follows_an_affine_shift_that_leaving_the_means_would_
 
 def test_an_adapter_fit_cut_too_short_is_warned_of_and_a_converged_one_is_not(caplog):
     """A cut schedule (the fidelity protocol's 10 epochs of 5 steps) leaves the MLP adapter far from the feature
-    pairs; it then moves the old Gaussians off their classes (old accuracy 0 there): the fit is checked against the
-    least-squares linear map, which any converged fit beats (here the map is affine: the linear one misses b)."""
+    pairs, further than leaving them would; it then moves the old Gaussians off their classes (old accuracy 0
+    there): the fit is checked against leaving the features in place (here the map is affine)."""
     g = torch.Generator().manual_seed(1)
     a, b = torch.tensor([[0.8, 0.3, 0.0], [-0.2, 1.1, 0.1], [0.0, 0.2, 0.9]]), torch.tensor([1.0, -1.0, 0.5])
     old = torch.randn(1024, 3, generator=g)
@@ -199,7 +199,24 @@ def test_an_adapter_fit_cut_too_short_is_warned_of_and_a_converged_one_is_not(ca
     AdapterDrift(short, alpha=0.0).fit(pairs, g, "task 2 drift")
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "task 2 drift: AdaGauss's adapter fit has not converged" in warned[0]
-    assert "method.adapter.epochs" in warned[0]
+    assert "method.adapter.epochs" in warned[0] and "worse than leaving the statistics in place" in warned[0]
+
+
+def test_the_adapter_is_held_to_leaving_features_in_place_not_to_least_squares(caplog):
+    """The adapter's loss adds anti-collapse to the MSE, so at its authors' schedule (where dfcil matches their
+    code) it ends 8 to 17 times above the least-squares map's MSE and well below leaving the features in place:
+    not a failure. LDC's MSE-only fit keeps the least-squares bar."""
+    from dfcil.methods.memory import check_fit
+
+    at_authors_schedule = {"fit": 0.0221, "best": 0.002702, "stay": 0.05895}  # fidelity protocol, task 1, seed 1
+    check_fit(at_authors_schedule, "task 1 drift", "AdaGauss's adapter fit", "fix", bar="in place")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    check_fit(at_authors_schedule, "task 1 drift", "LDC's projector fit", "fix")
+    assert [r for r in caplog.records if r.levelname == "WARNING"]
+    caplog.clear()
+    check_fit({"fit": 0.117, "best": 0.0004, "stay": 0.015}, "task 1 drift", "AdaGauss's adapter fit", "fix",
+              bar="in place")  # fmt: skip  # the cut schedule: old-class accuracy 0
+    assert "worse than leaving the statistics in place" in caplog.text
 
 
 def test_the_mlp_draws_from_the_methods_stream_only():

@@ -124,7 +124,7 @@ class AdapterDrift:
         adapter.eval()
         with torch.no_grad():  # the fit on its last pass, against the least-squares linear map and no move
             errors = map_errors(*pairs[(c.epochs - 1) % len(pairs)], adapter)
-        check_fit(errors, desc, "AdaGauss's adapter fit", ADAPTER_FIX)
+        check_fit(errors, desc, "AdaGauss's adapter fit", ADAPTER_FIX, bar="in place")
         return adapter
 
     def move(
