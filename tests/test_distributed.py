@@ -221,7 +221,11 @@ def test_split_inversion_step_equals_one_process_step(tmp_path):
             assert float(b.abs().max()) < 1e-4 * layer, name
             continue
         scale = max(float(a.abs().max()), 1.0)
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * scale, msg=name)
+        # a bias's gradient sums the upstream gradient over every position of the batch (batch x 32 x 32 for the
+        # output convolution) with cancellation: its rounding follows that count, not its small result (out.0.bias
+        # on one Xeon: 2.6e-4 off a gradient of 4.5 in the two layouts)
+        atol = (1e-4 if name.endswith(".bias") else 1e-5) * scale
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=atol, msg=name)
 
 
 def test_batch_must_split_over_the_processes_and_methods_must_support_it(monkeypatch):
