@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHORT = [
     "--config", "configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml", "--data.name", "fake",
     "--data.num_classes", "40", "--data.image_size", "32",
-    "--data.num_tasks", "2", "--data.train_per_class", "500", "--train.epochs", "3", "--train.milestones", "[2]",
+    "--data.num_tasks", "2", "--data.train_per_class", "500", "--train.epochs", "3", "--train.milestones", "[1]",
     "--method.chr_epochs", "1", "--method.inversion.steps", "200", "--engine.channels_last", "true",
     "--engine.cuda_graphs", "on",
 ]  # fmt: skip
