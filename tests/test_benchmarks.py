@@ -192,6 +192,17 @@ def test_gpu_check_cell_runs_several_rows_on_chosen_orders_and_stage_keeps_data_
             assert np.array_equal(got["x"], a["x"]) and np.array_equal(got["y"], a["y"])
 
 
+def test_concurrency_benchmarks_own_run_passes_the_schedule_checks():
+    """The card's workload (concurrency.SHORT, which the CPU test replaces by the smoke preset) is a valid run: its
+    milestone [2] was refused on the card (the base phase lasts 2 epochs)."""
+    short = _load("concurrency").SHORT
+    i = short.index("--config")
+    args = [*short[:i], *(x for f in short[i + 1].split("+") for x in ("--config", f)), *short[i + 2 :]]
+    done = subprocess.run([sys.executable, "-m", "dfcil", "train", *args, "--device", "cpu", "--dry-run", "--out",
+                           "unused"], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-1000:]
+
+
 @pytest.mark.slow
 def test_concurrency_benchmark_prints_a_row_per_sweep(capsys):
     """The throughput table's plan on a CPU (two smoke sweeps, MPS off): the rows a card fills with 1, 3, 6 runs."""
