@@ -72,11 +72,15 @@ export PYTHONPATH=/tmp/site:$PWD/src
 DEVDATA=${DEVDATA:-.devdata}       # the packed arrays (benchmarks/pack_cifar.py), or this call's share of them
 STAGE=${STAGE:-/tmp/devdata-stage}  # `stage` keeps the parts that earlier calls on this machine brought
 
+keep_parts() {  # this call's parts of $DEVDATA added to those kept in $STAGE
+  mkdir -p "$STAGE" && cp "$DEVDATA"/* "$STAGE/" 2>/dev/null
+}
+
 data() {  # the CIFAR-100 arrays in $DATA, unpacked from $DEVDATA (with the parts staged before) if need be
   [ -f "$DATA/cifar100/train.npz" ] && return 0
   local src=$DEVDATA
   if [ -d "$STAGE" ]; then
-    cp "$DEVDATA"/* "$STAGE/" 2>/dev/null
+    keep_parts
     src=$STAGE
   fi
   python3 benchmarks/pack_cifar.py unpack "$src" "$DATA" \
@@ -171,7 +175,7 @@ mini10)
   ;;
 stage)  # this call's parts of $DEVDATA kept in $STAGE for a later call on the same machine (data too large for
   # one call); once the stage holds every part (index.json says how many), they are unpacked into $DATA
-  mkdir -p "$STAGE" && cp "$DEVDATA"/* "$STAGE/" || { echo "stage: nothing to keep in $DEVDATA"; exit 3; }
+  keep_parts || { echo "stage: nothing to keep in $DEVDATA"; exit 3; }
   ! command -v nvidia-smi > /dev/null || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
     | tee "$OUT/gpu.txt"
   have=$(find "$STAGE" -maxdepth 1 -name 'part*' | wc -l)

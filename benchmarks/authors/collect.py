@@ -4,7 +4,7 @@ authors' FeCAM: the log's last 'FeCAM top1 curve'; authors' LDC: the last 'CNN t
 is the nearest-mean classifier's accuracy); authors' EFC: the task-agnostic accuracy matrix in its output folder,
 averaged over the seen tasks (every task has 500 test images, so that is the accuracy on all seen classes);
 authors' DPCR: the last 'CNN top1 curve' (its ridge head); authors' AdaGauss: FACIL's task-agnostic accuracy
-matrix (results/acc_tag-*.txt, one row per test task, one column per training task) averaged over the seen tasks;
+matrix (results/acc_tag-*.txt, one row per training task, one column per test task) averaged over the seen tasks;
 dfcil: summary.json's acc_per_task. Wall times: runs/wall.tsv (common.sh's `timed`). Prints a markdown table and
 writes runs/results.json. AdaGauss's runs are named by adagauss.sh's RUN (ADAGAUSS_RUN here, the same default).
 Usage: W=... python benchmarks/authors/collect.py"""
