@@ -139,8 +139,9 @@ def builtin_entries(package: Path = METHODS_PACKAGE) -> list[MethodEntry]:
 
 
 def _first_line(doc: str | None) -> str:
-    lines = (doc or "").strip().splitlines()
-    return lines[0].strip() if lines else ""
+    """The docstring's summary: its first paragraph, on one line (a summary may wrap over several source lines)."""
+    paragraph = (doc or "").strip().split("\n\n", 1)[0]
+    return " ".join(paragraph.split())
 
 
 def _registration(node: ast.stmt) -> ast.Call | None:

@@ -56,8 +56,10 @@ class AdaGaussConfig(MethodConfig):
     grad_clip_norm=1.0,  # the authors clip the norm of every step's gradient (network, heads, distiller) at 1
 )
 class AdaGauss(TeacherMethod):
-    """AdaGauss (Rypeść et al., 2024): CE on the task's classes, λ·MSE(distiller(f), f_old) and the anti-collapse
-    term; Gaussians moved by an MLP adapter; Bayes classification by Mahalanobis distance.
+    """AdaGauss (Rypeść et al., 2024): distilled features, anti-collapse; class Gaussians moved by an MLP adapter.
+
+    Trains CE on the task's classes, λ·MSE(distiller(f), f_old) and the anti-collapse term; keeps each class's
+    mean and covariance, moved by an MLP adapter after each task; classifies by Mahalanobis distance (Bayes).
 
     The first task trains with self-rotation labels (an auxiliary head for the rotated classes). Every later task
     trains CE over its own classes' logits, the MSE between a fresh MLP distiller of the features and the old

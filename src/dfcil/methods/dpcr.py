@@ -66,7 +66,7 @@ class DPCRConfig(LwFConfig):
     graph_safe=True,  # its step is LwF's, which replays as a CUDA graph (checked by tests/test_graphs.py)
 )
 class DPCR(LwF):
-    """DPCR (He et al., 2025): LwF, dual-projection shift estimation and a reconstructed ridge-regression head.
+    """DPCR (He et al., 2025): LwF; class means and Gram matrices moved by a dual projection; a rebuilt ridge head.
 
     Trains as LwF (local CE + KD, cosine head). After each task's training the stored class statistics (mean,
     covariance and count: the uncentred Gram matrix Φ_c) are moved by the task-wise map and each class's row-space
