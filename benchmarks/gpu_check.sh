@@ -35,7 +35,9 @@
 #                                        #   the unpacking and the packing only, on any machine (no GPU, no data)
 #                                        #   CELL_CONFIG may name several rows (space-separated), CELL_ORDERS the
 #                                        #   class orders (default 0,1,2), CELL_COMPILE=none the eager head and
-#                                        #   graphed steps without compiling (every row x order runs at once)
+#                                        #   graphed steps without compiling (every row x order runs at once;
+#                                        #   CELL_JOBS sets how many), CELL_ARGS more sweep arguments for every
+#                                        #   row (CELL_ARGS="--grid model.backbone=resnet32,resnet18_cifar")
 #   bash benchmarks/gpu_check.sh stage   # keeps this call's parts of $DEVDATA (.devdata) in $STAGE (default
 #                                        #   /tmp/devdata-stage) for the next call on the same machine, and unpacks
 #                                        #   them into $DATA once all are there: the full arrays in two calls
@@ -201,8 +203,9 @@ cell)
   IFS=, read -ra olist <<< "$orders"
   sweep=(python3 -m dfcil sweep)
   for r in "${rows[@]}"; do sweep+=(--config "$r"); done
-  sweep+=(--grid "data.class_order_seed=$orders" --jobs $((${#rows[@]} * ${#olist[@]})) --data.root "$DATA"
-    --device cuda --engine.channels_last true --engine.cuda_graphs on)
+  read -ra extra <<< "${CELL_ARGS:-}"  # more sweep arguments for every row: a grid (--grid model.backbone=...)
+  sweep+=(--grid "data.class_order_seed=$orders" --jobs "${CELL_JOBS:-$((${#rows[@]} * ${#olist[@]}))}"
+    --data.root "$DATA" --device cuda --engine.channels_last true --engine.cuda_graphs on "${extra[@]}")
   [ "${CELL_COMPILE:-step}" = step ] && sweep+=(--model.static_head true --engine.compile step)
   sweep+=(--engine.compile_cache "$CELL/.compile-cache" --out "$CELL")
   if [ "${DRY_RUN:-0}" = 1 ]; then

@@ -163,6 +163,14 @@ def test_gpu_check_cell_runs_several_rows_on_chosen_orders_and_stage_keeps_data_
     assert "--grid data.class_order_seed=0 --jobs 2" in out and "sweep of 2 runs" in out
     assert "--engine.compile" not in out.split("sweep of")[0].replace("--engine.compile_cache", "")
     assert "rdfcil_plus [new]" in out and "dpcr [new]" in out
+    # CELL_ARGS: a grid over the backbone for every row (the comparison at equal backbone), CELL_JOBS at once
+    env |= {"CELL_CONFIG": "configs/cifar100/n10.yaml+configs/cifar100/dpcr.yaml", "CELL_JOBS": "2",
+            "CELL_ARGS": "--grid model.backbone=resnet32,resnet18_cifar"}  # fmt: skip
+    done = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "cell"], capture_output=True, text=True, env=env,
+                          cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--jobs 2" in done.stdout and "sweep of 2 runs" in done.stdout
+    assert "--model.backbone resnet18_cifar --out" in done.stdout and "--model.backbone resnet32 --out" in done.stdout
 
     root = tmp_path / "root" / "cifar100"
     root.mkdir(parents=True)
