@@ -52,6 +52,14 @@ def test_two_task_run_of_every_method(name, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert len(summary["acc_per_task"]) == 2 and summary["last_acc"] == summary["acc_per_task"][1]
     assert summary["stores"] == METHODS.get(name).info.stores  # what it kept between tasks, for the report
+    cfg = tiny_config(name)  # the method keys the smoke preset sets away from the method's defaults, for the report
+
+    def leaves(tree, prefix=""):
+        for k, v in tree.items():
+            yield from leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+    default = dict(leaves(dataclasses.asdict(type(cfg.method)())))
+    assert summary["method_changed"] == sorted(k for k, v in leaves(dataclasses.asdict(cfg.method)) if default[k] != v)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["type"] == "epoch"]
     assert epochs and all(r["loss"] for r in epochs)  # named terms every epoch

@@ -620,6 +620,30 @@ def test_against_refuses_what_it_cannot_pair(tmp_path, runs_root, capsys):
     assert "| lwf · cifar100 · n10 | rdfcil |" in capsys.readouterr().out
 
 
+def test_against_a_method_of_several_groups_takes_the_one_at_its_defaults(tmp_path):
+    """An ablation: R-DFCIL as it comes and with another lambda_hkd, on one protocol. ``--against rdfcil`` takes the
+    group whose runs changed none of the keys that tell the groups apart (``method_changed`` in summary.json); where
+    no group, or more than one, is at the defaults, it asks for a label as before."""
+    root = tmp_path / "runs"
+    for order, (ref, hkd) in enumerate([(40.0, 41.0), (42.0, 45.0), (44.0, 44.0)]):
+        data = C100_N10 | {"class_order_seed": order}
+        for name, method, last, changed in (("ref", RDFCIL, ref, []), ("hkd", RDFCIL | {"lambda_hkd": 5.0}, hkd,
+                                                                         ["lambda_hkd"])):  # fmt: skip
+            write_run(root, f"{name}/o{order}", data, method, summary=summary(last, 60.0) | {"method_changed": changed})
+    recs = {r["group"]: r for r in records(group_runs(find_runs([root])), against="rdfcil")}
+    hkd = recs["rdfcil · cifar100 · n10 · method.lambda_hkd=5.0"]
+    assert hkd["vs"] == "rdfcil · cifar100 · n10 · method.lambda_hkd=0.15"
+    assert hkd["last_acc_vs_mean"] == pytest.approx(4 / 3)  # 1, 3, 0
+
+    again = tmp_path / "again"  # both groups changed lambda_hkd: neither is the method as it comes
+    for name, value in (("a", 5.0), ("b", 7.0)):
+        write_run(again, f"{name}/o0", C100_N10, RDFCIL | {"lambda_hkd": value},
+                  summary=summary(40.0, 60.0) | {"method_changed": ["lambda_hkd"]})  # fmt: skip
+    with pytest.raises(ReportError, match=r"matches 2 groups.*none of them alone at the method's defaults"):
+        records(group_runs(find_runs([again])), against="rdfcil")
+    assert records(group_runs(find_runs([again])), against="rdfcil · cifar100 · n10 · method.lambda_hkd=5.0")
+
+
 def test_against_pairs_by_training_seed_and_counts_each_metric_own_pairs(tmp_path):
     """Runs of one class order and two training seeds pair seed with seed; a reference run without forgetting
     leaves that metric one pair short, which its cell says; Δ forgetting is run − reference (more is worse)."""

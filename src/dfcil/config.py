@@ -601,6 +601,14 @@ def config_diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") ->
     return out
 
 
+def changed_from_defaults(section: Any) -> list[str]:
+    """Dotted keys of a config section (a method's config, say) whose values differ from that section's own
+    defaults: what a run set, as a report reads it without importing the section's class (``summary.json``'s
+    ``method_changed``)."""
+    plain = _plain(dataclasses.asdict(section))
+    return config_diff(plain, _plain(dataclasses.asdict(type(section)())))
+
+
 def changed_keys(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two plain config dicts, runtime keys left out: what a run may not
     change once it has started."""

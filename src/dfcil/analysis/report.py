@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dfcil.analysis.paper import Value
-from dfcil.analysis.run_dirs import Group, Run, find_runs, group_runs, setting_of
+from dfcil.analysis.run_dirs import Group, Run, at_defaults, find_runs, group_runs, setting_of
 from dfcil.catalogue import method_entries
 from dfcil.errors import ReportError
 from dfcil.stores import is_data_free
@@ -110,8 +110,9 @@ def pairing_key(run: Run) -> str:
 
 def references(groups: Sequence[Group], against: str) -> dict[tuple[str, ...], Group]:
     """The reference group of each dataset and protocol that has one (:attr:`Group.comparable`): the group whose
-    label is ``against``, or else whose method (``rdfcil``, ``lwf[ldc]``) is. Two candidates in one setting (the
-    same method under two configs) are an error that lists their labels to choose from."""
+    label is ``against``, or else whose method (``rdfcil``, ``lwf[ldc]``) is. Of several groups of that method in
+    one setting (the method under several configs, an ablation), the one at the method's defaults
+    (:func:`at_defaults`); where none or several are, an error lists their labels to choose from."""
     by_setting: dict[tuple[str, ...], list[Group]] = {}
     exact = [g for g in groups if g.label == against]
     for g in exact or [g for g in groups if g.setting.method_label == against]:
@@ -121,12 +122,15 @@ def references(groups: Sequence[Group], against: str) -> dict[tuple[str, ...], G
         raise ReportError(
             f"--against {against!r} names no group: give a method ({', '.join(methods)}) or a group's full label"
         )
-    for candidates in by_setting.values():
-        if len(candidates) > 1:
+    out: dict[tuple[str, ...], Group] = {}
+    for key, candidates in by_setting.items():
+        chosen = candidates[0] if len(candidates) == 1 else at_defaults(candidates)
+        if chosen is None:
             labels = "; ".join(repr(g.label) for g in candidates)
-            raise ReportError(f"--against {against!r} matches {len(candidates)} groups of one setting ({labels}): "
-                              f"give one of these labels")  # fmt: skip
-    return {key: candidates[0] for key, candidates in by_setting.items()}
+            raise ReportError(f"--against {against!r} matches {len(candidates)} groups of one setting ({labels}), "
+                              f"none of them alone at the method's defaults: give one of these labels")  # fmt: skip
+        out[key] = chosen
+    return out
 
 
 def _finished_by_pair(group: Group) -> dict[str, list[Run]]:

@@ -310,6 +310,27 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     return sorted(groups.values(), key=_order)
 
 
+def at_defaults(candidates: Sequence[Group]) -> Group | None:
+    """Of groups of one method in one setting, the one whose settings that tell them apart are all defaults: the
+    method's own for its keys (each finished run's ``summary.json`` lists its ``method_changed``; runs saved before
+    it did are never taken for it), the sections' for the others. None unless exactly one is."""
+    keys = sorted({k for g in candidates for k in g.config})
+    differ = [k for k in keys if len({g.config.get(k) for g in candidates}) > 1]
+    defaults = _flat(section_defaults())
+
+    def is_default(group: Group) -> bool:
+        changed = [r.summary.get("method_changed") for r in group.finished]
+        if not changed or not all(isinstance(c, list) for c in changed):
+            return False
+        moved = {f"method.{k}" for c in changed for k in c}
+        own = [k for k in differ if k.startswith("method.")]
+        other = [k for k in differ if k not in own]
+        return not moved.intersection(own) and all(group.config.get(k) == defaults.get(k) for k in other)
+
+    fits = [g for g in candidates if is_default(g)]
+    return fits[0] if len(fits) == 1 else None
+
+
 def _order(group: Group) -> tuple:
     s = group.setting
     datasets = list(DATASETS)

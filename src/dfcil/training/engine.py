@@ -36,7 +36,7 @@ from dfcil.compute.optim import (
     set_hyperparameters,
 )
 from dfcil.compute.runtime import Runtime, compile_cache, process_state_kept, resolve_device, seed_everything
-from dfcil.config import RunConfig, config_to_dict
+from dfcil.config import RunConfig, changed_from_defaults, config_to_dict
 from dfcil.data.device import Normalizer
 from dfcil.errors import RunInterrupted
 from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
@@ -115,6 +115,7 @@ def run(
         split = protocol.split
         summary = {
             "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "stores": loop.method.stores,
+            "method_changed": changed_from_defaults(cfg.method),  # method keys away from the method's defaults
             **({"scoring": loop.method.info.scoring} if loop.method.info.scoring else {}),
             "dataset": protocol.dataset.name,
             "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
