@@ -391,11 +391,11 @@ def test_the_source_reader_reads_the_registration_and_refuses_a_computed_fact(tm
 
 def test_a_summary_that_wraps_over_source_lines_is_listed_whole():
     """A docstring's summary is its first paragraph: one that wraps is listed on one line, not cut at the wrap."""
-    from dfcil.catalogue import _first_line
+    from dfcil.catalogue import _summary
 
     doc = "Alpha: beta,\n    gamma and delta.\n\n    Details that are not the summary."
-    assert _first_line(doc) == "Alpha: beta, gamma and delta."
-    assert _first_line("One line.") == "One line." and _first_line(None) == ""
+    assert _summary(doc) == "Alpha: beta, gamma and delta."
+    assert _summary("One line.") == "One line." and _summary(None) == ""
 
 
 def test_a_fact_set_as_a_class_attribute_is_refused_with_where_to_declare_it():

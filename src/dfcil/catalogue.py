@@ -94,7 +94,7 @@ def switch_entries(entries: Iterable[MethodEntry]) -> list[SwitchEntry]:
 def entry_of(cls: Any) -> MethodEntry:
     """The entry of an imported, registered method class."""
     info = cls.info
-    return MethodEntry(cls.name, _first_line(cls.__doc__), info.stores, tuple(sorted(info.switches.items())))
+    return MethodEntry(cls.name, _summary(cls.__doc__), info.stores, tuple(sorted(info.switches.items())))
 
 
 def method_entries() -> list[MethodEntry]:
@@ -134,11 +134,11 @@ def builtin_entries(package: Path = METHODS_PACKAGE) -> list[MethodEntry]:
                         ) from None
             name = call.args[0].value  # _registration checked it is a string
             switches = tuple(sorted(facts["switches"].items()))
-            entries.append(MethodEntry(name, _first_line(ast.get_docstring(node)), facts["stores"], switches))
+            entries.append(MethodEntry(name, _summary(ast.get_docstring(node)), facts["stores"], switches))
     return sorted(entries, key=lambda e: e.name)
 
 
-def _first_line(doc: str | None) -> str:
+def _summary(doc: str | None) -> str:
     """The docstring's summary: its first paragraph, on one line (a summary may wrap over several source lines)."""
     paragraph = (doc or "").strip().split("\n\n", 1)[0]
     return " ".join(paragraph.split())

@@ -317,14 +317,14 @@ def at_defaults(candidates: Sequence[Group]) -> Group | None:
     keys = sorted({k for g in candidates for k in g.config})
     differ = [k for k in keys if len({g.config.get(k) for g in candidates}) > 1]
     defaults = _flat(section_defaults())
+    own = [k for k in differ if k.startswith("method.")]
+    other = [k for k in differ if k not in own]
 
     def is_default(group: Group) -> bool:
         changed = [r.summary.get("method_changed") for r in group.finished]
         if not changed or not all(isinstance(c, list) for c in changed):
             return False
         moved = {f"method.{k}" for c in changed for k in c}
-        own = [k for k in differ if k.startswith("method.")]
-        other = [k for k in differ if k not in own]
         return not moved.intersection(own) and all(group.config.get(k) == defaults.get(k) for k in other)
 
     fits = [g for g in candidates if is_default(g)]
