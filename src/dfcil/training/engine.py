@@ -164,16 +164,18 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
     )  # fmt: skip
 
 
-def restore(loop: Loop, payload: dict[str, Any]) -> TaskContext | None:
+def restore(loop: Loop, payload: dict[str, Any]) -> TaskContext:
     """Continue from a checkpoint's payload (:meth:`Loop.snapshot`): the network, the method, then the run state.
-    Returns the context of the task the run continues (None when no task is left)."""
+    Returns the context of the task the run continues (a finished run's: its last task's)."""
     for n in payload["head_sizes"][len(loop.net.head.sizes) :]:
         loop.net.expand(n)
     loop.net.load_state_dict(payload["net"])
-    task, ctx = payload["position"]["task"], None
-    if task < loop.protocol.split.num_tasks:  # the last checkpoint of a finished run has no task left to continue
-        ctx = task_context(loop, task)
-        loop.method.load_state_dict(payload["method"], ctx, payload.get("static_state") or None)
+    task, last = payload["position"]["task"], loop.protocol.split.num_tasks - 1
+    # The last checkpoint of a finished run has no task left to continue, but the method's state is still the
+    # run's (FeCAM's class statistics, DPCR's ridge head, ...): the final model file keeps it, so it is restored as
+    # the last task left it, in that task's context
+    ctx = task_context(loop, min(task, last))
+    loop.method.load_state_dict(payload["method"], ctx, payload.get("static_state") or None)
     loop.restore_callbacks(payload)
     loop.state.load_state_dict(payload)  # last: building the network and the method consumed random numbers
     return ctx
