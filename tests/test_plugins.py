@@ -352,17 +352,141 @@ def test_a_run_record_given_as_config_or_an_existing_out_names_no_code_without_c
 
 def test_a_module_the_run_directory_holds_is_code_of_the_run(smoke_run, tmp_path):
     """`cd G && python -m dfcil eval .` puts G on sys.path: a module name in G's plugins then finds G's file, so it
-    needs consent as a file does; an installed or PYTHONPATH module does not."""
+    needs consent as a file does; the standard library's and an installed package's modules do not."""
     received, marker = _received(smoke_run, tmp_path, ["evilplug"])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-m", "dfcil", "eval", "."], cwd=received, capture_output=True, text=True,
                           env=env)  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "the module evilplug (found in the run directory)" in done.stderr and not marker.exists()
+    assert f"the module evilplug ({received / 'evilplug.py'}, found in the run directory)" in done.stderr
+    assert not marker.exists()
     from dfcil.plugins import needs_consent
 
     assert not needs_consent("json", received) and not needs_consent("dfcil.methods", received)
     assert needs_consent("anything.py", received) and needs_consent("/abs/elsewhere.py", received)
+
+
+def _dfcil(cwd: Path, *argv: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m dfcil ARGV`` in ``cwd`` (which it puts on ``sys.path``), ``PYTHONPATH`` only ``pythonpath``."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([sys.executable, "-m", "dfcil", *argv], cwd=cwd, capture_output=True, text=True, env=env)
+
+
+def _claim_plugins(run: Path, plugins: list[str]) -> None:
+    """Make the checkpoints of ``run`` name ``plugins`` as its edited config.yaml does (a resume refuses others)."""
+    from dfcil.checkpoint import dumps, loads
+
+    for path in (run / "checkpoints").glob("*.pt"):
+        payload = loads(path.read_bytes())
+        if "config" in payload:  # not a task's static part
+            payload["config"]["plugins"] = plugins
+            path.write_bytes(dumps(payload))
+
+
+@pytest.mark.parametrize("found", ["beside the run, in the current directory", "on PYTHONPATH"])
+@pytest.mark.parametrize("command", ["eval", "resume"])
+def test_a_module_a_received_run_names_is_imported_only_with_consent_wherever_it_is_found(
+    smoke_run, tmp_path, found, command
+):
+    """Issue 4 of the reliability review: a run's `plugins: [besideplug]` found through the current directory
+    (`python -m dfcil eval G`, besideplug.py beside G) or through PYTHONPATH was imported on the run's word. It is no
+    installed package's: one line names it and the fix, nothing runs; `--plugin besideplug` or `--trust-plugins`
+    allow it."""
+    received, marker = _received(smoke_run, tmp_path, ["besideplug"], finished=command == "eval")
+    if command == "resume":
+        _claim_plugins(received, ["besideplug"])
+    if found == "on PYTHONPATH":
+        folder, cwd, pythonpath = tmp_path / "lib", tmp_path / "elsewhere", tmp_path / "lib"
+        cwd.mkdir()
+    else:
+        folder, cwd, pythonpath = tmp_path, tmp_path, None
+    folder.mkdir(exist_ok=True)
+    (folder / "besideplug.py").write_text(EVIL.format(marker=str(marker)))
+    run = os.path.relpath(received, cwd)
+    argv = [command, run, *(["--no-progress"] if command == "resume" else [])]
+
+    done = _dfcil(cwd, *argv, pythonpath=pythonpath)
+    assert done.returncode == 2, done.stderr
+    assert not marker.exists()
+    error = done.stderr.splitlines()[-1]
+    where = "on PYTHONPATH" if found == "on PYTHONPATH" else "beside the run directory"
+    assert error.startswith("dfcil: error: ") and "imports only with your consent: the module besideplug" in error
+    assert f"({folder / 'besideplug.py'}, found {where})" in error
+    assert "--plugin besideplug" in error and "--trust-plugins" in error
+
+    # each command and each place once with each way of consent (a resume finishes the run: one try)
+    allow = ["--plugin", "besideplug"] if (command == "eval") == (found == "on PYTHONPATH") else ["--trust-plugins"]
+    done = _dfcil(cwd, *argv, *allow, pythonpath=pythonpath)
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "ran"
+
+
+def test_where_a_module_name_is_found_decides_whether_a_run_needs_consent_for_it(tmp_path, monkeypatch):
+    """A module name of a run's plugins loads without consent only from this machine's Python: the standard
+    library, an installed package (site-packages, a folder a .pth file adds: dfcil's editable install). Found in
+    the run directory, beside it, in the current directory, on PYTHONPATH or in any other folder of sys.path, it
+    needs consent; finding it imports nothing."""
+    from dfcil.plugins import found_outside
+
+    run, here, lib, other = (tmp_path / name for name in ("G", "here", "lib", "other"))
+    places = {"inside_mod.py": run, "beside_mod.py": tmp_path, "here_mod.py": here, "lib_mod.py": lib,
+              "other_mod.py": other, "pkg_mod/__init__.py": other, "ns_mod/part.py": lib}  # fmt: skip
+    for file, folder in places.items():
+        (folder / file).parent.mkdir(parents=True, exist_ok=True)
+        (folder / file).write_text("raise SystemExit('imported')\n")
+    for folder in (other, lib, tmp_path, run):
+        monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    monkeypatch.chdir(here)
+    monkeypatch.syspath_prepend("")  # python -c, a notebook: the current directory
+    said = {
+        "inside_mod": f"{run / 'inside_mod.py'}, found in the run directory",
+        "beside_mod": f"{tmp_path / 'beside_mod.py'}, found beside the run directory",
+        "here_mod": f"{here / 'here_mod.py'}, found in the current directory",
+        "lib_mod": f"{lib / 'lib_mod.py'}, found on PYTHONPATH",
+        "ns_mod.part": f"{lib / 'ns_mod'}, found on PYTHONPATH",
+        "other_mod": f"{other / 'other_mod.py'}, found outside the installed packages",
+        "pkg_mod.sub": f"{other / 'pkg_mod' / '__init__.py'}, found outside the installed packages",
+    }
+    for name, words in said.items():
+        assert found_outside(name, run) == words
+        assert name.split(".")[0] not in sys.modules
+    for name in ("json", "sys", "dfcil.methods", "yaml", "no_such_module_xyz"):  # stdlib, built in, installed
+        assert found_outside(name, run) is None, name
+
+
+def test_a_module_of_the_users_own_path_needs_naming_again_only_for_a_command_on_the_run(site, tmp_path, capsys):
+    """A plugin module on the user's PYTHONPATH: `dfcil train --plugin pathplug` imports it (the user's own
+    command), `dfcil train` again with the same --out continues the run (its config names it: the user's word), a
+    sweep's runs and a sweep run again over them too; `dfcil resume RUN` alone is a command on a run directory,
+    which may come from elsewhere: it asks for `--plugin pathplug`, as for a plugin file."""
+    from dfcil.plugins import needs_consent
+    from dfcil.runs.runner import RunOptions, train
+    from dfcil.training.state import Interrupt
+
+    (site / "pathplug.py").write_text(TOY.format(name="path_toy"))
+    cfg = load_config([SMOKE], [("method.name", "path_toy"), *TINY_KEYS], plugins=["pathplug"])[0]
+    interrupt = Interrupt()
+    options = RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
+    with pytest.raises(RunInterrupted):
+        train(cfg, tmp_path / "run", options)
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["plugins"] == ["pathplug"]
+    assert needs_consent("pathplug", tmp_path / "run")
+    assert main(["resume", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"the module pathplug ({site / 'pathplug.py'}, found on PYTHONPATH)" in err and "--plugin pathplug" in err
+    start = ["train", "--config", SMOKE, "--method.name", "path_toy", *TINY, "--plugin", "pathplug", "--no-progress"]
+    assert main([*start, "--out", str(tmp_path / "run")]) == 0  # the same command again: continues, no question
+    assert (tmp_path / "run" / "summary.json").exists()
+
+    sweep = ["sweep", "--config", SMOKE, "--method.name", "path_toy", *TINY, "--plugin", "pathplug", "--grid",
+             "seed=1", "--out", str(tmp_path / "sweep")]  # fmt: skip
+    for state in ("done", "skipped"):  # run again, it finds its run directories, which name the sweep's plugins
+        assert main(sweep) == 0, capsys.readouterr()
+        (record,) = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["runs"]
+        assert record["state"] == state
 
 
 def test_a_checkpoint_that_names_other_plugins_than_the_config_is_refused_before_importing(

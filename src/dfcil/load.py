@@ -241,7 +241,7 @@ def load_run_config(
     strings), for every command that reads a run it did not just start: ``resume``, ``eval``, ``export``,
     ``inspect``, ``train`` on an existing ``--out``, a sweep's own runs.
 
-    A run directory may come from elsewhere: the plugin files (and modules inside the run directory) its
+    A run directory may come from elsewhere: the plugin files (and modules of no installed package) its
     ``plugins`` name are imported only with ``consent`` (:func:`dfcil.plugins.check_consent`), and a relative file
     path means the run directory, not the current one. What ``consent`` names beyond the run's own entries is
     imported too (e.g. a logger's plugin for ``resume --log``), without becoming part of the run's config.

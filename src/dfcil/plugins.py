@@ -11,9 +11,10 @@ Two ways in (docs/extending.md, "Plugins"):
   every run of a sweep, SLURM jobs, torchrun ranks and ``dfcil eval`` import them again.
 
 A run directory is data that may come from elsewhere, so the code its ``config.yaml`` names is not imported on its
-word alone (:func:`check_consent`): a plugin file, or a module found inside the run directory, is imported only
-when the user names it again (``--plugin``) or trusts the run (``--trust-plugins``); installed packages and modules
-found outside the run directory load as before.
+word alone (:func:`check_consent`): a plugin file, or a module that is no installed package's (found in or beside
+the run directory, in the current directory, on ``PYTHONPATH``: :func:`found_outside`), is imported only when the
+user names it again (``--plugin``) or trusts the run (``--trust-plugins``); installed packages (entry points, and
+modules of site-packages or of an editable install) and the standard library load as before.
 
 A plugin that cannot be imported, or that exits while importing, is one :class:`~dfcil.errors.PluginError` naming
 it, its package and the error.
@@ -28,6 +29,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import site
 import subprocess
 import sys
 import traceback
@@ -115,28 +117,78 @@ def saved_entry(spec: str, run_dir: Path) -> str:
 
 
 def needs_consent(spec: str, run_dir: Path) -> bool:
-    """Whether a run directory's ``plugins`` entry is code that comes with the run rather than with this machine's
-    Python: any ``.py`` file, or a module name that would be found inside the run directory (``cd RUN && python -m
-    dfcil eval .`` puts it on ``sys.path``). An installed package or a module found elsewhere is this machine's own.
-    Finding a top-level module runs none of its code."""
-    if is_file(spec):
-        return True
+    """Whether a run directory's ``plugins`` entry is code that may have come with the run rather than with this
+    machine's Python: any ``.py`` file, or a module name that is no installed package's (:func:`found_outside`)."""
+    return is_file(spec) or found_outside(spec, run_dir) is not None
+
+
+def found_outside(module: str, run_dir: Path) -> str | None:
+    """Where the module name ``module`` of a run directory's ``plugins`` would be imported from, in words
+    (``"/x/mod.py, found in the current directory"``), when that is not this machine's Python: the run directory or
+    the folder holding it, the current directory (``python -m dfcil`` puts it on ``sys.path``), a ``PYTHONPATH``
+    entry, or any ``sys.path`` folder that is not an installed one (:func:`installed_folders`). None for an
+    installed package's module (the user installed it: that is their consent), the standard library, a module found
+    by an installed import hook (an editable install's), or a name that cannot be imported (its import fails with an
+    error of its own). A folder that is both (a received run unpacked into an installed project's folder) is not
+    trusted. Finding a top-level module runs none of its code."""
     try:
-        found = importlib.util.find_spec(spec.split(".")[0])
-    except (ImportError, ValueError):  # not importable: its import fails with an error of its own
-        return False
-    if found is None:
-        return False
-    places = [found.origin] if found.origin and found.has_location else []
-    places += list(found.submodule_search_locations or [])
-    root = Path(run_dir).resolve()
-    return any(Path(place).resolve().is_relative_to(root) for place in places)
+        found = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):  # not importable, or imported without a spec: nothing of it runs again
+        return None
+    if found is None or not (found.has_location or found.submodule_search_locations):
+        return None  # built into the interpreter, frozen, or not importable
+    # the folders it is found in (a package's, or a namespace package's portions', parent; a module's own), where
+    # it lies there: a link in the current directory to a file elsewhere is the current directory's
+    locations = list(found.submodule_search_locations or [])
+    homes = [Path(p).parent.resolve() for p in locations] if locations else [Path(str(found.origin)).parent.resolve()]
+    what = found.origin if found.has_location else " and ".join(locations)
+    root, cwd = Path(run_dir).resolve(), Path.cwd().resolve()
+    pythonpath = {(cwd / p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    installed = installed_folders()
+    on_path = {Path(p or ".").resolve() for p in sys.path if isinstance(p, str)}
+    for home in homes:
+        if home.is_relative_to(root):
+            return f"{what}, found in the run directory"
+        if home == root.parent:
+            return f"{what}, found beside the run directory"
+        if home == cwd:
+            return f"{what}, found in the current directory"
+        if home in pythonpath:
+            return f"{what}, found on PYTHONPATH"
+        if home in on_path and home not in installed:
+            return f"{what}, found outside the installed packages"
+        # else installed, or off sys.path: found by an import hook that installed code set up (an editable install)
+    return None
+
+
+def installed_folders() -> set[Path]:
+    """The ``sys.path`` folders of this machine's Python installation: those under its prefixes (the standard
+    library, the interpreter's and the virtual environment's site-packages), the user's site-packages, and the
+    folders that site-packages' ``.pth`` files add (editable installs), as :mod:`site` reads them."""
+    prefixes = [Path(p).resolve() for p in {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}]
+    sites = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    folders = {Path(p).resolve() for p in sites}
+    folders |= {
+        path
+        for path in (Path(p or ".").resolve() for p in sys.path if isinstance(p, str))
+        if any(path.is_relative_to(prefix) for prefix in prefixes)
+    }
+    for folder in sites:
+        for pth in sorted(Path(folder).glob("*.pth")):
+            try:
+                lines = pth.read_text().splitlines()
+            except (OSError, UnicodeDecodeError):  # site skips such a file too
+                continue
+            for line in lines:  # a line is a folder, a comment, or code (`import ...`), which adds no folder here
+                if line.strip() and not line.startswith(("#", "import ", "import\t")):
+                    folders.add((Path(folder) / line.rstrip()).resolve())
+    return folders
 
 
 def check_consent(specs: Iterable[str], run_dir: Path, consent: Consent, what: str | None = None) -> None:
     """Refuse to go on with a run directory whose ``plugins`` (as :func:`saved_entry` reads them) name code that
-    ``consent`` does not allow: a run directory from elsewhere must not run its code on its word alone, as
-    Hugging Face's ``trust_remote_code`` asks before running a model's code.
+    ``consent`` does not allow (:func:`needs_consent`): a run directory from elsewhere must not run its code on its
+    word alone, as Hugging Face's ``trust_remote_code`` asks before running a model's code.
 
     Raises:
         PluginError: one line listing what the run needs and how to allow it (``--plugin``, ``--trust-plugins``).
@@ -145,20 +197,24 @@ def check_consent(specs: Iterable[str], run_dir: Path, consent: Consent, what: s
         return
     files = {Path(s).expanduser().resolve() for s in consent.named if is_file(s)}
     modules = {s for s in consent.named if not is_file(s)}
-    missing = [
-        spec
-        for spec in specs
-        if needs_consent(spec, run_dir) and not (Path(spec).resolve() in files if is_file(spec) else spec in modules)
-    ]
+    shown, missing = [], []
+    for spec in specs:
+        if is_file(spec):
+            if Path(spec).resolve() not in files:
+                shown.append(f"the file {spec}")
+                missing.append(spec)
+        elif spec not in modules:
+            where = found_outside(spec, run_dir)
+            if where is not None:
+                shown.append(f"the module {spec} ({where})")
+                missing.append(spec)
     if not missing:
         return
-    shown = ", ".join(
-        f"the file {s}" if is_file(s) else f"the module {s} (found in the run directory)" for s in missing
-    )
     allow = " ".join(f"--plugin {s}" for s in missing)
     raise PluginError(
-        f"{what or f'the run in {run_dir}'} names plugin code that dfcil imports only with your consent: {shown}. "
-        f"Read it first; then allow it with {allow} (or --trust-plugins: every plugin the run names)"
+        f"{what or f'the run in {run_dir}'} names plugin code that dfcil imports only with your consent: "
+        f"{', '.join(shown)}. Read it first; then allow it with {allow} (or --trust-plugins: every plugin the run "
+        f"names)"
     )
 
 
