@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -835,3 +836,152 @@ def test_a_folder_of_links_to_runs_is_read_through_them_each_real_run_once(runs_
     runs = find_runs([picked])
     assert sorted(r.name for r in runs) == ["picked/a", "picked/b/s2"]
     assert len(find_runs([picked, runs_root / "abd"])) == 2  # the real folders, given too: still each once
+
+
+# ------------------------------------------------------------------------------------------------ hostile input
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        ({"last_acc": 1e308}, "last_acc is 1e+308, not an accuracy in [0, 100]"),
+        ({"avg_inc_acc": 150.0}, "avg_inc_acc is 150.0, not an accuracy in [0, 100]"),
+        ({"acc_per_task": [90.0, 58.0, -0.5]}, "acc_per_task holds -0.5, not an accuracy in [0, 100]"),
+        ({"old_acc": [None, 50.0, 100.5]}, "old_acc holds 100.5, not an accuracy in [0, 100]"),
+        ({"accuracy_matrix": [[90.0, None], [50.0, 1000.0]]}, "accuracy_matrix holds 1000.0, not an accuracy"),
+        ({"forgetting": -101.0}, "forgetting is -101.0, not a difference of accuracies in [-100, 100]"),
+    ],
+    ids=["huge", "above-100", "negative", "old-above-100", "matrix", "forgetting"],
+)
+def test_an_accuracy_outside_0_to_100_skips_its_run_naming_the_file_the_key_and_the_fix(runs_root, capsys, bad,
+                                                                                        problem):  # fmt: skip
+    """A finite accuracy outside [0, 100] was taken as one, and two runs of 1e308 in one group stopped the report
+    with an OverflowError in the mean: each such run is skipped with one line naming its summary.json, the key, and
+    the fix; the others are reported."""
+    for order in (1, 2):  # two in one group: their mean would overflow
+        path = runs_root / "rdfcil" / f"o{order}" / "summary.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | bad))
+    assert main(["report", str(runs_root)]) == 0
+    out, err = capsys.readouterr()
+    line = next(line for line in err.splitlines() if str(path.parent) in line)
+    assert line.startswith(f"dfcil report: skipping {path.parent}: its summary.json is not a dfcil summary (")
+    assert problem in line and "restore the run's own summary.json, or leave it out with --exclude" in line
+    assert "| rdfcil · cifar100 · n10 · method.lambda_hkd=0.15 | 1 (+1 unfinished) | 40.00 |" in out
+
+
+def test_the_mean_and_std_of_a_group_do_not_overflow():
+    """fmean sums first: two values of 1e308 overflowed (OverflowError), though their mean is a float."""
+    assert Stat.of([1e308, 1e308]) == Stat(1e308, 0.0, 2)
+    assert Stat.of([1e308, -1e308]) == Stat(0.0, 1e308, 2)
+    assert Stat.of([40.0, 42.0, 44.0]).mean == 42.0 and Stat.of([0.1, 0.2, 0.4]).mean == pytest.approx(0.7 / 3)
+
+
+def hostile_root(root: Path, names: Sequence[str], method: dict = RDFCIL) -> Path:
+    """One finished run per name, each its own class order: folders named as given."""
+    for order, name in enumerate(names):
+        data = C100_N10 | {"class_order_seed": order}
+        s = summary(40.0 + order, 50.0) | {"stores": "nothing"}
+        m = AccuracyMatrix(3)
+        for i in range(3):
+            m.record(i, np.array([80] * (i + 1)), np.array([100] * (i + 1)))
+        write_run(root, name, data, method, summary=s | {k: v for k, v in m.summary().items() if "matrix" in k})
+    return root
+
+
+@pytest.mark.filterwarnings("ignore:Glyph .* missing from font")  # 猫 and 犬 drawn as boxes: not this test's
+def test_figure_names_never_collide(tmp_path, capsys):
+    """Names were made by replacing odd characters with `_`: `x-猫`, `x-犬` and `x-?` (or `a b` and `a_b`, `lr0.1`
+    and `lr0.2`, whose suffix was taken for the file's) wrote one file, and the report counted figures that were
+    overwritten. Every run now has figures of its own, and the count is what is on disk."""
+    pytest.importorskip("matplotlib")
+    names = ["x-猫", "x-犬", "x-?", "a b", "a_b", "lr0.1", "lr0.2", "Run", "run"]
+    root = hostile_root(tmp_path / "runs", names)
+    plots = tmp_path / "plots"
+    assert main(["report", str(root), "--plots", str(plots)]) == 0
+    files = [p for p in plots.rglob("*") if p.is_file()]
+    assert len({p.relative_to(plots).as_posix().casefold() for p in files}) == len(files)  # case-insensitive too
+    assert len([p for p in files if p.parent.name == "runs"]) == 2 * len(names)
+    assert f"dfcil report: {len(files)} figure files in {plots}" in capsys.readouterr().err
+    from dfcil.analysis.plots import figure_stems
+
+    stems = figure_stems([f"runs/{n}" for n in names])
+    assert stems[names.index("lr0.1")] == "runs__lr0.1"  # a name with nothing odd reads as before
+    assert stems[names.index("a_b")].startswith("runs__a_b@") and stems[names.index("a b")].startswith("runs__a_b@")
+    assert figure_stems(["same", "same"])[0] != figure_stems(["same", "same"])[1]  # two runs of one name
+
+
+def test_names_with_dollar_signs_are_drawn_as_they_are(tmp_path, capsys):
+    """`$` in a method name, a config value or a run's folder was read as matplotlib's mathtext: a traceback (or
+    maths where a name was meant). Every figure is written, and the name is drawn literally."""
+    pytest.importorskip("matplotlib")
+    from dfcil.analysis.plots import run_figure
+
+    root = hostile_root(tmp_path / "runs", ["$a", "b$c$d"], method={"name": "lwf$", "lambda_kd": "$\\alpha"})
+    hostile_root(tmp_path / "runs", ["e"], method={"name": "lwf$", "lambda_kd": "$x$"})
+    assert main(["report", str(root), "--plots", str(tmp_path / "plots")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    fig = run_figure(find_runs([root / "b$c$d"])[0])
+    fig.canvas.draw()  # drawn as it is, no mathtext error
+    assert fig.texts[0].get_text().startswith("b$c$d: ")
+
+
+NEWLINE_METHOD = "evil\n\\input{/etc/passwd}"
+
+
+def test_a_name_never_ends_a_latex_comment_and_terminal_escapes_are_never_printed(tmp_path, capsys):
+    """The method name was escaped in LaTeX's table but not in the trailing comments: a newline in it ended the
+    comment and `\\input{...}` was live. Terminal escape sequences in names (a run's folder, the method, what its
+    summary says it keeps) were printed raw in every format. Now every name is escaped in every line, and control
+    characters are shown as Python escapes."""
+    root = tmp_path / "runs"
+    write_run(root, "o0", C100_N10, {"name": NEWLINE_METHOD},
+              summary=summary(40.0, 50.0) | {"stores": "nothing\n\\input{x}", "scoring": "by\r\\input{y}"})  # fmt: skip
+    write_run(root, "\x1b[2J\x1b]0;pwned\x07o1", C100_N10 | {"class_order_seed": 1}, {"name": "red\x1b[31m"})
+    write_run(root, "o2", C100_N10 | {"class_order_seed": 2}, {"name": "red\x1b[31m"}, summary=summary(30.0, 40.0))
+    for fmt in ("latex", "md", "csv"):
+        assert main(["report", str(root), "--format", fmt]) == 0
+        out, err = capsys.readouterr()
+        assert "\x1b" not in out + err and "\x07" not in out + err and "\r" not in out + err, fmt
+        assert ("red\\textbackslash{}x1b[31m" if fmt == "latex" else "red\\x1b[31m") in out, fmt
+        if fmt == "latex":
+            live = [line for line in out.splitlines() if not line.startswith("%")]
+            assert not any("input" in line and "\\textbackslash{}input" not in line for line in live), live
+            assert all(line.startswith("%") or "&" in line or line.startswith("\\") for line in out.splitlines())
+            assert "evil\\textbackslash{}ninput" not in out and "evil\\textbackslash{}n\\textbackslash{}input" in out
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"method": "abd"}, "config.yaml's method.name is 'rdfcil', summary.json's method is 'abd'"),
+        ({"dataset": "tiny_imagenet200"}, "data.name is 'cifar100', summary.json's dataset is 'tiny_imagenet200'"),
+        ({"class_order": list(range(100))}, "summary.json's class_order is [0, 1, 2, 3, 4, 5, ...]"),
+        ({"seed": 7}, "config.yaml's seed is 1, summary.json's seed is 7"),
+    ],
+    ids=["method", "dataset", "class-order", "seed"],
+)
+def test_a_run_whose_config_and_summary_disagree_is_skipped_with_both_values(tmp_path, capsys, change, said):
+    """A run's config.yaml said one method (or dataset, class order, seed) and its summary.json another (files of
+    two runs mixed up when copying): the run was reported under its config's name with the other run's numbers. It
+    is skipped with one line naming both files' values and the fix; a summary that agrees, or one from before a key
+    was saved, is read as before."""
+    from dfcil.analysis.run_dirs import NAMED_AS_REGISTERED
+    from dfcil.data.datasets import DATASETS
+    from dfcil.data.splits import class_order_from_seed
+
+    assert set(DATASETS.names()) >= NAMED_AS_REGISTERED  # the datasets whose summary's name is compared
+    root = tmp_path / "runs"
+    agrees = {"method": "rdfcil", "dataset": "cifar100", "seed": 1}
+    for order in (0, 1):  # a seeded order, then one given in full
+        data = C100_N10 | ({"class_order_seed": 5} if order == 0 else {"class_order": list(range(99, -1, -1))})
+        agrees["class_order"] = class_order_from_seed(100, 5) if order == 0 else list(range(99, -1, -1))
+        write_run(root, f"o{order}", data, RDFCIL, summary=summary(40.0, 50.0) | agrees)
+        write_run(root, f"bad{order}", data, RDFCIL, summary=summary(40.0, 50.0) | agrees | change)
+    write_run(root, "old", C100_N10, RDFCIL, summary=summary(40.0, 50.0))  # no method, dataset, order or seed
+    assert sorted(r.name for r in find_runs([root])) == ["runs/o0", "runs/o1", "runs/old"]
+    err = capsys.readouterr().err
+    for order in (0, 1):
+        line = next(line for line in err.splitlines() if f"bad{order}:" in line)
+        assert line.startswith(f"dfcil report: skipping {root / f'bad{order}'}: its config.yaml and summary.json "
+                               "disagree (")  # fmt: skip
+        assert said in line and "put back the run's own file, or leave it out with --exclude" in line, line

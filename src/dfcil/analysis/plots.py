@@ -18,9 +18,11 @@ built with ``matplotlib.figure.Figure``, so no pyplot state or backend choice is
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,10 +45,24 @@ def _figure(**kwargs: Any) -> Any:
     return Figure(**kwargs)
 
 
+def _literal(fig: Any) -> Any:
+    """``fig`` with each text that holds a ``$`` drawn as it is: the names in titles, legends and labels come from
+    run folders and configs, where a ``$`` is a character, never matplotlib's maths (an odd one is an error)."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        if "$" in text.get_text():
+            text.set_parse_math(False)
+            text.set_usetex(False)  # a matplotlibrc's text.usetex would hand it to TeX, where $ is maths again
+    return fig
+
+
 def _save(fig: Any, path: Path) -> list[Path]:
-    """``path`` as PNG and PDF, each written whole (an interrupted report leaves the old figure or the new one)."""
+    """``path`` as PNG and PDF (the suffix added to its name, which may hold dots), each written whole (an
+    interrupted report leaves the old figure or the new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    files = [path.with_suffix(".png"), path.with_suffix(".pdf")]
+    files = [path.with_name(f"{path.name}.png"), path.with_name(f"{path.name}.pdf")]
+    _literal(fig)
     for f in files:
         buf = io.BytesIO()
         fig.savefig(buf, format=f.suffix[1:], dpi=120, bbox_inches="tight")
@@ -54,9 +70,28 @@ def _save(fig: Any, path: Path) -> list[Path]:
     return files
 
 
-def file_name(name: str) -> str:
-    """A run or setting name as one file name: path separators become ``__``, odd characters ``_``."""
-    return re.sub(r"[^A-Za-z0-9._=+-]+", "_", name.replace(os.sep, "__").replace("/", "__"))
+STEM_LENGTH = 100  # characters of a name kept in its file's name; well below the file systems' 255 bytes
+
+
+def figure_stems(names: Sequence[str]) -> list[str]:
+    """The file names (without suffix) of the figures of ``names`` (runs, or settings) in one folder, each its own,
+    also on a file system blind to case (macOS, Windows). A name reads as itself with ``__`` for each path separator
+    (``runs/smoke``: ``runs__smoke``). Where that changed more (characters outside ``[A-Za-z0-9._=+-]`` become
+    ``_``, a leading dot, a name cut to :data:`STEM_LENGTH`) or two names read alike (``a b`` and ``a_b``, ``Run``
+    and ``run``), ``@`` and 10 hex digits of the exact name's SHA-256 follow (``@`` is never in a name that reads as
+    itself); a name given twice (two runs' folders of one name below two PATHs) is numbered after that."""
+    read = [name.replace(os.sep, "__").replace("/", "__") for name in names]
+    safe = [re.sub(r"^\.|[^A-Za-z0-9._=+-]", "_", r)[:STEM_LENGTH] for r in read]
+    alike = Counter(s.casefold() for s in safe)
+    stems, given = [], Counter[str]()
+    for name, r, s in zip(names, read, safe, strict=True):
+        if s == r and alike[s.casefold()] == 1:
+            stems.append(s)
+            continue
+        stem = f"{s.strip('_')}@{hashlib.sha256(name.encode('utf-8', 'surrogateescape')).hexdigest()[:10]}"
+        given[stem] += 1
+        stems.append(stem if given[stem] == 1 else f"{stem}-{given[stem]}")
+    return stems
 
 
 def forgetting_per_task(correct: Sequence[Sequence[int]], count: Sequence[Sequence[int]]) -> np.ndarray:
@@ -88,7 +123,7 @@ def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
         if g.finished:
             settings.setdefault((g.setting.dataset, g.setting.protocol_label), []).append(g)
     files = []
-    for (dataset, protocol), same in settings.items():
+    for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
         fig = _figure(figsize=(6.4, 4.4), layout="constrained")
         ax = fig.add_subplot()
         marked = False
@@ -114,9 +149,13 @@ def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         title = "mean ± std over runs" + ("; ○ the paper's A_N ± std" if marked else "")
         ax.legend(fontsize=8, title=title, title_fontsize=8)
-        name = file_name(f"{dataset}_{protocol}".replace("/", " per ")).strip("_")
-        files += _save(fig, out_dir / "curves" / name)
+        files += _save(fig, out_dir / "curves" / stem)
     return files
+
+
+def _setting_stems(settings: dict[tuple[str, str], Any]) -> list[str]:
+    """:func:`figure_stems` of (dataset, protocol) settings: ``cifar100_n10``."""
+    return figure_stems([f"{dataset}_{protocol}".replace("/", " per ") for dataset, protocol in settings])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +195,8 @@ def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[Stab
 def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
     """One figure per dataset and protocol of :func:`stability_points`: new-class accuracy (x) against old-class
     accuracy (y) after the last task, error bars of one std over each group's runs, a method's points joined."""
-    files = []
-    for (dataset, protocol), points in stability_points(groups).items():
+    files, settings = [], stability_points(groups)
+    for ((dataset, protocol), points), stem in zip(settings.items(), _setting_stems(settings), strict=True):
         fig = _figure(figsize=(6.4, 4.8), layout="constrained")
         ax = fig.add_subplot()
         methods: dict[str, list[StabilityPoint]] = {}
@@ -179,8 +218,7 @@ def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
                title=f"{dataset}, {protocol}: stability against plasticity")  # fmt: skip
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, title="after the last task; mean ± std over runs", title_fontsize=8)
-        name = file_name(f"{dataset}_{protocol}".replace("/", " per ")).strip("_")
-        files += _save(fig, out_dir / "stability" / name)
+        files += _save(fig, out_dir / "stability" / stem)
     return files
 
 
@@ -217,12 +255,13 @@ def run_figure(run: Run) -> Any:
     ax_on.grid(alpha=0.3)
     ax_f.grid(alpha=0.3)
     fig.suptitle(f"{run.name}: {s.get('method')} on {s.get('dataset')}, A_N = {s['last_acc']:.2f}")
-    return fig
+    return _literal(fig)
 
 
-def plot_run(run: Run, out_dir: Path) -> list[Path]:
-    """Write :func:`run_figure` as ``runs/<run>`` below ``out_dir``; returns the PNG and PDF paths."""
-    return _save(run_figure(run), out_dir / "runs" / file_name(run.name))
+def plot_run(run: Run, out_dir: Path, stem: str | None = None) -> list[Path]:
+    """Write :func:`run_figure` as ``runs/<stem>`` below ``out_dir`` (by default the run's :func:`figure_stems`
+    alone); returns the PNG and PDF paths."""
+    return _save(run_figure(run), out_dir / "runs" / (stem or figure_stems([run.name])[0]))
 
 
 def synthetic_images(run_dir: Path) -> list[tuple[int, Path]]:
@@ -231,8 +270,9 @@ def synthetic_images(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def plot_synthetic(run: Run, out_dir: Path) -> list[Path]:
-    """A run's synthetic-image grids, tasks side by side; nothing for a run without them."""
+def plot_synthetic(run: Run, out_dir: Path, stem: str | None = None) -> list[Path]:
+    """A run's synthetic-image grids, tasks side by side, as ``synthetic/<stem>`` (as :func:`plot_run`); nothing for
+    a run without them."""
     images = synthetic_images(run.path)
     if not images:
         return []
@@ -249,7 +289,7 @@ def plot_synthetic(run: Run, out_dir: Path) -> list[Path]:
         ax.set_title(f"task {task}", fontsize=9)
         ax.axis("off")
     fig.suptitle(f"{run.name}: synthetic images")
-    return _save(fig, out_dir / "synthetic" / file_name(run.name))
+    return _save(fig, out_dir / "synthetic" / (stem or figure_stems([run.name])[0]))
 
 
 def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
@@ -260,9 +300,10 @@ def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
         raise PlotError(f"--plots {out_dir} is a file; give a folder for the figures")
     try:
         files = plot_curves(groups, out_dir) + plot_stability(groups, out_dir)
-        for run in (r for g in groups for r in g.runs):
+        runs = [r for g in groups for r in g.runs]
+        for run, stem in zip(runs, figure_stems([r.name for r in runs]), strict=True):
             matrices = run.summary is not None and all(k in run.summary for k in ("accuracy_matrix", "count_matrix"))
-            files += (plot_run(run, out_dir) if matrices else []) + plot_synthetic(run, out_dir)
+            files += (plot_run(run, out_dir, stem) if matrices else []) + plot_synthetic(run, out_dir, stem)
     except OSError as err:  # a folder not writable, a disk full
         where = err.filename or out_dir
         raise PlotError(f"cannot write the figures: {where}: {err.strerror or err}") from None

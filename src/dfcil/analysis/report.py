@@ -18,16 +18,17 @@ import argparse
 import csv
 import dataclasses
 import io
+import math
 import re
 import shlex
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from dfcil.analysis.paper import Value
-from dfcil.analysis.run_dirs import Group, Run, at_defaults, find_runs, group_runs, setting_of
+from dfcil.analysis.run_dirs import Group, Run, at_defaults, find_runs, group_runs, printable, setting_of
 from dfcil.catalogue import method_entries
 from dfcil.errors import ReportError
 from dfcil.stores import is_data_free
@@ -76,8 +77,14 @@ class Stat:
         """Mean and ``std`` (a key of :data:`STDS`) of ``values``; no std for fewer than two."""
         if not values:
             return cls(None, None, 0)
+        # statistics.mean and its stds sum exactly, as fractions: fmean's float sum overflows near the largest float
+        # (two runs of 1e308), where the mean itself is a float
         spread = statistics.pstdev if std == "population" else statistics.stdev
-        return cls(statistics.fmean(values), spread(values) if len(values) > 1 else None, len(values))
+        try:
+            deviation = spread(values) if len(values) > 1 else None
+        except OverflowError:  # a sample std beyond the largest float (values near it): infinite as a float
+            deviation = math.inf
+        return cls(float(statistics.mean(values)), deviation, len(values))
 
 
 def std_line(std: str, over: str) -> str:
@@ -152,9 +159,11 @@ def ambiguous_pairs(group: Group) -> list[str]:
     """One warning line per class order and seed with more than one finished run in ``group``: naming the runs,
     saying that this class order and seed is left out of ``--against``'s pairs, and how to keep it."""
     return [
-        f"dfcil report: warning: --against: {group.label!r} has {len(runs)} finished runs of {key} "
-        f"({' and '.join(r.name for r in runs)}), so which one to pair is ambiguous: that class order and seed is "
-        f"left out of its pairs; leave all but one out with --exclude, e.g. --exclude {shlex.quote(runs[-1].name)}"
+        printable(
+            f"dfcil report: warning: --against: {group.label!r} has {len(runs)} finished runs of {key} "
+            f"({' and '.join(r.name for r in runs)}), so which one to pair is ambiguous: that class order and seed is "
+            f"left out of its pairs; leave all but one out with --exclude, e.g. --exclude {shlex.quote(runs[-1].name)}"
+        )
         for key, runs in _finished_by_pair(group).items()
         if len(runs) > 1
     ]
@@ -245,21 +254,35 @@ _LATEX_TOKENS |= {"Δ": "$\\Delta$", "−": "$-$"}
 _LATEX_ESCAPES = {c: f"\\{c}" for c in "&%$#_{}"} | {"\\": "\\textbackslash{}", "~": "\\~{}", "^": "\\^{}"}
 
 
+def _latex(s: str) -> str:
+    parts = re.split(f"({'|'.join(_LATEX_TOKENS)})", s)
+    return "".join(_LATEX_TOKENS.get(p) or "".join(_LATEX_ESCAPES.get(c, c) for c in p) for p in parts)
+
+
+# What each format escapes in text of its own: markdown's cell separator, LaTeX's special characters; CSV quotes
+ESCAPES: dict[str, Callable[[str], str]] = {"md": lambda s: s.replace("|", "\\|"), "csv": str, "latex": _latex}
+
+
+def escape(text: str, fmt: str) -> str:
+    """``text`` (a name from a run's files, or a line that holds one) as output of format ``fmt``, the one way
+    any reaches the report: its control characters written as escapes (:func:`printable`: an escape sequence never
+    reaches the terminal, a newline never ends a LaTeX comment), then the format's own (:data:`ESCAPES`); in LaTeX
+    A_N, Ā_N, ±, ·, Δ and − become maths."""
+    return ESCAPES[fmt](printable(text))
+
+
 class _Style:
     """Symbols and escaping of one output format."""
 
     def __init__(self, fmt: str) -> None:
-        self.latex = fmt == "latex"
+        self.fmt, self.latex = fmt, fmt == "latex"
         self.pm = " $\\pm$ " if self.latex else " ± "
         self.yes, self.no = ("\\checkmark", "$\\times$") if self.latex else ("✓", "✗")
         self.dagger = "$^\\dagger$" if self.latex else "†"  # another paper's protocol
 
     def text(self, s: str) -> str:
-        """``s`` as a cell: in LaTeX with its special characters escaped and A_N, Ā_N, ±, ·, Δ, − as maths."""
-        if not self.latex:
-            return s.replace("|", "\\|")
-        parts = re.split(f"({'|'.join(_LATEX_TOKENS)})", s)
-        return "".join(_LATEX_TOKENS.get(p) or "".join(_LATEX_ESCAPES.get(c, c) for c in p) for p in parts)
+        """``s`` as a cell or in a note: :func:`escape`."""
+        return escape(s, self.fmt)
 
     def stat(self, mean: float | None, std: float | None, n: int | None = None) -> str:
         if mean is None:
@@ -363,12 +386,18 @@ def render(head: list[str], rows: list[list[str]], fmt: str) -> str:
     ) + "\n"  # fmt: skip
 
 
+def _csv_cell(value: Any) -> Any:
+    if isinstance(value, str):
+        return escape(value, "csv")
+    return "" if value is None else round(value, 4) if isinstance(value, float) else value
+
+
 def render_csv(recs: Sequence[dict[str, Any]]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(recs[0]) if recs else ["group"], lineterminator="\n")
     writer.writeheader()
     for r in recs:
-        writer.writerow({k: "" if v is None else round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
+        writer.writerow({k: _csv_cell(v) for k, v in r.items()})
     return buf.getvalue()
 
 
@@ -419,11 +448,15 @@ def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: 
         notes.append("Reduced protocols (fewer classes, images or pixels) are never compared with the paper.")
     if kept := stores_of(runs):
         notes.append("Kept between tasks besides the model: " + "; ".join(
-            f"{method}: {stores}" + ("" if is_data_free(stores) else " (not data-free)")
+            f"{style.text(method)}: {style.text(stores)}" + ("" if is_data_free(stores) else " (not data-free)")
             for method, stores in sorted(kept.items())
         ) + ".")  # fmt: skip
     if scoring := scoring_notes(runs):
-        notes.append("How methods score: " + "; ".join(f"{m}: {text}" for m, text in sorted(scoring.items())) + ".")
+        notes.append(
+            "How methods score: "
+            + "; ".join(f"{style.text(m)}: {style.text(t)}" for m, t in sorted(scoring.items()))
+            + "."
+        )
     if repeats := repeated_runs(groups):
         notes.append(
             "Warning: runs of one class order and seed in one group, each counted in its mean, std and n, so that "
@@ -474,9 +507,10 @@ def report(
         p_head, p_rows = paired_table(recs, style)
         text += ("\n" if fmt == "md" else "") + render(p_head, p_rows, fmt) + _under(std_line(std, "the pairs"), fmt)
         notes = ["", PAIRED_NOTE, *notes]
+    # the notes' names are escaped (style.text); printable again here, so that no note ever ends its comment
     if fmt == "latex":
-        return text + "".join(f"% {n}\n" for n in notes if n)
-    return text + "\n".join(notes) + "\n"
+        return text + "".join(f"% {printable(n)}\n" for n in notes if n)
+    return text + "\n".join(map(printable, notes)) + "\n"
 
 
 def _under(line: str, fmt: str) -> str:
@@ -561,7 +595,7 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(report(runs, args.format, by, args.metric, args.against, args.std))
         if args.format == "csv":
             notes = csv_notes(runs, args.metric if by is not None else None, args.against, args.std)
-            print("".join(f"dfcil report: {n}\n" for n in notes if n), end="", file=sys.stderr)
+            print("".join(f"dfcil report: {printable(n)}\n" for n in notes if n), end="", file=sys.stderr)
         if args.plots:
             from dfcil.analysis.plots import write_plots
             from dfcil.errors import PlotError
@@ -572,6 +606,6 @@ def main(args: argparse.Namespace) -> int:
                 raise ReportError(str(err)) from None
             print(f"dfcil report: {len(files)} figure files in {args.plots}", file=sys.stderr)
     except ReportError as err:
-        print(f"dfcil: error: {err}", file=sys.stderr)
+        print(printable(f"dfcil: error: {err}"), file=sys.stderr)
         return 2
     return 0

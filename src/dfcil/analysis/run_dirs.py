@@ -12,7 +12,9 @@ import fnmatch
 import json
 import math
 import os
+import shlex
 import sys
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -189,8 +191,8 @@ def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -
     (``sweep.json``) is not a run, and runs' checkpoint folders and hidden folders are not searched. A folder matched
     by one of the ``exclude`` globs (:func:`excluded`), run or not, is left out unread with everything below it; a
     glob that matches nothing is said. A run whose files cannot be used (unreadable, cut short, the wrong shape, not
-    regular files) is skipped with a warning that names it, and a last line says how many were: one damaged run
-    never hides the rest."""
+    regular files, of two runs) is skipped with a warning that names it, and a last line says how many were: one
+    damaged run never hides the rest."""
     runs: dict[Path, Run | None] = {}
     unused = dict.fromkeys(exclude, True)  # globs that matched no run so far
     for given in map(Path, paths):
@@ -231,8 +233,12 @@ def excluded(path: Path, name: str, globs: Sequence[str]) -> list[str]:
 
 
 def _read_run(path: Path, name: str) -> Run | None:
+    """``path``'s run, or None, said on stderr with what is wrong and the fix, where its files cannot be used:
+    unreadable, of the wrong shape (:func:`summary_problem`), or of two runs (:func:`disagreement`)."""
+    leave_out = f"leave it out with --exclude {shlex.quote(name)}"
+
     def skip(why: str) -> None:
-        print(f"dfcil report: skipping {path}: {why}", file=sys.stderr)
+        print(printable(f"dfcil report: skipping {path}: {why}"), file=sys.stderr)
 
     try:
         config = load_yaml(read_regular_text(path / "config.yaml"))  # a FIFO is refused, never waited on
@@ -248,10 +254,25 @@ def _read_run(path: Path, name: str) -> Run | None:
             return skip(f"its summary.json cannot be read ({err})")
         except ValueError as err:
             return skip(f"its summary.json is not valid JSON ({err}): cut short, or still being copied?")
-        problem = summary_problem(summary)
-        if problem is not None:
-            return skip(f"its summary.json is not a dfcil summary ({problem})")
+        if (problem := summary_problem(summary)) is not None:
+            return skip(f"its summary.json is not a dfcil summary ({problem}): restore the run's own summary.json, "
+                        f"or {leave_out}")  # fmt: skip
+        if (problem := disagreement(config, summary)) is not None:
+            return skip(f"its config.yaml and summary.json disagree ({problem}): they are two runs' files; put back "
+                        f"the run's own file, or {leave_out}")  # fmt: skip
     return Run(path, name, with_added_method_keys(config), summary)
+
+
+# Characters a terminal or a LaTeX file acts on rather than shows (Unicode categories): controls (ESC of an escape
+# sequence, newline, carriage return), formatting (bidirectional overrides, zero-width), lone surrogates (a folder
+# name's undecodable bytes, which no UTF-8 stream can print) and the line and paragraph separators.
+HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def printable(text: str) -> str:
+    """``text`` with each :data:`HIDDEN` character written as its Python escape (``\\x1b``, ``\\n``, ``\\u202e``):
+    names come from run folders and files that anyone may write, and are printed to terminals and into LaTeX."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in HIDDEN else c for c in text)
 
 
 def _number(value: Any) -> bool:
@@ -263,9 +284,22 @@ def _numbers(value: Any, none: bool = False) -> bool:
     return isinstance(value, list) and bool(value) and all(_number(v) or (none and v is None) for v in value)
 
 
+# The ranges of summary.json's numbers: accuracies (%) and the differences of two (points: forgetting, BWT)
+ACCURACY, DIFFERENCE = ((0.0, 100.0), "an accuracy"), ((-100.0, 100.0), "a difference of accuracies")
+RANGES = {k: ACCURACY for k in ("last_acc", "avg_inc_acc", "acc_per_task", "new_acc", "old_acc", "accuracy_matrix")}
+RANGES |= {"forgetting": DIFFERENCE, "bwt": DIFFERENCE}
+
+
+def _leaves(value: Any) -> list[float]:
+    """The numbers of a number, a list or a matrix (Nones left out)."""
+    if not isinstance(value, list):
+        return [] if value is None else [value]
+    return [v for item in value for v in _leaves(item)]
+
+
 def summary_problem(summary: Any) -> str | None:
     """What makes ``summary`` (a parsed ``summary.json``) unusable for a report and its plots, or None: the keys
-    they read, of the types the engine writes."""
+    they read, of the types the engine writes, each number in its range (:data:`RANGES`)."""
     if not isinstance(summary, dict):
         return f"a {type(summary).__name__}, not a mapping"
     for key in ("last_acc", "avg_inc_acc"):
@@ -281,6 +315,61 @@ def summary_problem(summary: Any) -> str | None:
         rows = summary.get(key)
         if key in summary and (not isinstance(rows, list) or not rows or not all(_numbers(r, True) for r in rows)):
             return f"{key} is {quoted(rows)}, not a matrix of numbers"
+    for key, ((low, high), what) in RANGES.items():
+        if (bad := next((v for v in _leaves(summary.get(key)) if not low <= v <= high), None)) is not None:
+            verb = "holds" if isinstance(summary[key], list) else "is"
+            return f"{key} {verb} {bad!r}, not {what} in [{low:g}, {high:g}]"
+    return None
+
+
+# The datasets whose builders name their data as they are registered, so that summary.json's dataset is the
+# config's data.name; a plugin's dataset may name its data otherwise, and is not compared.
+NAMED_AS_REGISTERED = frozenset(DATASETS) | {"fake", "folder", "arrays"}
+
+
+def _order_text(order: Any) -> str:
+    """A class order as a message shows it: its first six classes."""
+    if not isinstance(order, list):
+        return quoted(order)
+    return f"[{', '.join(map(str, order[:6]))}{', ...' if len(order) > 6 else ''}]"
+
+
+def _class_order(data: dict[str, Any], saved: list[Any]) -> tuple[str, list[int]] | None:
+    """The class order a run's data section trains, and what in it says so, where the report can tell without the
+    data: an explicit ``data.class_order``, or a seeded one on a dataset of known class count (the paper's, or the
+    summary's own order where all of a dataset's classes are used); None otherwise."""
+    order, limit, seed = data.get("class_order"), data.get("num_classes"), data.get("class_order_seed", 0)
+    try:
+        if order is not None:
+            return f"data.class_order is {_order_text(order)}", [int(c) for c in order][:limit]
+        classes = DATASETS[data["name"]][0] if data["name"] in DATASETS else len(saved) if limit is None else None
+        if classes is None:
+            return None
+        from dfcil.data.splits import class_order_from_seed  # here: the data package costs every report 0.2 s
+
+        seeded = class_order_from_seed(classes, seed)[:limit]
+        return f"data.class_order_seed {seed} gives the class order {_order_text(seeded)}", seeded
+    except (TypeError, ValueError):  # a config the engine would refuse: not this check's to judge
+        return None
+
+
+def disagreement(config: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """Where a run's ``config.yaml`` and ``summary.json`` describe two runs (files mixed up when runs were copied),
+    what each says, or None: the method, the dataset, the training seed and the class order, each where the summary
+    has it (a summary from before a key was saved says nothing of it)."""
+    defaults, data = section_defaults(), config.get("data")
+    data = defaults["data"] | (data if isinstance(data, dict) else {})
+    pairs = [
+        ("method.name", config["method"].get("name"), "method"),
+        ("seed", config.get("seed", defaults["seed"]), "seed"),
+        *([("data.name", data["name"], "dataset")] if str(data["name"]) in NAMED_AS_REGISTERED else []),
+    ]
+    for key, mine, theirs in pairs:
+        if theirs in summary and summary[theirs] != mine:
+            return f"config.yaml's {key} is {quoted(mine)}, summary.json's {theirs} is {quoted(summary[theirs])}"
+    saved = summary.get("class_order")
+    if isinstance(saved, list) and (expected := _class_order(data, saved)) is not None and expected[1] != saved:
+        return f"config.yaml's {expected[0]}, summary.json's class_order is {_order_text(saved)}"
     return None
 
 
