@@ -1,13 +1,15 @@
 """Plugins: methods (and datasets, backbones, loggers) from outside dfcil, found by name by every command and
 every process of a run: installed packages' entry points, and ``plugins`` / ``--plugin`` modules and files
-(:mod:`dfcil.plugins`). Fake installed packages are ``.dist-info`` folders in a directory on ``sys.path`` (and
-``PYTHONPATH``, for child processes), which is all ``importlib.metadata`` reads."""
+(:mod:`dfcil.plugins`). A fake installed package is a ``.dist-info`` folder (which is all ``importlib.metadata``
+reads), and a ``.pth`` file for an editable one, in a folder that Python treats as a site-packages one (the ``site``
+fixture); one beside a run, in the current directory or on ``PYTHONPATH`` is not installed."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import site as python_site
 import subprocess
 import sys
 import textwrap
@@ -46,14 +48,35 @@ class Toy(Method):
 '''
 
 
+# what site-packages is to Python, for the processes a test starts (imported at start from PYTHONPATH)
+SITECUSTOMIZE = """
+import site
+
+_listed = site.getsitepackages
+site.getsitepackages = lambda prefixes=None: [*_listed(prefixes), {folder!r}]
+site.addsitedir({folder!r})
+"""
+
+
 @pytest.fixture
 def site(tmp_path, monkeypatch):
-    """A folder on ``sys.path`` and ``PYTHONPATH`` for fake installed packages; what the test registers and imports
-    from it (or from the example) is gone afterwards."""
-    folder = tmp_path / "site"
+    """A site-packages folder for fake installed packages (:func:`install`): listed by ``site.getsitepackages()``
+    and on ``sys.path`` with its ``.pth`` files read (``site.addsitedir``), as Python does for its own at start; in
+    this process, and in the processes the test starts (a ``sitecustomize`` module on ``PYTHONPATH`` that does the
+    same: the folder itself is not on ``PYTHONPATH``). Nothing is installed in the test's own environment, and
+    what the test registers and imports from it (or from the example) is gone afterwards. No ``--trust-plugins`` of
+    an earlier test in this process holds."""
+    from dfcil import plugins
+
+    folder, customize = tmp_path / "site-packages", tmp_path / "sitecustomize"
     folder.mkdir()
-    monkeypatch.syspath_prepend(str(folder))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p))
+    customize.mkdir()
+    (customize / "sitecustomize.py").write_text(SITECUSTOMIZE.format(folder=str(folder)))
+    monkeypatch.syspath_prepend(str(folder))  # and sys.path as it was afterwards, the .pth files' folders gone too
+    listed = python_site.getsitepackages
+    monkeypatch.setattr(python_site, "getsitepackages", lambda prefixes=None: [*listed(prefixes), str(folder)])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(customize), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setattr(plugins, "_trusting_every_plugin", False)
     registries = (METHODS, DATASETS, BACKBONES, LOGGERS)
     names, modules = [set(r.names()) for r in registries], set(sys.modules)
     yield folder
@@ -66,9 +89,17 @@ def site(tmp_path, monkeypatch):
             del sys.modules[name]
 
 
-def install(site: Path, dist: str, version: str, entry_points: dict[str, dict[str, str]], **modules: str) -> None:
-    """A fake installed distribution ``dist`` declaring ``entry_points`` ({group: {name: module}}), with ``modules``
-    (name → source) beside it."""
+def install(
+    site: Path,
+    dist: str,
+    version: str,
+    entry_points: dict[str, dict[str, str]],
+    editable: Path | None = None,
+    **modules: str,
+) -> None:
+    """A fake distribution ``dist`` in the folder ``site`` declaring ``entry_points`` ({group: {name: module}}), with
+    ``modules`` (name → source) beside it, or, ``editable``, the folder of its modules that a ``.pth`` file adds to
+    ``sys.path`` (as ``pip install -e`` does), at once (``site.addsitedir``) when ``site`` is on ``sys.path``."""
     for name, source in modules.items():
         (site / f"{name}.py").write_text(textwrap.dedent(source))
     info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
@@ -76,6 +107,10 @@ def install(site: Path, dist: str, version: str, entry_points: dict[str, dict[st
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
     groups = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) for group, eps in entry_points.items()]
     (info / "entry_points.txt").write_text("\n".join(groups))
+    if editable is not None:
+        (site / f"__editable__.{dist.replace('-', '_')}-{version}.pth").write_text(f"{editable}\n")
+        if str(site) in sys.path:
+            python_site.addsitedir(str(site))
 
 
 def test_an_installed_method_is_imported_when_a_config_names_it_and_only_then(site, capsys):
@@ -232,17 +267,17 @@ def test_a_plugin_file_is_saved_with_the_run_and_imported_again_by_resume_and_ev
 
 
 def test_the_example_plugin_trains_resumes_sweeps_and_evaluates_by_name(site, tmp_path, monkeypatch, capsys):
-    """examples/plugin, installed (its pyproject's entry points, on the path): every command finds its method by
-    name, in this process and in new ones, with dfcil untouched."""
+    """examples/plugin, installed (its pyproject's entry points, its src folder added by a .pth file of
+    site-packages, as `pip install -e` does): every command finds its method by name, in this process and in new
+    ones, with dfcil untouched."""
     from dfcil.runs.runner import RunOptions, train
     from dfcil.training.state import Interrupt
 
     pyproject = (EXAMPLE / "pyproject.toml").read_text()  # what pip would install from it (no tomllib on 3.10)
     assert 'name = "dfcil-cosine-lwf"\nversion = "0.1.0"' in pyproject
     assert '[project.entry-points."dfcil.methods"]\ncosine_lwf = "dfcil_cosine_lwf"' in pyproject
-    install(site, "dfcil-cosine-lwf", "0.1.0", {"dfcil.methods": {"cosine_lwf": "dfcil_cosine_lwf"}})
-    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EXAMPLE / "src"), os.environ["PYTHONPATH"]]))
+    eps = {"dfcil.methods": {"cosine_lwf": "dfcil_cosine_lwf"}}
+    install(site, "dfcil-cosine-lwf", "0.1.0", eps, editable=EXAMPLE / "src")  # as pip install -e examples/plugin
     assert "cosine_lwf" not in METHODS.names()
 
     cfg = load_config([SMOKE], [("method.name", "cosine_lwf"), *TINY_KEYS])[0]
@@ -457,7 +492,9 @@ def test_where_a_module_name_is_found_decides_whether_a_run_needs_consent_for_it
         assert found_outside(name, run) is None, name
 
 
-def test_a_module_of_the_users_own_path_needs_naming_again_only_for_a_command_on_the_run(site, tmp_path, capsys):
+def test_a_module_of_the_users_own_path_needs_naming_again_only_for_a_command_on_the_run(
+    site, tmp_path, monkeypatch, capsys
+):
     """A plugin module on the user's PYTHONPATH: `dfcil train --plugin pathplug` imports it (the user's own
     command), `dfcil train` again with the same --out continues the run (its config names it: the user's word), a
     sweep's runs and a sweep run again over them too; `dfcil resume RUN` alone is a command on a run directory,
@@ -466,7 +503,11 @@ def test_a_module_of_the_users_own_path_needs_naming_again_only_for_a_command_on
     from dfcil.runs.runner import RunOptions, train
     from dfcil.training.state import Interrupt
 
-    (site / "pathplug.py").write_text(TOY.format(name="path_toy"))
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(lib), os.environ["PYTHONPATH"]]))
+    (lib / "pathplug.py").write_text(TOY.format(name="path_toy"))
     cfg = load_config([SMOKE], [("method.name", "path_toy"), *TINY_KEYS], plugins=["pathplug"])[0]
     interrupt = Interrupt()
     options = RunOptions(progress=False, interrupt=interrupt, callbacks=[StopAfterEpochs(interrupt, 3)])
@@ -476,7 +517,7 @@ def test_a_module_of_the_users_own_path_needs_naming_again_only_for_a_command_on
     assert needs_consent("pathplug", tmp_path / "run")
     assert main(["resume", str(tmp_path / "run"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert f"the module pathplug ({site / 'pathplug.py'}, found on PYTHONPATH)" in err and "--plugin pathplug" in err
+    assert f"the module pathplug ({lib / 'pathplug.py'}, found on PYTHONPATH)" in err and "--plugin pathplug" in err
     start = ["train", "--config", SMOKE, "--method.name", "path_toy", *TINY, "--plugin", "pathplug", "--no-progress"]
     assert main([*start, "--out", str(tmp_path / "run")]) == 0  # the same command again: continues, no question
     assert (tmp_path / "run" / "summary.json").exists()
@@ -530,3 +571,115 @@ def test_ctrl_c_while_a_plugin_imports_stops_the_command_as_ctrl_c_does(tmp_path
     assert main(["train", "--config", SMOKE, "--plugin", str(plugin), "--dry-run"]) == 130
     assert capsys.readouterr().err == "dfcil: interrupted\n"
     assert "interrupted_at_import" not in sys.modules
+
+
+# ------------------------------------------------------------------------ entry points of packages not installed
+
+EVIL_METHOD = '''
+from pathlib import Path
+
+Path({marker!r}).write_text("ran")
+
+from dfcil.methods import register_method
+from dfcil.methods.rdfcil import RDFCIL
+
+
+@register_method("evilmeth")
+class Evil(RDFCIL):
+    """R-DFCIL under another name, with a side effect at import."""
+'''
+
+
+def _received_method(smoke_run: Path, tmp_path: Path, folder: Path) -> tuple[Path, Path]:
+    """A copy of a finished run whose config.yaml names the method ``evilmeth`` (and no ``plugins``), and, in
+    ``folder``, a package that is not installed (``evil-1.0.dist-info``) declaring it as an entry point of the
+    module ``evilep`` (``evilep.py``, beside it), whose import writes a marker. Returns the run and the marker."""
+    from dfcil.checkpoint import dumps, loads
+
+    received, marker = _received(smoke_run, tmp_path, [])
+    config = yaml.safe_load((received / "config.yaml").read_text())
+    del config["plugins"]
+    config["method"]["name"] = "evilmeth"
+    (received / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    model = loads((received / "model.pt").read_bytes())
+    model["run"]["method"] = "evilmeth"  # the run's own model, as one of evilmeth would say
+    (received / "model.pt").write_bytes(dumps(model))
+    folder.mkdir(exist_ok=True)
+    install(
+        folder, "evil", "1.0", {"dfcil.methods": {"evilmeth": "evilep"}}, evilep=EVIL_METHOD.format(marker=str(marker))
+    )
+    return received, marker
+
+
+@pytest.mark.parametrize("found", ["in the current directory", "on PYTHONPATH"])
+def test_an_entry_point_of_a_package_that_is_not_installed_is_imported_only_with_consent(smoke_run, tmp_path, found):
+    """A received run naming `method: {name: evilmeth}` (no plugins), with `evil-1.0.dist-info` declaring evilmeth
+    beside it in the current directory (which `python -m dfcil` puts on sys.path) or on PYTHONPATH: importlib.metadata
+    reads every sys.path folder, and `dfcil eval G` imported evilep.py on the run's word. Now it stops, one line
+    naming the entry point, its package and where it was found, and the fix; `--plugin evilep` or `--trust-plugins`
+    allow it."""
+    if found == "on PYTHONPATH":
+        folder, cwd = tmp_path / "lib", tmp_path / "elsewhere"
+        cwd.mkdir()
+    else:
+        folder = cwd = tmp_path
+    received, marker = _received_method(smoke_run, tmp_path, folder)
+    pythonpath = folder if found == "on PYTHONPATH" else None
+    run = os.path.relpath(received, cwd)
+
+    done = _dfcil(cwd, "eval", run, pythonpath=pythonpath)
+    assert done.returncode == 2, done.stderr
+    assert not marker.exists()
+    (error,) = done.stderr.splitlines()
+    assert error.startswith("dfcil: error: method plugin 'evilmeth' (dfcil.methods entry point 'evilep' of package "
+                            "evil 1.0)"), error  # fmt: skip
+    assert f"not installed (its metadata in {folder}, found {found})" in error, error
+    assert "--plugin evilep" in error and "--trust-plugins" in error and "pip install" in error, error
+
+    for allow in (["--plugin", "evilep"], ["--trust-plugins"]):
+        done = _dfcil(cwd, "eval", run, *allow, pythonpath=pythonpath)
+        assert done.returncode == 0, done.stderr
+        assert marker.read_text() == "ran"
+        marker.unlink()
+
+
+def test_an_entry_point_loads_on_a_name_alone_only_from_an_installed_package(site, tmp_path, monkeypatch):
+    """An entry point whose package's metadata lies in site-packages loads by name; one whose metadata lies in
+    another folder of sys.path, or an installed one whose module a file of the same name in the current directory
+    shadows, is refused before anything is imported, saying where it was found; a command that trusts every
+    plugin of its run (`--trust-plugins`: check_consent) allows them."""
+    from dfcil.plugins import Consent, check_consent
+
+    other, here = tmp_path / "other", tmp_path / "here"
+    other.mkdir()
+    here.mkdir()
+    registers = "from dfcil.models.backbones import BACKBONES\n\nBACKBONES.register({name!r})(dict)\n"
+    install(
+        site, "real", "2.0", {"dfcil.backbones": {"real_net": "real_net"}}, real_net=registers.format(name="real_net")
+    )
+    install(site, "shadowed", "3.0", {"dfcil.backbones": {"shadowed_net": "shadowed_net"}},
+            shadowed_net=registers.format(name="shadowed_net"))  # fmt: skip
+    (here / "shadowed_net.py").write_text("raise SystemExit('imported')\n")
+    install(other, "stray", "1.0", {"dfcil.backbones": {"stray_net": "stray_net"}},
+            stray_net=registers.format(name="stray_net"))  # fmt: skip
+    monkeypatch.syspath_prepend(str(other))
+    monkeypatch.chdir(here)
+    monkeypatch.syspath_prepend("")  # python -m, python -c: the current directory, first
+
+    assert BACKBONES.get("real_net") is dict
+    with pytest.raises(PluginError) as refused:
+        BACKBONES.get("stray_net")
+    assert str(refused.value) == (
+        f"backbone plugin 'stray_net' (dfcil.backbones entry point 'stray_net' of package stray 1.0) comes from a "
+        f"package that is not installed (its metadata in {other}, found outside the installed packages): dfcil "
+        f"imports it only with your consent. Read it first; then allow it with --plugin stray_net (its module), "
+        f"install its package (pip install), or pass --trust-plugins (for a run directory you trust)"
+    )
+    with pytest.raises(PluginError) as refused:
+        BACKBONES.get("shadowed_net")
+    said = f"3.0) comes from an installed package, but its module is {here / 'shadowed_net.py'}, found in the current"
+    assert said in str(refused.value)
+    assert "stray_net" not in sys.modules and "shadowed_net" not in sys.modules
+
+    check_consent([], tmp_path, Consent(everything=True))  # the run's command says --trust-plugins
+    assert BACKBONES.get("stray_net") is dict

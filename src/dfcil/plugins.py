@@ -14,7 +14,13 @@ A run directory is data that may come from elsewhere, so the code its ``config.y
 word alone (:func:`check_consent`): a plugin file, or a module that is no installed package's (found in or beside
 the run directory, in the current directory, on ``PYTHONPATH``: :func:`found_outside`), is imported only when the
 user names it again (``--plugin``) or trusts the run (``--trust-plugins``); installed packages (entry points, and
-modules of site-packages or of an editable install) and the standard library load as before.
+modules of site-packages or of an editable install) and the standard library load as before. An entry point is an
+installed package's only when its package's metadata lies in an installed folder (:func:`installed_folders`), and
+its module too: ``importlib.metadata`` reads a ``.dist-info`` folder from every ``sys.path`` entry, the current
+directory and ``PYTHONPATH`` included, so a name a run gives could otherwise import a file beside it
+(:func:`entry_point_outside`). Such an entry point is imported by no command on a name alone, a run's or the user's:
+the user names its module (``--plugin MODULE``, which imports it before any lookup), installs its package, or
+trusts the run (``--trust-plugins``).
 
 A plugin that cannot be imported, or that exits while importing, is one :class:`~dfcil.errors.PluginError` naming
 it, its package and the error.
@@ -57,11 +63,16 @@ def package_of(ep: importlib.metadata.EntryPoint) -> str:
 def load_entry_point(group: str, kind: str, name: str) -> str | None:
     """Import the module of the entry point ``name`` of ``group`` (it registers the ``kind`` ``name`` itself).
 
+    An entry point of a package that is not installed (:func:`entry_point_outside`) is refused, unless the command
+    trusts every plugin (:func:`check_consent` with ``--trust-plugins``): the lookup cannot tell a name the user
+    typed from one a received file gave, nor which code will answer it.
+
     Returns:
-        The entry point in words (for the caller's errors), or None when no installed package declares ``name``.
+        The entry point in words (for the caller's errors), or None when no package on ``sys.path`` declares ``name``.
 
     Raises:
-        PluginError: several packages declare ``name``, or its module fails to import.
+        PluginError: several packages declare ``name``, its package is not installed and the command did not trust
+            it, or its module fails to import.
     """
     found = {(ep.value, package_of(ep)): ep for ep in entry_points(group) if ep.name == name}
     if not found:
@@ -71,6 +82,13 @@ def load_entry_point(group: str, kind: str, name: str) -> str | None:
         raise PluginError(f"{kind} {name!r} is declared by several plugins: {shown}; uninstall all but one")
     (value, package), ep = next(iter(found.items()))
     where = f"{kind} plugin {name!r} ({group} entry point {value!r} of package {package})"
+    outside = entry_point_outside(ep)
+    if outside is not None and not _trusting_every_plugin:
+        raise PluginError(
+            f"{where} {outside}: dfcil imports it only with your consent. Read it first; then allow it with --plugin "
+            f"{ep.module} (its module), install its package (pip install), or pass --trust-plugins (for a run "
+            f"directory you trust)"
+        )
     try:
         ep.load()
     except (Exception, SystemExit) as err:  # any error of the plugin's own code, or its exit: one line naming it
@@ -107,6 +125,12 @@ class Consent:
     everything: bool = False
 
 
+# Whether the command trusts every plugin of the run directory it reads (--trust-plugins, seen by check_consent):
+# then an entry point of a package that is not installed loads too. Process-wide, because the registries look names
+# up far from the command, in any of its modules; a command is one process, and dfcil never turns it back off.
+_trusting_every_plugin = False
+
+
 def saved_entry(spec: str, run_dir: Path) -> str:
     """A ``plugins`` entry of a run directory's ``config.yaml``: a relative file path means the run directory (dfcil
     saves absolute paths, so a relative one was written by hand beside the config), never the directory the command
@@ -122,7 +146,7 @@ def needs_consent(spec: str, run_dir: Path) -> bool:
     return is_file(spec) or found_outside(spec, run_dir) is not None
 
 
-def found_outside(module: str, run_dir: Path) -> str | None:
+def found_outside(module: str, run_dir: Path | None = None) -> str | None:
     """Where the module name ``module`` of a run directory's ``plugins`` would be imported from, in words
     (``"/x/mod.py, found in the current directory"``), when that is not this machine's Python: the run directory or
     the folder holding it, the current directory (``python -m dfcil`` puts it on ``sys.path``), a ``PYTHONPATH``
@@ -130,7 +154,8 @@ def found_outside(module: str, run_dir: Path) -> str | None:
     installed package's module (the user installed it: that is their consent), the standard library, a module found
     by an installed import hook (an editable install's), or a name that cannot be imported (its import fails with an
     error of its own). A folder that is both (a received run unpacked into an installed project's folder) is not
-    trusted. Finding a top-level module runs none of its code."""
+    trusted. Finding a top-level module runs none of its code. Without ``run_dir`` (an entry point's module, which
+    no run directory names), the other places alone."""
     try:
         found = importlib.util.find_spec(module.split(".")[0])
     except (ImportError, ValueError):  # not importable, or imported without a spec: nothing of it runs again
@@ -142,22 +167,57 @@ def found_outside(module: str, run_dir: Path) -> str | None:
     locations = list(found.submodule_search_locations or [])
     homes = [Path(p).parent.resolve() for p in locations] if locations else [Path(str(found.origin)).parent.resolve()]
     what = found.origin if found.has_location else " and ".join(locations)
-    root, cwd = Path(run_dir).resolve(), Path.cwd().resolve()
-    pythonpath = {(cwd / p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     installed = installed_folders()
-    on_path = {Path(p or ".").resolve() for p in sys.path if isinstance(p, str)}
     for home in homes:
-        if home.is_relative_to(root):
-            return f"{what}, found in the run directory"
-        if home == root.parent:
-            return f"{what}, found beside the run directory"
-        if home == cwd:
-            return f"{what}, found in the current directory"
-        if home in pythonpath:
-            return f"{what}, found on PYTHONPATH"
-        if home in on_path and home not in installed:
-            return f"{what}, found outside the installed packages"
+        place = _place(home, run_dir, installed)
+        if place is not None:
+            return f"{what}, {place}"
         # else installed, or off sys.path: found by an import hook that installed code set up (an editable install)
+    return None
+
+
+def entry_point_outside(ep: importlib.metadata.EntryPoint) -> str | None:
+    """Why the entry point ``ep`` is not an installed package's, in words (``"comes from a package that is not
+    installed (its metadata in /x, found in the current directory)"``), or None when it is: its distribution's
+    metadata lies in an installed folder (:func:`installed_folders`: site-packages, a folder an editable install
+    adds; not the current directory nor a ``PYTHONPATH`` entry, even if installed too), and its module is not found
+    outside them either (:func:`found_outside`: an installed package's entry point must not import a file of the
+    same name that lies in the current directory). Reading where they lie imports nothing."""
+    dist = ep.dist
+    try:
+        home = Path(str(dist.locate_file(""))).resolve() if dist is not None else None
+    except (NotImplementedError, OSError, TypeError):  # a distribution that no folder holds
+        home = None
+    if home is None:
+        return "comes from a package that no folder of sys.path holds"
+    installed = installed_folders()
+    place = _place(home, None, installed) or (None if home in installed else "found outside the installed packages")
+    if place is not None:
+        return f"comes from a package that is not installed (its metadata in {home}, {place})"
+    module = found_outside(ep.module)
+    if module is not None:
+        return f"comes from an installed package, but its module is {module}"
+    return None
+
+
+def _place(home: Path, run_dir: Path | None, installed: set[Path]) -> str | None:
+    """Where the folder ``home``, on ``sys.path``, lies when that is not an installed folder, in words (``"found in
+    the current directory"``); None for an installed folder, or one off ``sys.path`` (an import hook's)."""
+    cwd = Path.cwd().resolve()
+    pythonpath = {(cwd / p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    on_path = {Path(p or ".").resolve() for p in sys.path if isinstance(p, str)}
+    if run_dir is not None:
+        root = Path(run_dir).resolve()
+        if home.is_relative_to(root):
+            return "found in the run directory"
+        if home == root.parent:
+            return "found beside the run directory"
+    if home == cwd:
+        return "found in the current directory"
+    if home in pythonpath:
+        return "found on PYTHONPATH"
+    if home in on_path and home not in installed:
+        return "found outside the installed packages"
     return None
 
 
@@ -188,12 +248,16 @@ def installed_folders() -> set[Path]:
 def check_consent(specs: Iterable[str], run_dir: Path, consent: Consent, what: str | None = None) -> None:
     """Refuse to go on with a run directory whose ``plugins`` (as :func:`saved_entry` reads them) name code that
     ``consent`` does not allow (:func:`needs_consent`): a run directory from elsewhere must not run its code on its
-    word alone, as Hugging Face's ``trust_remote_code`` asks before running a model's code.
+    word alone, as Hugging Face's ``trust_remote_code`` asks before running a model's code. A consent that trusts
+    every plugin (``--trust-plugins``) allows, for the rest of the process, the entry points of packages that are
+    not installed too (:func:`load_entry_point`), which the names in the run's config may look up after this check.
 
     Raises:
         PluginError: one line listing what the run needs and how to allow it (``--plugin``, ``--trust-plugins``).
     """
     if consent.everything:
+        global _trusting_every_plugin
+        _trusting_every_plugin = True
         return
     files = {Path(s).expanduser().resolve() for s in consent.named if is_file(s)}
     modules = {s for s in consent.named if not is_file(s)}

@@ -8,6 +8,10 @@ valid names.
 
 A registry with an entry-point ``group`` (``dfcil.methods``, ...) also finds plugins: asked for a name it does not
 hold, it imports the module of the installed entry point of that name (:mod:`dfcil.plugins`), which registers it.
+An entry point of a package that is not installed (its ``.dist-info`` in the current directory or on
+``PYTHONPATH``) is refused instead, unless the command trusts its run's plugins
+(:func:`dfcil.plugins.load_entry_point`): a name, which a received run's config may give, imports no code found
+beside it.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ class Registry(Generic[T]):
 
         Raises:
             RegistryError: no item and no plugin has that name (the message lists the valid names).
-            PluginError: the plugin that declares ``name`` fails to import, or registers no such item.
+            PluginError: the plugin that declares ``name`` is not installed (and not trusted), fails to import, or
+                registers no such item.
         """
         if name in self:
             return self._items[name]
