@@ -243,6 +243,8 @@ def _wandb_records(path):
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + header])
+        if pos + header + length > len(data):  # a record cut off where a killed process's last write ended
+            break
         parts += data[pos + header : pos + header + length]
         pos += header + length
         if kind in (1, 4):  # a whole record, or its last part
@@ -273,8 +275,9 @@ def test_wandb_logs_tensorboards_records_and_a_resume_continues_its_run_without_
     finished, tmp_path, monkeypatch
 ):
     """In wandb's offline mode (no network), read back from wandb's own files: killed after the first RRL epoch,
-    then resumed, the run logs to one wandb run id; the epoch it logged after its last checkpoint is not sent
-    again, so its steps never repeat; the values are the run's records, on TensorBoard's step axis."""
+    then resumed, the run logs to one wandb run id; the epoch it logged after its last checkpoint, which wandb wrote
+    when the failed process exited, is not sent again, so its steps never repeat; the values are the run's records,
+    on TensorBoard's step axis."""
     wandb = pytest.importorskip("wandb")
     from dfcil.runs.runner import train
 
@@ -290,11 +293,11 @@ def test_wandb_logs_tensorboards_records_and_a_resume_continues_its_run_without_
         train(cfg, out, options=RunOptions(progress=False, callbacks=[_Crash(3)]))
     wandb.finish(exit_code=1)  # what the killed process's exit does, and its end takes wandb's hooks with it:
     sys.exit, sys.excepthook = process_hooks
-    assert json.loads((out / "wandb.json").read_text())["last_step"] == 5
     assert main(["resume", str(out), "--no-progress"]) == 0
     assert (sys.exit, sys.excepthook) == process_hooks  # wandb's hooks end with its run: nothing else sees them
     (first_id, first), (second_id, second) = _wandb_history(out)
-    assert first_id == second_id == json.loads((out / "wandb.json").read_text())["id"]
+    assert json.loads((out / "wandb.json").read_text()) == {"id": first_id, "held_step": 8}
+    assert first_id == second_id
     # task 0's epochs and evaluation, task 1's grid, then RRL's first epoch (after the last checkpoint)
     assert [r["_step"] for r in first] == [1, 2, 3, 4, 5]
     assert [r["_step"] for r in second] == [6, 7, 8]  # step 5, computed again, is not sent again
@@ -307,6 +310,125 @@ def test_wandb_logs_tensorboards_records_and_a_resume_continues_its_run_without_
     assert rows[3]["accuracy/A_t"] == pytest.approx(tasks[0]["acc"]) and rows[8]["accuracy/A_t"] == tasks[1]["acc"]
     assert {"accuracy/old", "accuracy/task1"} <= set(rows[8]) and {"loss/total", "speed/images_per_s"} <= set(rows[7])
     assert rows[4]["synthetic/task1/_type"] == "image-file" and rows[4]["synthetic/task1/width"] == 8 * 16 + 9 * 2
+
+
+# A process of a run with --log wandb that SIGKILLs itself (as the kernel's OOM killer or a preemption would: no exit
+# handler runs, and wandb's service process stops when it sees its parent gone) at the n-th call of a hook, after the
+# loggers ran it and before the checkpoint of that point is written; WANDB__TRANSACTION_LOG_FLUSH_INTERVAL says when
+# wandb writes its records to the offline file (0: only when its 32 KiB buffer fills or the run finishes; the default
+# is every 15 s), and wait_s how long the process runs on before the kill.
+_KILLED_RUN = """
+import json, os, signal, sys, time
+from pathlib import Path
+from dfcil.load import load_config
+from dfcil.runs.runner import resume, train
+from dfcil.training.callbacks import Callback
+from dfcil.training.loop import RunOptions
+
+class Kill(Callback):
+    def __init__(self, hook, n, wait_s):
+        self.n, self.wait_s = n, wait_s
+        setattr(self, hook, self.tick)
+
+    def tick(self, *args):
+        self.n -= 1
+        if self.n == 0:
+            time.sleep(self.wait_s)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+config, keys, out, hook, n, wait_s = sys.argv[1:]
+options = RunOptions(progress=False, callbacks=[Kill(hook, int(n), float(wait_s))])
+if Path(out).exists():
+    resume(out, options=options)
+else:
+    train(load_config([config], [tuple(k) for k in json.loads(keys)])[0], out, options=options)
+"""
+
+
+def _killed(out, keys, hook, n, flush_s, wait_s=0.0):
+    """Train ``out`` (or resume it, when it exists) in a new process SIGKILLed at the ``n``-th ``hook``; wandb flushes
+    its offline file every ``flush_s`` seconds (0: not before the kill)."""
+    import os
+    import signal
+    import subprocess
+
+    # its own wandb service, as a run's process has: not the one an earlier test started in this process (wandb
+    # hands it down in WANDB_SERVICE), which would outlive the kill and keep the killed process's wandb run open
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env["WANDB__TRANSACTION_LOG_FLUSH_INTERVAL"] = str(flush_s)
+    args = [sys.executable, "-c", _KILLED_RUN, SMOKE, json.dumps(keys), str(out), hook, str(n), str(wait_s)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+
+
+def _wandb_steps(run_dir):
+    """Every history row of the run's offline wandb files, by step (each step must be there once)."""
+    rows = [row for _, history in _wandb_history(run_dir) for row in history]
+    steps = [r["_step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"steps sent twice: {sorted(steps)}"
+    return {r["_step"]: r for r in rows}
+
+
+def _offline_wandb(monkeypatch):
+    """wandb in offline mode, its hooks on sys.exit and sys.excepthook undone after the test."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setattr(sys, "exit", sys.exit)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+
+
+def test_wandb_sends_again_what_a_sigkill_lost_and_nothing_twice(tmp_path, monkeypatch):
+    """A process SIGKILLed after task 1's second epoch, before wandb wrote anything to disk, then `dfcil resume`:
+    wandb's offline files, read back, hold every step of the run once, as an uninterrupted run logs them. Task 0's
+    epochs and evaluation (steps 1-4) come before the last checkpoint (task 1's setup end): the resume sends them
+    again from metrics.jsonl; steps 6-7 follow it and are computed again. (That the steps an earlier process's
+    wandb wrote are not sent twice: test_wandb_logs_tensorboards_records_... above, and the slow test below.)"""
+    pytest.importorskip("wandb")
+    _offline_wandb(monkeypatch)
+    keys = [("method.name", "finetune"), ("log", "[wandb]"), ("epoch_checkpoint_interval_s", "3600"),
+            ("wandb.project", "dfcil-test")]  # fmt: skip
+    out = tmp_path / "run"
+    _killed(out, keys, "on_epoch_end", 5, flush_s=0)
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    rows = _wandb_steps(out)
+    assert sorted(rows) == [1, 2, 3, 4, 6, 7, 8, 9]  # a slot per task's setup (no grid: finetune inverts nothing)
+    epochs = [r for r in _jsonl(out) if r["type"] == "epoch"]
+    assert [rows[s]["loss/ce"] for s in (1, 2, 3, 6, 7, 8)] == pytest.approx([r["loss"]["ce"] for r in epochs])
+    assert [rows[s]["lr"] for s in (1, 2, 3, 6, 7, 8)] == pytest.approx([r["lr"] for r in epochs])
+    tasks = [r for r in _jsonl(out) if r["type"] == "task"]
+    assert [rows[s]["accuracy/A_t"] for s in (4, 9)] == pytest.approx([r["acc"] for r in tasks])
+    state = json.loads((out / "wandb.json").read_text())
+    assert state["held_step"] == 9  # the resumed process's wandb run finished: it holds every step
+    # one wandb run over both processes (the killed one's file holds nothing but its header: it names none)
+    assert {run_id for run_id, _ in _wandb_history(out)} - {None} == {state["id"]}
+
+
+@pytest.mark.slow  # four processes of R-DFCIL's smoke run (30 s or more on 2 cores); the test above: the quick one
+def test_wandb_history_of_a_run_killed_three_times_equals_an_uninterrupted_runs(finished, tmp_path, monkeypatch):
+    """R-DFCIL's smoke run, SIGKILLed at the end of task 0's training (nothing on wandb's disk), inside task 1's
+    inversion (steps 1-3 on disk) and after task 1's first epoch (its grid, step 4, before the checkpoint and not
+    on disk: sent again from synthetic_task1.png), then resumed: wandb's offline files hold every step once, with
+    the values of the uninterrupted shared run."""
+    pytest.importorskip("wandb")
+    _offline_wandb(monkeypatch)
+    keys = [("log", "[wandb]"), ("epoch_checkpoint_interval_s", "3600"), ("wandb.project", "dfcil-test")]
+    out = tmp_path / "run"
+    _killed(out, keys, "on_epoch_end", 2, flush_s=0)
+    _killed(out, keys, "on_setup_step", 3, flush_s=0.01, wait_s=0.5)
+    _killed(out, keys, "on_epoch_end", 1, flush_s=0)
+    assert main(["resume", str(out), "--no-progress"]) == 0
+    summary, reference = (json.loads((run / "summary.json").read_text()) for run in (out, finished))
+    assert summary["correct_matrix"] == reference["correct_matrix"]
+    rows = _wandb_steps(out)
+    assert sorted(rows) == list(range(1, 9))
+    epochs = [r for r in _jsonl(finished) if r["type"] == "epoch"]
+    for step, record in zip((1, 2, 5, 6, 7), epochs, strict=True):
+        assert rows[step]["lr"] == pytest.approx(record["lr"])
+        assert {k: rows[step][f"loss/{k}"] for k in record["loss"]} == pytest.approx(record["loss"])
+    tasks = [r for r in _jsonl(finished) if r["type"] == "task"]
+    assert [rows[s]["accuracy/A_t"] for s in (3, 8)] == pytest.approx([r["acc"] for r in tasks])
+    assert rows[8]["accuracy/old"] == pytest.approx(tasks[1]["old_acc"])
+    assert rows[4]["synthetic/task1/_type"] == "image-file"
 
 
 def test_unknown_loggers_and_missing_extras_are_refused_before_a_run_directory_exists(tmp_path, capsys, monkeypatch):

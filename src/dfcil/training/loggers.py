@@ -12,8 +12,8 @@
 Each survives a resume without repeating what was logged after the checkpoint the run continues from: the CSV
 files are rewritten from ``metrics.jsonl`` (which the checkpointing callback cuts back to the checkpoint),
 TensorBoard purges the steps after the checkpoint (``SummaryWriter(purge_step=...)``), and wandb, which cannot take
-a step back, continues the same wandb run and sends only the steps it has not sent (a resume recomputes the
-others exactly).
+a step back, continues the same wandb run and sends only the steps that wandb does not hold already (see
+:class:`WandbLogger`: a killed process's last steps are sent again).
 
 A logger is a registered :class:`~dfcil.training.loop.Callback` class built from the run directory and the values
 the runner resolved from the run's config (:class:`LoggerSettings`): ``LOGGERS.get(name)(run_dir, settings)``.
@@ -25,8 +25,11 @@ import csv
 import dataclasses
 import io
 import json
+import logging
+import struct
 import sys
 import uuid
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,8 @@ from dfcil.training.grid import synthetic_images_path
 from dfcil.training.loop import Callback, Loop
 from dfcil.training.protocol import tasks_of
 from dfcil.training.state import Position
+
+log = logging.getLogger("dfcil")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,10 +183,13 @@ class StepAxis:
     everything logged from that step on was logged after the checkpoint, and a resumed process purges it."""
 
     epochs: tuple[tuple[int, ...], ...]  # epochs of each phase of each task
+    names: tuple[tuple[str, ...], ...] = ()  # the name of each phase of each task (an epoch record names its phase)
 
     @classmethod
     def of(cls, loop: Loop) -> StepAxis:
-        return cls(tuple(tuple(p.epochs for p in loop.method.phases(task)) for task in tasks_of(loop.protocol.split)))
+        phases = [loop.method.phases(task) for task in tasks_of(loop.protocol.split)]
+        epochs, names = (tuple(tuple(getattr(p, key) for p in ps) for ps in phases) for key in ("epochs", "name"))
+        return cls(epochs, names)
 
     def setup(self, task: int) -> int:
         return sum(sum(e) + 2 for e in self.epochs[:task])
@@ -197,6 +205,14 @@ class StepAxis:
         if position.stage == "train":
             return self.epoch(position.task, position.phase, position.epoch)
         return self.setup(position.task)
+
+    def record(self, record: dict[str, Any]) -> int:
+        """The step of a ``metrics.jsonl`` record: an epoch's (its phase found by name, as the task timings key
+        phases) or a task's (its evaluation)."""
+        task = record["task"]
+        if record["type"] == "task":
+            return self.evaluation(task)
+        return self.epoch(task, self.names[task].index(record["phase"]), record["epoch"])
 
 
 @LOGGERS.register("tensorboard")
@@ -270,17 +286,68 @@ def task_values(record: dict[str, Any]) -> dict[str, float]:
     }
 
 
-WANDB_STATE = "wandb.json"  # in the run directory: the wandb run's id and the last step sent to it
+WANDB_STATE = "wandb.json"  # in the run directory: the wandb run's id and the last step wandb is known to hold
+
+# wandb's transaction log (a run's ``.wandb`` file, what ``wandb sync`` uploads): after this header (its name, the
+# magic number 0xBEE1, format version 0), LevelDB's log format: 32 KiB blocks of chunks, each a CRC-32 of its kind
+# and data, the data's length, its kind (a whole record, or a record's first, middle or last part) and the data; a
+# block's tail too short for a chunk header is zeros. A record is a protobuf ``Record`` (wandb.proto).
+WANDB_LOG_HEADER, WANDB_LOG_BLOCK, WANDB_CHUNK_HEADER = b":W&B\xe1\xbe\x00", 32768, 7
+
+
+def wandb_history_steps(path: Path) -> list[int] | None:
+    """The steps of the history rows in the wandb transaction log ``path``, up to its first chunk that is not whole
+    (where a killed process's last write ended); None: a file of a format this does not read."""
+    try:
+        from wandb.proto import wandb_internal_pb2
+    except ImportError:  # a wandb that keeps its records elsewhere: read as a format this does not know
+        return None
+    data = path.read_bytes()
+    if not data.startswith(WANDB_LOG_HEADER):
+        return None
+    steps, pos, parts = [], len(WANDB_LOG_HEADER), b""
+    while True:
+        left = WANDB_LOG_BLOCK - pos % WANDB_LOG_BLOCK
+        if left < WANDB_CHUNK_HEADER:
+            pos += left
+        if pos + WANDB_CHUNK_HEADER > len(data):
+            return steps
+        crc, length, kind = struct.unpack_from("<IHB", data, pos)
+        end = pos + WANDB_CHUNK_HEADER + length
+        if end > len(data) or zlib.crc32(data[pos + WANDB_CHUNK_HEADER - 1 : end]) != crc:
+            return steps  # cut short by a kill: what follows is not on disk either
+        chunk, pos = data[end - length : end], end
+        parts = chunk if kind in (1, 2) else parts + chunk  # 1: whole, 2: first part; 3: middle, 4: last
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record.FromString(parts)
+            if record.WhichOneof("record_type") == "history":
+                steps.append(record.history.step.num)
 
 
 @LOGGERS.register("wandb")
 class WandbLogger(Callback):
     """A Weights & Biases run with TensorBoard's records on the same step axis (:class:`StepAxis`): per epoch each
     loss term, their sum, lr and images/s; per task the accuracies; the synthetic grid of each inversion; the run's
-    config as the wandb run's config. The wandb run's id is kept in ``wandb.json`` in the run directory, so a resumed
-    run continues the same wandb run; wandb cannot take a step back, so the steps it was sent before (which a
-    resume recomputes exactly) are not sent again. Project, entity, name and group: the config's ``wandb`` section,
-    else wandb's environment variables; the name defaults to the run directory's."""
+    config as the wandb run's config. Project, entity, name and group: the config's ``wandb`` section, else wandb's
+    environment variables; the name defaults to the run directory's.
+
+    The wandb run's id is kept in ``wandb.json`` in the run directory, so that a resumed run continues the same wandb
+    run. wandb cannot take a step back, and what ``log()`` was given is not yet durable when it returns: wandb's
+    service process holds it in memory and a SIGKILL of the run (an OOM kill, a preemption) loses it, whether it
+    came before the last checkpoint or after. So a resumed run starts from the last step wandb is known to hold
+    (``held``, below) and sends every later one once: those before the checkpoint it continues from again from
+    ``metrics.jsonl`` and the run directory's grids (the values the killed process logged), those after it as it
+    computes them again.
+
+    What wandb holds, over the earlier processes of the run: in offline mode, the history rows of the wandb run's
+    ``.wandb`` files in ``wandb/`` as far as they are whole on disk (wandb writes a file when a 32 KiB block of it
+    fills, when the run finishes and, in recent versions, every ``x_transaction_log_flush_interval`` seconds, 15 by
+    default; ``wandb sync`` uploads each file as it is, duplicates included); online, the wandb server's history (a
+    resumed wandb run's ``run.step`` is the step after the server's last row); and the last step sent before a
+    process's own ``finish()`` returned (``wandb.json``'s ``held_step``). Tested: offline, by SIGKILLing real
+    processes and reading wandb's files back (tests/test_tools.py). Reasoned only, from wandb's source (no network
+    in the tests): online, that a resumed run's ``run.step`` follows the server's history, which the killed
+    process's uploads reached in order."""
 
     def __init__(self, run_dir: Path, settings: LoggerSettings | None = None) -> None:
         self.wandb = require("wandb", "wandb", "--log wandb", "wandb")
@@ -302,7 +369,6 @@ class WandbLogger(Callback):
         self.loop, self.steps = loop, StepAxis.of(loop)
         state = self._state()
         self.run_id = str(state.get("id") or uuid.uuid4().hex[:16])
-        self.sent = int(state.get("last_step", -1))  # the last step the wandb run holds
         s = self.settings
         # wandb.init replaces sys.exit and sys.excepthook with its own hooks for as long as the process lives; the
         # process's own are put back when the wandb run ends (_finish), so nothing else in it sees wandb's frames
@@ -311,20 +377,65 @@ class WandbLogger(Callback):
             id=self.run_id, resume="allow", dir=str(self.run_dir), project=s.project, entity=s.entity,
             name=s.name or os.environ.get("WANDB_NAME") or self.run_dir.name, group=s.group, config=self.config,
         )  # fmt: skip
-        write_json(self.run_dir / WANDB_STATE, {"id": self.run_id, "last_step": self.sent})
+        # the last step the wandb run holds, and the first one this process computes (what comes before it and
+        # after the held one is sent again, from the run directory, before the first step this process logs)
+        self.sent = max(int(state.get("held_step", -1)), self.run.step - 1, self._offline_held())
+        self.resume_step, self.caught_up = self.steps.resume(loop.state.position), False
+        self._keep()
+
+    def _keep(self) -> None:
+        write_json(self.run_dir / WANDB_STATE, {"id": self.run_id, "held_step": self.sent})
+
+    def _offline_held(self) -> int:
+        """The last step of this wandb run on disk in its offline files (-1: none); this process's own, when offline,
+        holds no step yet."""
+        held = -1
+        for path in Path(self.run.settings.wandb_dir).glob(f"offline-run-*/run-{self.run_id}.wandb"):
+            steps = wandb_history_steps(path)
+            if steps is None:
+                log.warning("wandb: %s is not a wandb file this version of dfcil reads; its steps are sent again", path)
+                continue
+            held = max([held, *steps])
+        return held
+
+    def _send(self, values: dict[str, Any], step: int) -> None:
+        self.run.log(values, step=step, commit=True)  # commit: the row goes to wandb's file now, not with the next
+        self.sent = step
+
+    def _catch_up(self) -> None:
+        """Send what earlier processes logged before the checkpoint this one continues from and wandb does not hold
+        (its process was killed before wandb wrote it), with the values they logged: the records of metrics.jsonl
+        and the grids of the run directory."""
+        if self.caught_up:
+            return
+        self.caught_up = True
+        if self.sent + 1 >= self.resume_step:
+            return
+        logged = read_jsonl(self.run_dir / "metrics.jsonl")
+        records = {self.steps.record(r): r for r in logged if r["type"] in ("epoch", "task")}
+        grids = {self.steps.setup(task): task for task in range(len(self.steps.epochs))}
+        for step in sorted(s for s in records.keys() | grids.keys() if self.sent < s < self.resume_step):
+            if step in grids:
+                values = self._grid_values(grids[step])
+            else:
+                values = (task_values if records[step]["type"] == "task" else epoch_values)(records[step])
+            if values is not None:
+                self._send(values, step)
+
+    def _grid_values(self, task: int) -> dict[str, Any] | None:
+        grid = synthetic_grid(self.run_dir, task)
+        return {f"synthetic/task{task}": self.wandb.Image(grid)} if grid is not None else None
 
     def _log(self, values: dict[str, Any], step: int) -> None:
-        if step <= self.sent:  # sent by the process before this resume, with the same values
-            return
-        self.run.log(values, step=step)
-        self.sent = step
-        write_json(self.run_dir / WANDB_STATE, {"id": self.run_id, "last_step": step})
+        self._catch_up()
+        if step > self.sent:  # else wandb holds it: logged by an earlier process, with the same values
+            self._send(values, step)
 
     def on_setup_end(self) -> None:
         task = self.loop.state.position.task
-        grid = synthetic_grid(self.run_dir, task)
-        if grid is not None:
-            self._log({f"synthetic/task{task}": self.wandb.Image(grid)}, self.steps.setup(task))
+        values = self._grid_values(task)
+        if values is not None:
+            self._log(values, self.steps.setup(task))
 
     def on_epoch_end(self, record: dict[str, Any]) -> None:
         self._log(
@@ -339,11 +450,14 @@ class WandbLogger(Callback):
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
         if self.run is not None:
+            self._catch_up()
             self.run.summary.update({k: summary[k] for k in ("last_acc", "avg_inc_acc", "forgetting") if k in summary})
         self._finish()
 
     def _finish(self) -> None:
         if self.run is not None:
-            self.run.finish()
+            self._catch_up()
+            self.run.finish()  # returns once wandb holds every step sent (on disk offline, uploaded online)
             self.run = None
             sys.exit, sys.excepthook = self.process_hooks
+            self._keep()
