@@ -368,3 +368,36 @@ def test_what_a_run_saves_reads_back_the_same_and_no_number_form_but_decimal_is_
     bad.write_text("seed: !!int 0x10\n")
     with pytest.raises(ConfigError, match="not a decimal integer"):
         load_config([bad])
+
+
+INTERNALS = ("constrained-int", "function-after", "functools", "<function", "int_from_float", "pydantic", "http")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("train.milestones", "[1.5]", "train.milestones.0: takes an integer >= 0 or a number > 0 and < 1 (got 1.5)"),
+        ("train.milestones", "[yes]", "train.milestones.0: takes an integer >= 0 or a number > 0 and < 1 (got True)"),
+        ("train.milestones", "['a']", "train.milestones.0: takes an integer >= 0 or a number > 0 and < 1 (got 'a')"),
+        ("data.mean", "[0.5, 0.5]", "data.mean: takes a list of 3 values, each a number (got [0.5, 0.5])"),
+        ("train.epochs", "1.5", "train.epochs: Input should be a valid integer (got 1.5)"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_names_its_key_and_what_it_takes_not_the_validators_internals(key, value, message):
+    with pytest.raises(ConfigError) as err:
+        load_config([CONFIGS / "smoke.yaml"], [(key, value)])
+    assert str(err.value) == message
+    assert not any(word in str(err.value) for word in INTERNALS)
+
+
+def test_a_fifo_given_as_a_config_is_said_to_be_no_file_not_missing(tmp_path, capsys):
+    import os
+
+    from dfcil.cli import main
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"config file '.*config.yaml' is a FIFO, not a regular file"):
+        load_config([fifo])  # at once: a FIFO's reader would wait for a writer
+    assert main(["train", "--config", str(fifo), "--dry-run"]) == 2
+    assert "is a FIFO, not a regular file; give a .yaml file" in capsys.readouterr().err

@@ -405,3 +405,18 @@ def test_the_renamed_run_check_skips_what_it_cannot_read_and_tells_own_data_fold
     (out / "foreign" / "config.yaml").write_text("method: {name: no_such_method}\n")
     (out / "sweep.json").write_text(json.dumps({"format": 1, "runs": []}))
     assert main(["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), "--dry-run"]) == 0
+
+
+@pytest.mark.parametrize("value", ["..", "."])
+def test_a_grid_value_that_would_name_a_run_dot_or_dot_dot_is_refused_before_any_run(tmp_path, capsys, value):
+    """A ``name`` key's value is a run's whole name when it alone varies: ``..`` would be the sweep directory's
+    parent, ``.`` the sweep directory itself."""
+    with pytest.raises(ConfigError, match=rf"--grid wandb.name={value} would name a run {value!r}"):
+        plan([["configs/smoke.yaml"]], [("wandb.name", [value, "b"])])
+    out = tmp_path / "sweep" / "x"
+    argv = ["sweep", "--config", "configs/smoke.yaml", "--grid", f"wandb.name=b,{value}", "--out", str(out)]
+    for dry in (["--dry-run"], []):
+        assert main([*argv, *dry]) == 2
+        assert "give another value" in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
+    assert [r.name for r in plan([["configs/smoke.yaml"]], [("wandb.name", [f"{value}a", "b"])])] == [f"{value}a", "b"]

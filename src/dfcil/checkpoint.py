@@ -21,6 +21,8 @@ import io
 import logging
 import math
 import os
+import pickle
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -65,8 +67,22 @@ def _split(data: bytes, source: str) -> tuple[memoryview, memoryview, memoryview
 def _load_archive(archive: memoryview, source: str) -> Any:
     try:
         return torch.load(io.BytesIO(archive), map_location="cpu", weights_only=True)
-    except Exception as err:  # the unpickler raises various types for disallowed globals
+    except pickle.UnpicklingError as err:  # what the weights-only unpickler refuses: a global (code, a class)
+        raise CheckpointError(_refused(err, source)) from None
+    except Exception as err:  # anything else the archive fails with (a malformed one)
         raise CheckpointError(f"{source} holds data that is not allowed in a checkpoint ({err})") from err
+
+
+def _refused(err: pickle.UnpicklingError, source: str) -> str:
+    """Why a file is refused, without torch's advice to load it again with ``weights_only=False`` (or to allow its
+    globals): that would run the code of a received file. The refused global is named where torch names it."""
+    found = re.search(r"GLOBAL ([\w.]*\w)", str(err.__context__ or err))
+    named = f" ({found[1]})" if found else ""
+    return (
+        f"{source} is refused: it holds code or objects that dfcil does not load{named}, which are not allowed in a "
+        f"dfcil file (only tensors and plain values are): it was not written by dfcil, or was altered; do not load "
+        f"it by other means"
+    )
 
 
 def peek_position(data: bytes, source: str = "checkpoint") -> dict[str, Any]:

@@ -15,6 +15,8 @@ import dataclasses
 import difflib
 import json
 import re
+import stat
+import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +27,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, Va
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
 from dfcil.errors import ConfigError
+from dfcil.io import NotARegularFile, read_regular_text
 
 T = TypeVar("T")
 
@@ -302,10 +305,98 @@ def _field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
+def _bare(hint: Any) -> tuple[Any, list[Any]]:
+    """``hint`` without ``Annotated``, and the metadata that held (``Field(ge=0)`` included)."""
+    metadata: list[Any] = []
+    while typing.get_origin(hint) is Annotated:
+        hint, *more = typing.get_args(hint)
+        metadata += more
+    return hint, metadata
+
+
+def _options(hint: Any) -> list[Any]:
+    """The members of a union but None (``X | None``: ``[X]``); none for any other type."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(hint) if a is not type(None)]
+    return []
+
+
+def _child(hint: Any, part: str | int) -> Any:
+    """The annotation of the field or item ``part`` inside a value of ``hint``; None where unknown."""
+    base = _bare(hint)[0]
+    if len(options := _options(base)) == 1:  # X | None: validated as X
+        base = _bare(options[0])[0]
+    args = typing.get_args(base)
+    if isinstance(part, int) and typing.get_origin(base) in (tuple, list):
+        return args[0] if typing.get_origin(base) is list or args[1:] == (...,) else dict(enumerate(args)).get(part)
+    if isinstance(part, str) and isinstance(base, type) and dataclasses.is_dataclass(base):
+        return typing.get_type_hints(base, include_extras=True).get(part)
+    return None
+
+
+def _located(cls: type, loc: tuple[str | int, ...]) -> tuple[list[str | int], Any]:
+    """An error's location as the parts of a config key, without the names that the validator gives the members
+    of a union it tried (``constrained-int``, ``function-after[...]``), and the annotation there (None: unknown)."""
+    parts: list[str | int] = []
+    hint: Any = cls
+    at: Any = cls
+    for part in loc:
+        if hint is not None and len(_options(_bare(hint)[0])) > 1:
+            hint = None  # ``part`` names the member of the union tried: what follows lies inside that member
+        elif hint is not None or isinstance(part, int) or part.isidentifier():
+            hint = at = _child(hint, part) if hint is not None else None
+            parts.append(part)
+    return parts, at
+
+
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
+def what_it_takes(hint: Any) -> str | None:
+    """What a config value of the annotation ``hint`` takes besides null, in words (``an integer >= 0 or a number >
+    0 and < 1``, ``a list of 3 values, each a number``); None for a type it does not know."""
+    base, metadata = _bare(hint)
+    if options := _options(base):
+        words = [what_it_takes(a) for a in options]
+        return None if None in words else " or ".join(typing.cast(list[str], words))
+    bounds = [
+        f"{sign} {getattr(c, name)}"
+        for m in metadata
+        for c in getattr(m, "metadata", [m])  # Field(ge=0) holds its constraints as annotated_types' objects
+        for name, sign in _BOUNDS
+        if getattr(c, name, None) is not None
+    ]
+    bound = "".join(f" {'and ' * bool(i)}{b}" for i, b in enumerate(bounds))
+    origin, args = typing.get_origin(base), typing.get_args(base)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (tuple, list):
+        if origin is list or args[1:] == (...,):
+            each = what_it_takes(args[0])
+            return each and f"a list of values, each {each}"
+        kinds = {what_it_takes(a) for a in args}
+        return f"a list of {len(args)} values, each {kinds.pop()}" if len(kinds) == 1 and None not in kinds else None
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a text"}
+    if base in words:
+        return words[base] + bound
+    return "a section of keys" if isinstance(base, type) and dataclasses.is_dataclass(base) else None
+
+
 def _format_errors(err: ValidationError, cls: type, where: str) -> str:
-    lines = []
+    """One line per config key that failed: its key, and what it takes or the validator's message, and the value
+    given. The errors of the members of a union at one key (``train.milestones``: an epoch or a fraction) are one
+    line; a list that is too short or too long is said of the list (``data.mean``), not of a missing item."""
+    groups: dict[tuple[str | int, ...], list[tuple[dict[str, Any], Any]]] = {}
     for e in err.errors():
-        loc = ".".join(str(p) for p in (where, *e["loc"]) if p != "")
+        loc = e["loc"]
+        if e["type"] == "missing" and loc and isinstance(loc[-1], int):  # a list with too few items
+            loc = loc[:-1]
+        parts, annotation = _located(cls, loc)
+        groups.setdefault(tuple(parts), []).append((e, annotation))
+    lines = []
+    for parts, errors in groups.items():
+        loc = ".".join(str(p) for p in (where, *parts) if p != "")
+        e, annotation = errors[0]
         if e["type"] in ("unexpected_keyword_argument", "extra_forbidden"):
             key = str(e["loc"][-1])
             parent = cls
@@ -319,8 +410,13 @@ def _format_errors(err: ValidationError, cls: type, where: str) -> str:
             lines.append(f"unknown config key {quoted(loc)}.{hint} Valid keys here: {', '.join(valid)}")
         elif e["type"] == "value_error" and not e["loc"]:  # a check across fields (__post_init__): its own words
             lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')}")
+        elif (len(errors) > 1 or e["type"] in ("missing", "too_short", "too_long", "dataclass_type")) and (
+            takes := what_it_takes(annotation)
+        ):
+            lines.append(f"{loc}: takes {takes} (got {quoted(e.get('input'))})")
         else:
-            lines.append(f"{loc}: {e['msg'].removeprefix('Value error, ')} (got {quoted(e.get('input'))})")
+            said = " or ".join(dict.fromkeys(x["msg"].removeprefix("Value error, ") for x, _ in errors))
+            lines.append(f"{loc}: {said} (got {quoted(e.get('input'))})")
     return "; ".join(lines)
 
 
@@ -487,10 +583,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {str(path)!r} is a directory; give a .yaml file")
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
+        data = load_yaml(read_regular_text(path))  # a FIFO is refused at once, not waited on
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except NotARegularFile:
+        kind = "a FIFO, not" if stat.S_ISFIFO(path.stat().st_mode) else "not"
+        raise ConfigError(f"config file {str(path)!r} is {kind} a regular file; give a .yaml file") from None
     except YAMLTooLarge as err:
         raise ConfigError(f"config file {str(path)!r} is refused: {err}") from None
     except yaml.YAMLError as err:

@@ -171,6 +171,19 @@ def name_part(key: str, value: str) -> str:
     return f"{word}{value}" if value[0].isdigit() or value[0] in "+." else f"{word}_{value}"
 
 
+def _check_dir_name(name: str, assigned: Sequence[tuple[str, str]]) -> None:
+    """Refuse a run name that is no directory of its own under the sweep's: ``.`` or ``..`` (a ``name`` key's
+    value is the whole name where it alone varies: :func:`name_part`), or one holding a path separator."""
+    if name not in (".", "..") and os.sep not in name and not (os.altsep and os.altsep in name):
+        return
+    cause = " ".join(f"--grid {k}={v}" for k, v in assigned) or "its config's file name"
+    fix = "give another value" if assigned else "rename the file"
+    raise ConfigError(
+        f"{cause} would name a run {name!r}, which is no directory of its own inside the sweep directory ('.' is "
+        f"the sweep directory, '..' its parent): {fix}"
+    )
+
+
 def keep_earlier_names(runs: Sequence[SweepRun], out: Path) -> int:
     """Runs that a sweep made before run names lost their ``=`` (``class_order_seed=0``) keep their directories:
     a run whose earlier name holds a run directory in ``out``, and whose new name does not, takes the earlier
@@ -246,6 +259,7 @@ def plan(
             name = "-".join(head + [name_part(s, v) for s, v in pairs])
             earlier = "-".join(head + [_slug(f"{s}={v}", "=") for s, v in pairs])
             name, earlier = name or label, earlier or label
+            _check_dir_name(name, [(k, chosen[k]) for k, _ in varying])
             if name in RESERVED:
                 raise ConfigError(f"a run would be named {name!r}, as the sweep's own folder: rename its config")
             if name in names:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dfcil.checkpoint import FORMAT, dumps, loads
-from dfcil.compute.distributed import Dist
+from dfcil.compute.distributed import Dist, current
 from dfcil.compute.runtime import resolve_device
 from dfcil.config import RunConfig, config_to_dict
 from dfcil.errors import CheckpointError
@@ -67,6 +67,9 @@ class Task0Cache(Callback):
 
     def __init__(self, cfg: RunConfig, protocol: Protocol, method: Method) -> None:
         key = task0_key(cfg, protocol, method) if cfg.task0_cache else None
+        if cfg.task0_cache and key is None and current().main:  # a sweep's one cache, over methods of both kinds
+            log.warning("task0_cache %s is not used: %s does not share its first task (Method.task0_signature), so "
+                        "task 0 is trained and not stored", cfg.task0_cache, cfg.method.name)  # fmt: skip
         self.config = config_to_dict(cfg)  # kept with the model, as a checkpoint keeps it
         self.path = Path(cfg.task0_cache) / f"task0-{key}.pt" if key else None
         self.loaded = False  # this run starts from the shared model
