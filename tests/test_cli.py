@@ -588,3 +588,29 @@ def test_a_command_started_in_the_background_of_a_script_stops_on_sigint(tmp_pat
     assert ready.exists(), done.stderr
     assert done.stdout.strip() == "status 130" and time.monotonic() - started < 50
     assert "dfcil: interrupted" in (tmp_path / "err.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("option", "values"),
+    [("--classes", [""]), ("--classes", [","]), ("--tasks", [","]), ("--tasks", [" "]), ("--tasks", ["1,,2"]),
+     ("--classes", ["3,", "7"])],
+)  # fmt: skip
+def test_an_empty_class_or_task_list_of_eval_is_one_usage_error(smoke_run, capsys, option, values):
+    """``--classes ""`` (a shell variable left unset) or an empty item between commas selects nothing: one error
+    that names the option and what it takes, not a traceback from the empty selection."""
+    assert main(["eval", str(smoke_run), option, *values]) == 2
+    err = capsys.readouterr().err
+    takes = "raw class ids or names" if option == "--classes" else "task numbers"
+    assert err.startswith(f"dfcil: error: {option} ") and "an empty" in err and f"give {takes}" in err, err
+    assert len(err.splitlines()) == 1
+
+
+def test_a_dry_run_refuses_an_unknown_logger_as_the_run_does(tmp_path, capsys, monkeypatch):
+    """``--log bogus`` fails a real run before it starts: the dry run, which promises the same validation, says so
+    too (and writes nothing)."""
+    monkeypatch.chdir(tmp_path)
+    for command in (["train", "--config", SMOKE], ["sweep", "--config", SMOKE, "--out", "sweep"]):
+        assert main([*command, "--dry-run", "--log", "bogus"]) == 2, command
+        assert "dfcil: error: unknown logger 'bogus'. Registered loggers: csv" in capsys.readouterr().err
+    assert main(["train", "--config", SMOKE, "--dry-run", "--log", "csv"]) == 0
+    assert list(tmp_path.iterdir()) == []

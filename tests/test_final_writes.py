@@ -135,3 +135,25 @@ def test_a_process_killed_at_each_final_write_resumes_to_the_same_result(finishe
     assert main(["resume", str(run), "--no-progress"]) == 0
     assert_finished_as(reference, run)
     assert not list(run.glob(".*.tmp"))  # the killed process's temporary file is removed
+
+
+def test_a_finished_run_without_its_model_file_says_how_to_write_it_again(finished, tmp_path, capsys):
+    """model.pt deleted from a finished run (or not copied with it): `dfcil eval` said "finish the run first (`dfcil
+    resume`)", which refuses a finished run; it now gives the command that writes model.pt again from the last
+    checkpoint, which works as given."""
+    reference = finished("ridge_head")
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    (run / "model.pt").unlink()
+    capsys.readouterr()  # the fixture's training log
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err
+    command = f"mv {run}/summary.json {run}/summary.old.json && dfcil resume {run}"
+    assert "the run finished (summary.json exists)" in err and command in err and err.count("\n") == 1
+    (run / "summary.json").rename(run / "summary.old.json")
+    assert main(["resume", str(run), "--no-progress"]) == 0
+    assert_finished_as(reference, run)
+    shutil.rmtree(run / "checkpoints")  # without them, only a copy from elsewhere brings it back
+    (run / "model.pt").unlink()
+    assert main(["eval", str(run)]) == 2
+    assert "copy it from where the run was trained" in capsys.readouterr().err

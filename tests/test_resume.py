@@ -811,12 +811,29 @@ def test_a_run_is_not_resumed_on_other_data_than_it_started_on(tmp_path, caplog)
     protocol = prepare(cfg)
     meta["data"] = saved | {"images": "0" * 64}  # the same classes and count, other pixels (another decoder?)
     (out / "meta.json").write_text(_json.dumps(meta))
-    with caplog.at_level(logging.WARNING, logger="dfcil"):
-        check_same_data(out, cfg, protocol)  # said, not refused
-    assert "the data's images differ from what the run started on" in caplog.text
+    assert check_same_data(out, cfg, protocol) == ["images"]  # allowed
     del meta["data"]  # a run recorded before meta.json held its data: not checked
     (out / "meta.json").write_text(_json.dumps(meta))
-    check_same_data(out, cfg, protocol)
+    assert check_same_data(out, cfg, protocol) == []
+
+
+def test_a_resume_on_changed_images_says_so_in_run_log_and_meta_json(tmp_path, caplog):
+    """Before, the warning went to the console only: a run directory read later did not say that its run continued
+    on other pixels."""
+    import json as _json
+
+    from dfcil.runs.runner import resume
+
+    _, out = _unfinished(tmp_path, epochs=1)
+    meta = _json.loads((out / "meta.json").read_text())
+    meta["data"]["images"] = "0" * 64
+    (out / "meta.json").write_text(_json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="dfcil"):
+        resume(out, options=RunOptions(progress=False))
+    said = "the data's images differ from what the run started on"
+    assert caplog.text.count(said) == 1  # once on the console
+    assert said in (out / "run.log").read_text()
+    assert _json.loads((out / "meta.json").read_text())["resumes"][-1]["data_changed"] == ["images"]
 
 
 class EpochCounter(Callback):
@@ -894,3 +911,51 @@ def test_rdfcil_with_a_contrast_bank_resumes_mid_epoch_exactly(tmp_path, kind):
     assert _position(out) == {"task": 1, "stage": "train", "phase": 0, "epoch": 1, "step": 3}
     assert main(["resume", str(out), "--no-progress"]) == 0
     assert_same_run(tmp_path / "straight", out)
+
+
+def test_a_task0_cache_the_method_cannot_share_is_said_once_not_ignored_silently(tmp_path, caplog):
+    """A sweep over several methods with one --task0_cache: the methods that do not share their first task train
+    as usual, and the log says that the cache is not used for them."""
+    from conftest import smoke_configs
+    from dfcil.methods import build_method
+    from dfcil.training.task0 import Task0Cache
+
+    overrides = [("method.name", "dgr"), ("task0_cache", json.dumps(str(tmp_path / "t0")))]
+    cfg, _ = load_config(smoke_configs("dgr"), overrides)
+    method = build_method(cfg.method, cfg.train)
+    assert method.task0_signature() is None
+    logger, handlers = logging.getLogger("dfcil"), [caplog.handler]
+    handlers *= not logger.propagate  # a command's console setup stops its lines from reaching the root logger's
+    for handler in handlers:
+        logger.addHandler(handler)
+    try:
+        cache = Task0Cache(cfg, None, method)
+    finally:
+        for handler in handlers:
+            logger.removeHandler(handler)
+    assert cache.path is None
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "task0_cache" in warned[0] and "dgr does not share its first task" in warned[0]
+
+
+def test_a_refused_checkpoint_does_not_pass_on_the_advice_to_load_it_unsafely(tmp_path):
+    """torch.load's refusal advises re-running with weights_only=False, which would run a received file's code:
+    the error says instead that dfcil refuses the file, and why."""
+    import fractions
+
+    for obj in (fractions.Fraction(1, 3), os.getcwd):  # an object of a class outside the allowed ones; a function
+        buf = io.BytesIO()
+        torch.save({"payload": {"format": FORMAT, "x": obj}}, buf)
+        rest = len(buf.getvalue()).to_bytes(8, "little") + buf.getvalue()
+        data = MAGIC + hashlib.sha256(rest).digest() + rest  # a valid checksum: the archive itself is refused
+        with pytest.raises(CheckpointError) as err:
+            loads(data, "received.pt")
+        text = str(err.value)
+        assert text.startswith("received.pt is refused: it holds code or objects that dfcil does not load ("), text
+        assert "weights_only" not in text and "trust" not in text and "add_safe_globals" not in text, text
+        path = tmp_path / "model.pt"
+        path.write_bytes(data)
+        from dfcil.model_file import load_model
+
+        with pytest.raises(CheckpointError, match="is refused: it holds code or objects"):
+            load_model(path)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dfcil.analysis import report
-from dfcil.config import RUNTIME_KEYS, TOP_LEVEL_SCALARS, RunConfig, dump_config, parse_value
+from dfcil.config import RUNTIME_KEYS, TOP_LEVEL_SCALARS, RunConfig, dump_config, parse_value, quoted
 from dfcil.errors import (
     EXIT_BAD_INPUT,
     EXIT_DIVERGED,
@@ -324,20 +324,36 @@ class _ExportFormats:
         return name in list(self)
 
 
-def _ids(values: Sequence[str] | None, kind: type = str) -> list | None:
-    """``--classes a b,c`` → ``[a, b, c]``; None when not given."""
-    return None if values is None else [kind(t.strip()) for v in values for t in v.split(",") if t.strip()]
+EVAL_SELECTIONS = {  # dfcil eval's options that select classes: what each takes
+    "--classes": ("raw class ids or names", "class id or name", "--classes 3 7, or 3,7"),
+    "--tasks": ("task numbers", "task number", "--tasks 0 1, or 0,1"),
+}
+
+
+def _ids(option: str, values: Sequence[str] | None, kind: type = str) -> list | None:
+    """``--classes a b,c`` → ``[a, b, c]``; None when not given. An empty item (``--classes ""``, ``--tasks 1,,2``:
+    a shell variable left unset) or, for ``--tasks``, one that is not a number is refused, naming the option."""
+    if values is None:
+        return None
+    takes, item, example = EVAL_SELECTIONS[option]
+    shown = " ".join(values) if "".join(values).strip() else quoted(" ".join(values))  # --classes '' shows ''
+    items = [t.strip() for v in values for t in v.split(",")]
+    if "" in items:
+        raise ConfigError(
+            f"{option} {shown}: an empty {item} (a shell variable left unset?); give {takes}, e.g. {example}"
+        )
+    try:
+        return [kind(t) for t in items]
+    except ValueError:
+        raise ConfigError(f"{option} {shown}: give {takes}, e.g. {example}") from None
 
 
 def _eval(args: argparse.Namespace) -> int:
     from dfcil.analysis.tools import evaluate_run, format_report
 
-    try:
-        tasks = _ids(args.tasks, int)
-    except ValueError:
-        raise ConfigError(f"--tasks {' '.join(args.tasks)}: give task numbers, e.g. --tasks 0 1") from None
+    tasks, classes = _ids("--tasks", args.tasks, int), _ids("--classes", args.classes)
     consent, confusion = _consent(args), args.confusion
-    report = evaluate_run(args.run_dir, args.data_root, _ids(args.classes), tasks, args.device, consent, confusion)
+    report = evaluate_run(args.run_dir, args.data_root, classes, tasks, args.device, consent, confusion)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
@@ -472,6 +488,10 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
         print(dump_config(cfg), end="")
         return 0
     if args.dry_run:
+        from dfcil.training.loggers import LOGGERS
+
+        for name in cfg.log:  # the run refuses an unknown logger before it starts (runner._start): so does this
+            LOGGERS.get(name)
         _print_protocol(cfg)
         return 0
     from dfcil.runs import runner
@@ -591,17 +611,34 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"dfcil: training stopped: {err}", file=sys.stderr)
         return EXIT_DIVERGED
     except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        # every file dfcil writes is written whole (checkpoints, caches, summaries), so what stopped is resumable
-        where = f" writing {err.filename}" if err.filename else ""
-        print(
-            f"dfcil: error: no space left on the disk{where} ({err.strerror}); free some, or point --out, "
-            f"data.cache or task0_cache at another disk, then run the same command again: a run continues from "
-            f"its last checkpoint, a decoded-image cache from the images it holds",
-            file=sys.stderr,
-        )
+        if err.errno not in STORAGE_ERRORS or (err.errno in ACCESS_ERRORS and not err.filename):
+            raise  # a refusal that names no file: not the user's disk
+        print(f"dfcil: error: {storage_error(err)}", file=sys.stderr)
         return 2
+
+
+# What the disk refused (full, over a quota, a file past the size limit, read-only, no permission): the user's
+# environment, not a bug, so one line rather than a traceback; every file dfcil writes is written whole
+# (checkpoints, caches, summaries), so whatever stopped continues from what it holds
+STORAGE_ERRORS = {
+    errno.ENOSPC: "no space left on the disk", errno.EDQUOT: "the disk quota is exceeded",
+    errno.EFBIG: "a file would grow past the largest size allowed (the file system's, or the shell's `ulimit -f`)",
+    errno.EROFS: "the file system is read-only", errno.EACCES: "permission denied", errno.EPERM: "not permitted",
+}  # fmt: skip
+
+
+ACCESS_ERRORS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def storage_error(err: OSError) -> str:
+    """The one-line message for an ``OSError`` of :data:`STORAGE_ERRORS`: what happened, where, and what to do."""
+    where = f": {err.filename}" if err.errno in ACCESS_ERRORS else f" writing {err.filename}"
+    where = where if err.filename else ""
+    return (
+        f"{STORAGE_ERRORS[err.errno]}{where}; free space, raise the limit or fix the permissions, or point --out, "
+        f"data.cache or task0_cache at another disk, then run the same command again: a run continues from its last "
+        f"checkpoint, a decoded-image cache from the images it holds"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

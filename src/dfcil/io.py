@@ -47,6 +47,11 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.filename is None:  # a failed write() names no file (a full disk, a file past `ulimit -f`): name it
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -68,6 +73,87 @@ def check_creatable_dir(path: str | os.PathLike, what: str, fix: str) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{what} {path} cannot be created ({parent} is not a writable directory); {fix}")
+
+
+# Folders of a run directory that another program writes (wandb links its debug logs to its cache, outside the
+# run; a resumed wandb run adds a folder there, writing through none of them): checked themselves, not their files
+FOREIGN_DIRS = ("wandb",)
+
+
+def links_leaving(folder: str | os.PathLike, foreign: tuple[str, ...] = ()) -> list[tuple[Path, str]]:
+    """The symbolic links at any depth inside ``folder`` (none of them followed) that lead outside it, or in a loop,
+    each with where it leads. Writing through one would write outside ``folder``: a received run directory's
+    ``metrics.jsonl`` linked to a file elsewhere would be truncated and appended to. Folders named in ``foreign``
+    (at any depth) hold another program's files, which dfcil never writes through (wandb's, which links its debug
+    logs to its cache): each is checked itself, not what it holds."""
+    root, found = Path(folder).resolve(), []
+    for top, dirs, files in os.walk(folder):  # a link to a folder is listed among dirs, not entered
+        names = [*dirs, *files]
+        dirs[:] = [d for d in dirs if d not in foreign]  # at any depth: a sweep's runs each have theirs
+        for name in names:
+            path = Path(top) / name
+            if path.is_symlink() and (where := _leads_outside(path, root)) is not None:
+                found.append((path, where))
+    return found
+
+
+def _leads_outside(link: Path, root: Path) -> str | None:
+    """Where ``link`` leads, if that is outside ``root`` (or nowhere: a loop); None inside."""
+    try:
+        target = link.resolve()
+    except (OSError, RuntimeError):  # a loop of links (RuntimeError before Python 3.13)
+        return f"{os.readlink(link)}, a loop"
+    return None if target == root or root in target.parents else str(target)
+
+
+def check_stays_inside(folder: str | os.PathLike, what: str, fix: str, foreign: tuple[str, ...] = ()) -> None:
+    """Raise ``ValueError`` if ``folder`` holds a link that leads outside it (:func:`links_leaving`): whatever dfcil
+    writes into a directory it was given stays in it. ``what`` names the folder, ``fix`` ends the message (after
+    "replace each link ..., ")."""
+    found = links_leaving(folder, foreign)
+    if found:
+        shown = ", ".join(f"{path.relative_to(folder)} → {target}" for path, target in found[:5])
+        more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+        raise ValueError(
+            f"{what} {folder} holds symbolic links that lead outside it ({shown}{more}): dfcil writes nothing outside "
+            f"the directory it is given; replace each link with a copy of what it points to (or delete it), {fix}"
+        )
+
+
+def check_writable_tree(
+    folder: str | os.PathLike,
+    what: str,
+    fix: str,
+    dirs: tuple[str, ...] = (),
+    files: tuple[str, ...] = (),
+    foreign: tuple[str, ...] = (),
+) -> None:
+    """Raise ``ValueError`` (naming ``what``; ``fix``, the other way out, ends it) before any work unless dfcil can
+    write what it writes into the existing directory ``folder``, all of it inside: no link leads out
+    (:func:`check_stays_inside`; ``foreign``: sub-folders another program writes), ``folder`` and its sub-folders
+    ``dirs`` (where they exist) take new files, and its ``files`` (where they exist) can be appended to in place. A
+    read-only file system or a file without write permission is refused here rather than by an ``OSError`` in the
+    middle of a run."""
+    folder = Path(folder)
+    check_stays_inside(folder, what, fix, foreign)
+    for sub in (folder, *(folder / d for d in dirs)):
+        if sub.is_dir() and not os.access(sub, os.W_OK | os.X_OK):
+            part = "" if sub == folder else f" (its folder {sub.name})"
+            raise ValueError(f"{what} {folder}{part} is not writable; make it writable, {fix}")
+    for name in files:
+        if (folder / name).exists() and not os.access(folder / name, os.W_OK):
+            raise ValueError(f"{what} {folder} (its file {name}) is not writable; make it writable, {fix}")
+
+
+def check_output(path: str | os.PathLike, what: str, fix: str, inside: str | os.PathLike | None = None) -> None:
+    """Raise ``ValueError`` before any work unless ``path`` is a writable directory or can be created as one
+    (:func:`check_creatable_dir`) and, with ``inside`` (a run directory whose own sub-folder it is by default),
+    stays inside that directory when its links are followed."""
+    check_creatable_dir(path, what, fix)
+    if inside is not None:
+        root, where = Path(inside).resolve(), Path(path).resolve()
+        if where != root and root not in where.parents:
+            raise ValueError(f"{what} {path} leads outside {inside} (to {where}); {fix}")
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

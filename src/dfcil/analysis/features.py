@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dfcil.analysis.inversions import inspect_dir
 from dfcil.analysis.separation import CV_FOLDS, KNN_NEIGHBOURS, separation_numbers
 from dfcil.analysis.tools import FinishedRun
 from dfcil.checkpoint import loads
@@ -403,6 +404,7 @@ def inspect_features(
             f"(the same data.name, class order, data.num_classes, data.num_tasks and data.base_classes, image size "
             f"and normalisation), e.g. two methods of one sweep at one class order"
         )
+    out = inspect_dir(runs[0].dir, out_dir)  # refused before the features are computed, not after
     protocol = runs[0].protocol()
     device_ = resolve_device(runs[0].cfg.device)
     x_real, y_real = real_images(protocol, per_class, device_)
@@ -425,7 +427,6 @@ def inspect_features(
     )
     stem = "features_tsne" + ("" if options.embedding == "joint" else f"_{options.embedding}")
     stem += "" if against is None else "_vs_" + re.sub(r"[^A-Za-z0-9._-]+", "_", runs[1].dir.resolve().name)
-    out = Path(out_dir) if out_dir is not None else runs[0].dir / "inspect"
     paths = write_figure(plot_pictures(pictures, names, title), features_record(parts, names, options), out / stem)
     return format_table(parts), paths
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from dfcil.errors import ConfigError, MissingExtraError
 from dfcil.extras import require
-from dfcil.io import read_regular_text
+from dfcil.io import check_output, read_regular_text
 from dfcil.training.grid import synthetic_images_path
 
 
@@ -131,13 +131,25 @@ def plot_diagnostics(run_dir: Path, found: list[tuple[int, dict[str, Any]]], out
     return paths
 
 
+def inspect_dir(run_dir: str | os.PathLike, out_dir: str | os.PathLike | None) -> Path:
+    """Where ``dfcil inspect`` writes its figures: ``out_dir``, else the run's ``inspect`` folder, which must stay
+    inside the run directory (no link out of it); refused before any work unless it is writable or can be made."""
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "inspect"
+    try:
+        check_output(out, "--out" if out_dir is not None else "inspect folder", "give a writable --out DIR",
+                     inside=run_dir if out_dir is None else None)  # fmt: skip
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return out
+
+
 def inspect_synthetic(
     run_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None
 ) -> tuple[str, list[Path], str | None]:
     """``dfcil inspect RUN --synthetic``: the table of every task's inversion statistics, its figure (default in
     ``<run>/inspect``), and, where matplotlib is missing, why there is no figure (the table needs nothing)."""
     found = read_diagnostics(run_dir)
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "inspect"
+    out = inspect_dir(run_dir, out_dir)
     try:
         return format_diagnostics(found), plot_diagnostics(Path(run_dir), found, out), None
     except MissingExtraError as err:

@@ -23,7 +23,7 @@ from dfcil.data.device import Normalizer
 from dfcil.data.splits import ClassIncrementalSplit
 from dfcil.errors import CheckpointError, ConfigError
 from dfcil.extras import require
-from dfcil.io import read_regular_text, write_atomic, write_json
+from dfcil.io import check_creatable_dir, read_regular_text, write_atomic, write_json
 from dfcil.load import load_run_config
 from dfcil.methods import build_method
 from dfcil.model_file import check_model, network_from
@@ -60,11 +60,19 @@ class FinishedRun:
         if not (run_dir / "config.yaml").exists():
             raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
         path = run_dir / "model.pt"
-        if not path.exists():
+        if not path.exists() and not (run_dir / "summary.json").exists():
             raise ConfigError(
                 f"{run_dir} has no model.pt: the final model is written when the run's last task ends; finish the "
                 f"run first (`dfcil resume {run_dir}`)"
             )
+        if not path.exists():  # a finished run whose model file was deleted, or not copied with it
+            again = (
+                f"; its last checkpoint can write it again: `mv {run_dir}/summary.json {run_dir}/summary.old.json && "
+                f"dfcil resume {run_dir}`"
+                if (run_dir / "checkpoints" / "last.pt").exists()
+                else ": copy it from where the run was trained"
+            )
+            raise ConfigError(f"{run_dir} has no model.pt, though the run finished (summary.json exists){again}")
         given = [(key, json.dumps(value)) for key, value in overrides.items() if value is not None]
         cfg = with_absolute_paths(load_run_config(run_dir, given, consent))
         summary_path = run_dir / "summary.json"
@@ -167,6 +175,8 @@ def selected_labels(
         ConfigError: naming a class or task the run does not have.
     """
     order = list(split.class_order)
+    if (tasks is not None and not tasks) or (classes is not None and not classes):  # would evaluate no image
+        raise ConfigError("an empty selection: give at least one class or task, or neither (every class)")
     if tasks is not None:
         bad = [t for t in tasks if not 0 <= t < split.num_tasks]
         if bad:
@@ -410,6 +420,10 @@ def export_run(
             raise ConfigError(f"--out {out}: {path} is a directory; give a file name, e.g. {path / default}")
     if not out.parent.is_dir():
         raise ConfigError(f"--out {out}: the directory {out.parent} does not exist; create it first or choose another")
+    try:
+        check_creatable_dir(out.parent, f"--out {out}: the directory", "choose another --out")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     own = {f"model{exporter.suffix}", "model.json"}  # inside the run directory only the default export may be written
     for path in (out, card):
         where, home = path.resolve(), run.dir.resolve()

@@ -43,7 +43,14 @@ from dfcil.compute.runtime import resolve_device
 from dfcil.config import RUNTIME_KEYS, RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
 from dfcil.data.datasets import DATASETS
 from dfcil.errors import ConfigError, PluginError, RunInterrupted
-from dfcil.io import check_creatable_dir, remove_temporaries, write_atomic, write_json
+from dfcil.io import (
+    FOREIGN_DIRS,
+    check_creatable_dir,
+    check_writable_tree,
+    remove_temporaries,
+    write_atomic,
+    write_json,
+)
 from dfcil.load import load_run_config
 from dfcil.methods import METHODS
 from dfcil.models.backbones import BACKBONES
@@ -112,6 +119,23 @@ def check_new_run_dir(out: Path) -> None:
         )
     try:
         check_creatable_dir(out, "run directory", "choose another --out")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+# What a continued run writes into in place, besides new files in the run directory: the folders it adds files to
+# and the files it appends to (or, .lock, opens for writing)
+WRITTEN_DIRS = ("checkpoints", "tensorboard", "wandb")
+APPENDED_FILES = ("metrics.jsonl", "run.log", "metrics.csv", "tasks.csv", ".lock")
+
+
+def check_writable_run_dir(run_dir: Path) -> None:
+    """Refuse, before any work, an existing run directory that a continued run could not write, or whose writes
+    would leave it: a read-only one, or one received with links to files or folders elsewhere
+    (:func:`dfcil.io.check_writable_tree`)."""
+    fix = f"or copy the run elsewhere (`cp -rL {run_dir} NEW` copies what links point to) and resume the copy"
+    try:
+        check_writable_tree(run_dir, "run directory", fix, WRITTEN_DIRS, APPENDED_FILES, FOREIGN_DIRS)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -195,6 +219,7 @@ def resume(
         raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
     if (run_dir / "summary.json").exists():
         raise ConfigError(f"the run in {run_dir} is complete (summary.json exists); nothing to resume")
+    check_writable_run_dir(run_dir)
     saved = load_run_config(run_dir, consent=consent)
     cfg = load_run_config(run_dir, [(k, json.dumps(v)) for k, v in (overrides or {}).items()], consent)
     cfg = with_absolute_paths(cfg)
@@ -222,21 +247,21 @@ def _start(
         callbacks=[*build_loggers(cfg.log, out, LoggerSettings(config_to_dict(cfg), cfg.wandb)), *options.callbacks],
     )
     if not new:
-        check_same_data(out, cfg, protocol)
+        data_changed = check_same_data(out, cfg, protocol)
         with locked(out):
             if (out / "summary.json").exists():  # finished by another process since resume() looked
                 raise ConfigError(f"the run in {out} is complete (summary.json exists); nothing to resume")
             has_checkpoint = Checkpointer(out).exists()
             for folder in (out, out / "checkpoints"):  # what a killed process was writing (the run is locked)
                 remove_temporaries(folder)
-            _record_resume(out, options)
+            notes = _record_resume(out, options, data_changed)
             dist.barrier()  # the other processes follow from the same checkpoint (_follow)
             if not has_checkpoint:  # stopped before its first checkpoint: start over in place
                 metrics = out / "metrics.jsonl"
                 if metrics.exists() and metrics.stat().st_size:
                     log.warning("%s has no checkpoint (deleted?): the run starts over from its first task", out)
                 metrics.unlink(missing_ok=True)
-            return _execute(cfg, out, protocol, has_checkpoint, options)
+            return _execute(cfg, out, protocol, has_checkpoint, options, notes)
     created = _make_run_dir(out)
     with locked(out):  # before the first write: a process that cannot lock the directory writes and removes nothing
         if (out / "config.yaml").exists():
@@ -267,17 +292,19 @@ def data_of(cfg: RunConfig, protocol: Protocol) -> dict[str, Any]:
 IDENTITY_KEYS = ("classes", "image_size", "train_images")
 
 
-def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> None:
+def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> list[str]:
     """Refuse to continue a run on other data than it started on. ``data.root`` may change on resume (the data
     moved to another disk or machine), but on own data the folder is the dataset: another folder would continue
     the run on other images. Images that differ only in their pixels (changed in place, or decoded by another
-    Pillow) are warned about. Runs whose ``meta.json`` predates the record are not checked."""
+    Pillow) are allowed: returns what of the data's record differs (``images``, ``mean``, ...), which the resume
+    warns about and records (:func:`_record_resume`). Runs whose ``meta.json`` predates the record are not
+    checked."""
     try:
         saved = json.loads((out / "meta.json").read_text()).get("data")
     except (OSError, ValueError, AttributeError):
-        return
+        return []
     if not saved:
-        return
+        return []
     now = data_of(cfg, protocol)
     differ = [key for key in now if now[key] != saved.get(key)]
     if any(key in IDENTITY_KEYS for key in differ):
@@ -285,38 +312,42 @@ def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> None:
             f"{out} was trained on other data than {protocol.dataset.source} holds (its {', '.join(differ)} "
             f"differ): resume it with --data.root pointing at the data it started on, or start a new run"
         )
-    if differ:
-        log.warning(
-            "%s: the data's %s differ from what the run started on (the same classes and image count: images "
-            "changed in place, or decoded by another version of Pillow?); continuing",
-            out,
-            ", ".join(differ),
-        )
+    return differ
 
 
-def _record_resume(out: Path, options: RunOptions) -> None:
+def _record_resume(out: Path, options: RunOptions, data_changed: Sequence[str] = ()) -> list[str]:
     """Add this continuation to ``meta.json``'s ``resumes`` (when, by which code, with which command), so that a run
-    continued by other code than it started with says so; warn when a plugin file the run used has changed since
-    (its SHA-256), and record the new hashes in the entry."""
+    continued by other code or on changed images says so: the plugin files that changed since the run started
+    (their new SHA-256 in the entry) and what of the data's record differs (``data_changed``, from
+    :func:`check_same_data`). Returns the warnings to log, which :func:`_execute` writes to ``run.log`` too."""
+    notes = []
+    if data_changed:
+        notes.append(
+            f"{out}: the data's {', '.join(data_changed)} differ from what the run started on (the same classes and "
+            f"image count: images changed in place, or decoded by another version of Pillow?); continuing, and "
+            f"recorded in meta.json's resumes"
+        )
     path = out / "meta.json"
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError):
-        return  # a run without its record: nothing to add to
+        return notes  # a run without its record: nothing to add to
     if not isinstance(meta, dict):
-        return
+        return notes
     entry: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": source_revision()}
+    entry |= {"data_changed": list(data_changed)} if data_changed else {}
     changed = changed_plugins(meta.get("plugins"))
     if changed:
-        log.warning(
-            "%s: the plugin file%s %s changed since the run started (another SHA-256 than meta.json records): the "
-            "run continues with the edited code; the new hashes are recorded in meta.json's resumes",
-            out, "s" * (len(changed) > 1), ", ".join(changed),
-        )  # fmt: skip
+        notes.append(
+            f"{out}: the plugin file{'s' * (len(changed) > 1)} {', '.join(changed)} changed since the run started "
+            f"(another SHA-256 than meta.json records): the run continues with the edited code; the new hashes are "
+            f"recorded in meta.json's resumes"
+        )
         entry["plugins"] = [plugin_provenance(m.split(" (")[0]) for m in changed]
     earlier = meta.get("resumes") if isinstance(meta.get("resumes"), list) else []
     meta["resumes"] = [*earlier, entry | {"argv": list(options.argv or sys.argv)}]
     write_json(path, meta)
+    return notes
 
 
 def _make_run_dir(out: Path) -> bool:
@@ -379,14 +410,19 @@ def run_id(out: Path) -> str:
     return new
 
 
-def _execute(cfg: RunConfig, out: Path, protocol: Protocol, resuming: bool, options: RunOptions) -> dict[str, Any]:
-    """Train with the run directory's logs, under its ``run.log``; ``summary.json`` last."""
+def _execute(
+    cfg: RunConfig, out: Path, protocol: Protocol, resuming: bool, options: RunOptions, notes: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Train with the run directory's logs, under its ``run.log``; ``summary.json`` last. ``notes``: warnings
+    found before the run started (a resume's), logged first."""
     handler = logging.FileHandler(out / "run.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     try:
         split = protocol.split
         log.info("%s run directory %s", "resuming" if resuming else "new", out)
+        for note in notes:
+            log.warning("%s", note)
         log.info(
             "%s on %s: %d tasks of %s classes, class order %s",
             cfg.method.name,

@@ -22,10 +22,12 @@ from typing import Any, Literal
 from filelock import FileLock, Timeout
 
 from dfcil.errors import ConfigError
+from dfcil.io import FOREIGN_DIRS, check_creatable_dir, check_writable_tree
 from dfcil.sweep.gpus import default_jobs, free_gpu_memory, placement, run_gib, uses_gpu
 from dfcil.sweep.local import run_local
 from dfcil.sweep.mps import MpsSetting, mps
 from dfcil.sweep.plan import (
+    RESERVED,
     DamagedSummary,
     SweepRun,
     check_existing,
@@ -69,6 +71,7 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
     if spec.jobs is not None and spec.jobs < 1:
         raise ConfigError(f"--jobs {spec.jobs}: give at least 1")
     check_sweep_dir(out, [r.name for r in runs])  # a dry run refuses what the sweep would refuse
+    check_writable_sweep_dir(out)
     if spec.dry_run:
         print(f"sweep of {len(runs)} runs into {out}:")
         for r in runs:
@@ -87,6 +90,18 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
         return _run(spec, out, runs, gpus)
     finally:
         lock.release()
+
+
+def check_writable_sweep_dir(out: Path) -> None:
+    """Refuse, before any run starts, a sweep directory that cannot be created or written, or whose writes would
+    leave it (links to elsewhere in a sweep directory received from someone else)."""
+    try:
+        if out.exists():
+            check_writable_tree(out, "sweep directory", "or give another --out", tuple(RESERVED), (), FOREIGN_DIRS)
+        else:
+            check_creatable_dir(out, "sweep directory", "give another --out")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _run(spec: SweepSpec, out: Path, runs: list[SweepRun], gpus: Callable[[], list[tuple[int, float]]]) -> int:
