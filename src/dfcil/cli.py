@@ -60,7 +60,7 @@ PLUGIN_HELP = (
     "`plugins`, saved with the run; a later command on the run names a plugin file again: docs/extending.md)"
 )
 RUN_PLUGIN_HELP = (
-    "allow a plugin the run directory's config.yaml names (a .py file or a module inside the run directory), "
+    "allow a plugin the run directory's config.yaml names (a .py file, or a module no installed package holds), "
     "after reading it: it is imported only when named again (repeatable)"
 )
 TRUST_HELP = "import every plugin the run directory names, without naming each (only for runs you trust)"
