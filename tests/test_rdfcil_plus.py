@@ -163,3 +163,19 @@ def test_each_switch_resumes_exactly_from_inside_rrl(switch, tmp_path):
     sa, sb = ma.get("method_state", {}), mb.get("method_state", {})
     assert set(sa) == set(sb) and (switch not in ("bayes", "ridge", "ridge_no_chr") or sa)
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_rdfcil_plus_on_the_static_head_keeps_its_graph_promise():
+    """With model.static_head (what engine.compile: step needs) the CUDA-graph check records and compares every
+    step, CHR's replay of the memory included, and the checked run equals the eager one bit for bit on the CPU."""
+    from dfcil.training.engine import run
+    from dfcil.training.loop import RunOptions
+
+    extra = [("model.static_head", "true"), ("train.epochs", "3"), ("train.milestones", "[1]")]
+    eager = run(tiny_config("rdfcil_plus", extra), options=RunOptions(progress=False))
+    checked = run(
+        tiny_config("rdfcil_plus", [*extra, ("engine.cuda_graphs", "check")]), options=RunOptions(progress=False)
+    )
+    assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
+    phases = {name: p for t in checked["timings"] for name, p in t["phases"].items()}
+    assert set(phases) == {"base", "rrl", "chr"} and all(p["cuda_graphs"] == "check" for p in phases.values())

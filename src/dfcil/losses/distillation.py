@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dfcil.compute.precision import full_precision
+from dfcil.models.heads import MASKED_LOGIT
 
 
 def hkd_l1(student_logits: Tensor, teacher_logits: Tensor, old: int | Tensor | None = None) -> Tensor:
@@ -71,7 +72,9 @@ class RelationProjector(nn.Module):
         return self.student(student_features), self.teacher(teacher_features)
 
 
-def kd_soft_ce(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 2.0) -> Tensor:
+def kd_soft_ce(
+    student_logits: Tensor, teacher_logits: Tensor, temperature: float = 2.0, old: int | Tensor | None = None
+) -> Tensor:
     """Soft-target KD as ABD's code computes it (LwF, DeepInversion): no T² factor, mean over the batch.
 
     L = −1/B Σ_b Σ_k softmax(t_b / T)_k · log_softmax(s_b / T)_k. When the student has more classes than the
@@ -81,7 +84,15 @@ def kd_soft_ce(student_logits: Tensor, teacher_logits: Tensor, temperature: floa
     Args:
         student_logits: (B, K_s) student logits, K_s ≥ K_t.
         teacher_logits: (B, K_t) teacher logits.
+        old: the old classes only, both softmaxes over them: ``n_old`` = K_t, the student's first K_t columns; or
+            a static head's boolean mask of the old columns, student and teacher both (B, capacity), the other
+            columns masked out of both softmaxes (the same loss, with shapes that do not depend on the task).
     """
+    if isinstance(old, Tensor):  # a masked column's probability is exactly 0, its log-probability finite
+        student_logits = student_logits.masked_fill(~old, MASKED_LOGIT)
+        teacher_logits = teacher_logits.masked_fill(~old, MASKED_LOGIT)
+    elif old is not None:
+        student_logits = student_logits[:, :old]
     target = F.softmax(teacher_logits.float() / temperature, dim=1)
     if student_logits.shape[1] > target.shape[1]:
         target = F.pad(target, (0, student_logits.shape[1] - target.shape[1]))

@@ -64,6 +64,7 @@ class DPCRConfig(LwFConfig):
     stores="class statistics",
     distributed=False,  # the statistics and the head are computed by one process
     graph_safe=True,  # its step is LwF's, which replays as a CUDA graph (checked by tests/test_graphs.py)
+    static_head=True,  # LwF's step, through the head's masks; the ridge head scores from the features alone
 )
 class DPCR(LwF):
     """DPCR (He et al., 2025): LwF; class means and Gram matrices moved by a dual projection; a rebuilt ridge head.

@@ -45,7 +45,8 @@ class Teacher:
 
     @torch.no_grad()
     def logits(self, x: Tensor) -> Tensor | None:
-        """The old classes' logits of ``x`` (B, n_old), or None on the first task."""
+        """The old classes' logits of ``x`` (B, n_old), or None on the first task. A static head keeps its width:
+        (B, capacity), every column after the old classes masked (``MASKED_LOGIT``)."""
         return None if self.net is None else self.net(x).logits
 
     def state_dict(self) -> dict[str, Any]:

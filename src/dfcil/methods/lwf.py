@@ -36,6 +36,7 @@ class LwFConfig(MethodConfig):
 @register_method(
     "lwf",
     graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    static_head=True,  # old and new columns through the head's masks when it is static
     switches={"ldc": "class statistics"},  # method.ldc: true keeps LDC's class means
 )
 class LwF(TeacherMethod):
@@ -69,11 +70,12 @@ class LwF(TeacherMethod):
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         logits = net(batch.x).logits
-        ce = local_ce(logits, batch.y, ctx.n_old) if self.cfg.ce == "local" else F.cross_entropy(logits, batch.y)
+        old, new = net.old_and_new(ctx.n_old)  # the old and the new classes' logits
+        ce = local_ce(logits, batch.y, new) if self.cfg.ce == "local" else F.cross_entropy(logits, batch.y)
         terms = {"ce": ce}
-        old = self.teacher.logits(batch.x)  # (B, n_old)
-        if old is not None:
-            terms["kd"] = self.cfg.lambda_kd * kd_soft_ce(logits[:, : ctx.n_old], old, self.cfg.temperature)
+        t = self.teacher.logits(batch.x)  # (B, n_old), or a static head's (B, capacity)
+        if t is not None:
+            terms["kd"] = self.cfg.lambda_kd * kd_soft_ce(logits, t, self.cfg.temperature, old)
         return terms
 
     def task0_signature(self) -> str | None:

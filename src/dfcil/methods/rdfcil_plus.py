@@ -91,7 +91,7 @@ def check_switch_keys(cfg: RDFCILPlusConfig) -> None:
 @register_method(
     "rdfcil_plus",
     stores="class statistics",  # and, as R-DFCIL, a synthesizer per task, dropped after it
-    static_head=False,  # the replayed features go through the growing head
+    static_head=True,  # R-DFCIL's masks; the replayed features' CE is over the head's seen (unmasked) columns
     distributed=False,  # the statistics are computed by one process
     graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
 )
@@ -152,10 +152,20 @@ class RDFCILPlus(RDFCIL):
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         terms = super().training_step(net, batch, ctx, phase)
-        c, memory = self.cfg, self.memory
-        n = round(c.replay_ratio * len(batch.x))
-        if phase.name == "chr" and c.replay and n and len(memory):  # the old classes' Gaussians, class-uniform
-            labels = balanced_labels(ctx.n_old, n, ctx.rng, ctx.device)
-            z = sample_gaussians(memory.means.to(ctx.device), memory.factors.to(ctx.device), labels, ctx.rng)
-            terms["replay"] = c.lambda_replay * F.cross_entropy(net.head(z).float(), labels)
+        if phase.name == "chr" and self.cfg.replay:
+            terms |= self._replay(net, len(batch.x), ctx)
         return terms
+
+    # Outside engine.compile: step's graphs: the replayed classes and the memory grow with every task, so a compiled
+    # replay would compile again in each (its few small ops lose nothing eager, and a CUDA graph replays them still)
+    @torch.compiler.disable
+    def _replay(self, net: IncrementalNet, batch_size: int, ctx: TaskContext) -> dict[str, Tensor]:
+        """Features sampled from the old classes' Gaussians, class-uniform, ``replay_ratio`` per real image, and the
+        head's CE on them."""
+        c, memory = self.cfg, self.memory
+        n = round(c.replay_ratio * batch_size)
+        if not n or not len(memory):
+            return {}
+        labels = balanced_labels(ctx.n_old, n, ctx.rng, ctx.device)
+        z = sample_gaussians(memory.means.to(ctx.device), memory.factors.to(ctx.device), labels, ctx.rng)
+        return {"replay": c.lambda_replay * F.cross_entropy(net.head(z).float(), labels)}

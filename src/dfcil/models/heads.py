@@ -13,6 +13,17 @@ from dfcil.registry import Registry
 HEADS: Registry = Registry("head")
 
 
+def cosines(features: Tensor, weight: Tensor) -> Tensor:
+    """(B, n) cosine similarities of features (B, d) and weight rows (n, d); a zero row's are 0."""
+    return F.linear(F.normalize(features, dim=1), F.normalize(weight, dim=1))
+
+
+def ucir_uniform_(weight: Tensor) -> Tensor:
+    """UCIR's ``CosineLinear.reset_parameters``, in place: U(−1/√d, 1/√d) for a (n, d) weight."""
+    stdv = 1.0 / math.sqrt(weight.shape[1])
+    return nn.init.uniform_(weight, -stdv, stdv)
+
+
 class BlockHead(nn.Module):
     """Weights in per-task blocks (bias-free ``nn.Linear`` used as weight holders); a new block never changes
     the old ones. Subclasses define how a block is initialised and how features become logits."""
@@ -83,12 +94,11 @@ class CosineIncremental(BlockHead):
         self.sigma = nn.Parameter(torch.ones(()))
 
     def init_block(self, block: nn.Linear) -> None:
-        stdv = 1.0 / math.sqrt(self.in_features)  # UCIR's CosineLinear.reset_parameters
-        nn.init.uniform_(block.weight, -stdv, stdv)
+        ucir_uniform_(block.weight)
 
     def cosine(self, features: Tensor) -> Tensor:
         """(B, n_classes) cosine similarities before σ."""
-        return F.linear(F.normalize(features, dim=1), F.normalize(self.weight(), dim=1))
+        return cosines(features, self.weight())
 
     def forward(self, features: Tensor) -> Tensor:
         return self.sigma * self.cosine(features)
@@ -111,7 +121,7 @@ class LocalSimilarity(BlockHead):
 
     def similarities(self, features: Tensor) -> Tensor:
         """(B, n_classes) class similarities before η."""
-        cos = F.linear(F.normalize(features, dim=1), F.normalize(self.weight(), dim=1))
+        cos = cosines(features, self.weight())
         sim = (2.0 * cos - 2.0).view(features.shape[0], -1, self.rows_per_class)  # (B, classes, K)
         return (F.softmax(sim, dim=2) * sim).sum(dim=2)
 
@@ -125,16 +135,17 @@ MASKED_LOGIT = -1e9  # a masked column's logit: exp(MASKED_LOGIT - max) is exact
 # nothing to a softmax, a log-sum-exp or an argmax; finite, so 0 · log-probability stays 0 (an entropy, soft KD)
 
 
-class StaticLinear(nn.Module):
-    """:class:`IncrementalLinear` allocated for all ``capacity`` classes of the run at once, so that its shape, and a
-    training step's graph with it, never changes between tasks (``model.static_head``).
+class StaticHead(nn.Module):
+    """A growing head allocated for all ``capacity`` classes of the run at once, so that its shape, and a training
+    step's graph with it, never changes between tasks (``model.static_head``); :class:`StaticLinear` and
+    :class:`StaticCosine` say how a block is drawn and how features become logits, as their growing heads do.
 
     The rows of classes not yet seen are zero and their logits are ``MASKED_LOGIT``: they add nothing to a softmax,
     CE or argmax, and receive no gradient. With zero weight and zero gradient, SGD's update and weight decay leave
     them exactly zero, until :meth:`expand` initialises a task's rows from the same random draws as the growing head.
     Losses that compare columns take :attr:`old_mask` / :attr:`new_mask` (fixed shapes, updated in place) instead
-    of slices. Its ``state_dict`` is the growing head's (``blocks.<i>.weight``, one per task), so checkpoints, saved
-    models and teachers load into either layout.
+    of slices. Its ``state_dict`` is the growing head's (its own parameters such as σ, then ``blocks.<i>.weight``,
+    one per task), so checkpoints, saved models and teachers load into either layout.
     """
 
     rows_per_class = 1
@@ -148,6 +159,14 @@ class StaticLinear(nn.Module):
         # which columns are seen, of old tasks, of the newest task: derived from sizes, not saved
         for name in ("mask", "old_mask", "new_mask"):
             self.register_buffer(name, torch.zeros(capacity, dtype=torch.bool), persistent=False)
+
+    def init_weight(self, weight: Tensor) -> None:
+        """Draw a block's (n, d) weight in place, as the growing head's ``init_block``."""
+        raise NotImplementedError
+
+    def scores(self, features: Tensor) -> Tensor:
+        """(B, capacity) logits of every row, the unseen ones included."""
+        raise NotImplementedError
 
     @property
     def out_features(self) -> int:
@@ -170,7 +189,7 @@ class StaticLinear(nn.Module):
         if start + n_new > self.capacity:
             raise ValueError(f"a static head for {self.capacity} classes cannot grow to {start + n_new}")
         block = nn.Linear(self.in_features, n_new, bias=False)  # the growing head's random draws, in its order
-        nn.init.normal_(block.weight, std=self.init_std)
+        self.init_weight(block.weight)
         with torch.no_grad():
             self.table[start : start + n_new].copy_(block.weight)
         self.sizes.append(n_new)
@@ -195,29 +214,60 @@ class StaticLinear(nn.Module):
         start = 0
         with torch.no_grad():
             for n in self.sizes:
-                nn.init.normal_(self.table[start : start + n], std=self.init_std)
+                self.init_weight(self.table[start : start + n])
                 start += n
 
     def forward(self, features: Tensor) -> Tensor:
-        return F.linear(features, self.table).masked_fill(~self.mask, MASKED_LOGIT)
+        return self.scores(features).masked_fill(~self.mask, MASKED_LOGIT)
+
+    def _layout(self, prefix: str, table: Tensor) -> dict[str, Tensor]:
+        """The growing head's state-dict entries, each a view of this head's tensors: its own parameters but the
+        table (σ), then one ``blocks.<i>.weight`` per task, rows of ``table``."""
+        own = {f"{prefix}{k}": p for k, p in self._parameters.items() if k != "table" and p is not None}
+        starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        blocks = zip(starts, self.sizes, strict=True)
+        return own | {f"{prefix}blocks.{i}.weight": table[a : a + n] for i, (a, n) in enumerate(blocks)}
 
     def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:  # noqa: ANN001
-        start, w = 0, self.table if keep_vars else self.table.detach()
-        for i, n in enumerate(self.sizes):
-            destination[f"{prefix}blocks.{i}.weight"] = w[start : start + n]
-            start += n
+        for key, value in self._layout(prefix, self.table).items():
+            destination[key] = value if keep_vars else value.detach()
 
     def _load_from_state_dict(self, state_dict, prefix, metadata, strict, missing, unexpected, errors) -> None:  # noqa: ANN001
-        start, expected = 0, set()
-        for i, n in enumerate(self.sizes):
-            key = f"{prefix}blocks.{i}.weight"
-            expected.add(key)
+        expected = self._layout(prefix, self.table)
+        for key, target in expected.items():
             if key not in state_dict:
                 missing.append(key)
-            elif state_dict[key].shape != (n, self.in_features):
-                errors.append(f"{key}: shape {tuple(state_dict[key].shape)}, expected {(n, self.in_features)}")
+            elif state_dict[key].shape != target.shape:
+                errors.append(f"{key}: shape {tuple(state_dict[key].shape)}, expected {tuple(target.shape)}")
             else:
                 with torch.no_grad():
-                    self.table[start : start + n].copy_(state_dict[key])
-            start += n
+                    target.copy_(state_dict[key])
         unexpected += [k for k in state_dict if k.startswith(prefix) and k not in expected]
+
+
+class StaticLinear(StaticHead):
+    """:class:`IncrementalLinear` as a :class:`StaticHead`: bias-free linear logits, rows drawn N(0, init_std²)."""
+
+    def init_weight(self, weight: Tensor) -> None:
+        nn.init.normal_(weight, std=self.init_std)
+
+    def scores(self, features: Tensor) -> Tensor:
+        return F.linear(features, self.table)
+
+
+class StaticCosine(StaticHead):
+    """:class:`CosineIncremental` as a :class:`StaticHead`: σ · cos(f, w_c), one learned σ (init 1), rows drawn
+    U(−1/√d, 1/√d). An unseen row is zero: its cosine is 0 (F.normalize divides by ε), then masked."""
+
+    def __init__(self, in_features: int, capacity: int, init_std: float = 0.001) -> None:
+        super().__init__(in_features, capacity, init_std)
+        self.sigma = nn.Parameter(torch.ones(()))
+
+    def init_weight(self, weight: Tensor) -> None:
+        ucir_uniform_(weight)
+
+    def scores(self, features: Tensor) -> Tensor:
+        return self.sigma * cosines(features, self.table)
+
+
+STATIC_HEADS: dict[str, type[StaticHead]] = {"linear": StaticLinear, "cosine": StaticCosine}

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from dfcil.models.backbones import BACKBONES
 from dfcil.models.batchnorm import BatchNorm2d, BNMode
-from dfcil.models.heads import HEADS, StaticLinear
+from dfcil.models.heads import HEADS, STATIC_HEADS
 from dfcil.models.resnet_cifar import memory_format_of
 
 
@@ -150,10 +150,10 @@ def build_network(
     backbone: str, head: str = "linear", head_init_std: float = 0.001, capacity: int | None = None
 ) -> IncrementalNet:
     """An :class:`IncrementalNet` with no classes yet (call ``expand`` per task). ``capacity``: a
-    :class:`~dfcil.models.heads.StaticLinear` head for that many classes instead of a growing one (linear only)."""
+    :class:`~dfcil.models.heads.StaticHead` for that many classes instead of a growing one (linear or cosine)."""
     body = BACKBONES.get(backbone)()
     if capacity is None:
         return IncrementalNet(body, HEADS.get(head)(body.out_dim, init_std=head_init_std))
-    if head != "linear":
-        raise ValueError(f"a static head is linear; the {head!r} head grows by blocks")
-    return IncrementalNet(body, StaticLinear(body.out_dim, capacity, init_std=head_init_std))
+    if head not in STATIC_HEADS:
+        raise ValueError(f"a static head is {' or '.join(STATIC_HEADS)}; the {head!r} head grows by blocks")
+    return IncrementalNet(body, STATIC_HEADS[head](body.out_dim, capacity, init_std=head_init_std))

@@ -30,8 +30,9 @@ def diversity_loss(logits: Tensor, columns: Tensor | None = None, dist=None) -> 
     if columns is not None or split:  # K as a tensor: the same computation for every K, without a host sync
         probs = F.softmax(logits.float(), dim=1)
         p = dist.all_sum(probs.sum(dim=0)) / (probs.shape[0] * dist.world) if split else probs.mean(dim=0)
-        k = logits.new_tensor(float(logits.shape[1]))
-        if columns is not None:
+        if columns is None:  # filled on the device: a tensor made from Python data is a copy a graph cannot hold
+            k = torch.full((), float(logits.shape[1]), device=logits.device)
+        else:
             k = columns.sum().float()
             # masked columns' p is exactly 0, where xlogy's gradient is 0/0: take p log p = 1 log 1 = 0 there
             p = torch.where(columns, p, 1.0)
