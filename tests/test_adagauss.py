@@ -1,6 +1,7 @@
 """AdaGauss (docs/baselines.md, AdaGauss): the anti-collapse term, the projected distillation, the classifier's
 shrinkage and precisions, the Bayes (Mahalanobis) scores, the Gaussians re-estimated from pushed samples, the adapter
-drift, the method's schedule and backbone, and an exact resume inside its tasks."""
+drift, the method's schedule (its detached epochs a phase of their own) and backbone, an exact resume inside its
+tasks, and its step on a static head, compiled (engine.compile: step) and under the CUDA-graph check."""
 
 import json
 import math
@@ -11,7 +12,7 @@ import torch
 from conftest import StopAfterEpochs
 from dfcil.checkpoint import loads
 from dfcil.config import TrainConfig
-from dfcil.context import Task
+from dfcil.context import Batch, Phase, Task, TaskContext
 from dfcil.errors import RunInterrupted
 from dfcil.losses.adagauss import (
     anti_collapse,
@@ -241,9 +242,12 @@ def test_the_bottleneck_backbones_give_64_features(backbone):
 def test_later_tasks_train_at_a_tenth_of_the_first_tasks_lr():
     train = TrainConfig(epochs=200, lr=0.1, milestones=(60, 120, 180), weight_decay=5e-4)
     method = build_method(AdaGaussConfig(), train)
-    first, later = (method.phases(Task(task_id=t, n_old=10 * t, n_new=10, num_tasks=10))[0] for t in (0, 1))
-    assert (first.lr, later.lr) == (0.1, pytest.approx(0.01))
-    assert first.milestones == later.milestones == (60, 120, 180) and first.epochs == later.epochs == 200
+    first, later = (method.phases(Task(task_id=t, n_old=10 * t, n_new=10, num_tasks=10)) for t in (0, 1))
+    assert [p.lr for p in first] == [0.1, 0.1] and [p.lr for p in later] == [pytest.approx(0.01)] * 2
+    for phases in (first, later):  # 1 % of 200 epochs detached, then the rest; milestones from each phase's start
+        assert [(p.name, p.epochs, p.milestones) for p in phases] == [
+            ("detached", 2, ()), ("train", 198, (58, 118, 178))
+        ]  # fmt: skip
     assert method.stores == "class statistics" and method.memory.covariances
     assert METHODS.get("adagauss").info.grad_clip_norm == 1.0  # the authors clip every step's gradient norm
     assert isinstance(method.memory.drift, AdapterDrift)
@@ -332,3 +336,178 @@ def test_the_on_device_cholesky_diagonal_of_non_finite_features_is_nan():
     x = BATCH.clone()
     x[0, 0] = float("nan")
     assert torch.isnan(cholesky_diagonal_on_device(x)[0]).all()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The detached epochs as a phase, the static head, compiled and graph-checked steps (model.static_head,
+# engine.compile: step, engine.cuda_graphs)
+
+
+def _lrs(phases):
+    """The lr of every epoch of ``phases`` trained one after the other, as the engine sets it."""
+    return [p.lr_at(e) for p in phases for e in range(p.epochs)]
+
+
+@pytest.mark.parametrize(
+    ("epochs", "milestones", "fraction", "cut"),
+    [
+        (200, (60, 120, 180), 0.01, [("detached", 2, ()), ("train", 198, (58, 118, 178))]),  # the authors'
+        (10, (0.5, 0.75), 0.3, [("detached", 3, ()), ("train", 7, (2, 5))]),  # fractions: epochs 5 and 8 of 10
+        (10, (3,), 0.3, [("detached", 3, ()), ("train", 7, ())]),  # a milestone on the cut: the rest starts lowered
+        (10, (1, 6), 0.4, [("detached", 4, (1,)), ("train", 6, (2,))]),  # milestones on both sides of the cut
+        (15, (5,), 0.01, [("train", 15, (5,))]),  # 1 % of 15 epochs is none: no detached phase
+        (4, (2,), 1.0, [("detached", 4, (2,))]),  # every epoch detached: no train phase
+    ],
+)
+def test_the_detached_epochs_are_a_phase_of_their_own_on_the_tasks_one_schedule(epochs, milestones, fraction, cut):
+    """The first int(epochs · detach_fraction) epochs are the phase "detached", the rest "train", on one optimiser;
+    every epoch keeps the lr the one phase gave it (exactly, but where milestones fall on both sides of the cut: lr·γ
+    then ·γ again against lr·γ², within a rounding); a phase of no epochs is left out."""
+    train = TrainConfig(epochs=epochs, lr=0.1, milestones=milestones, gamma=0.1)
+    method = build_method(AdaGaussConfig(detach_fraction=fraction), train)
+    for task, lr in ((0, 0.1), (1, 0.1 * 0.1)):  # later tasks at a tenth of the lr
+        phases = method.phases(Task(task_id=task, n_old=3 * task, n_new=3, num_tasks=2))
+        whole = Phase.from_train("train", train, lr=lr)  # the one phase of before, its milestones in epochs
+        assert [(p.name, p.epochs, p.milestones) for p in phases] == cut
+        assert not any(p.reset_optimizer for p in phases) and phases[0].lr == whole.lr  # momentum carries over
+        both_sides = any(m < cut[0][1] for m in whole.milestones) and any(m > cut[0][1] for m in whole.milestones)
+        want = [whole.lr_at(e) for e in range(epochs)]
+        assert _lrs(phases) == (pytest.approx(want, rel=1e-12, abs=0) if both_sides else want)
+
+
+def test_a_checkpoint_of_the_one_phase_layout_past_its_detached_epochs_is_refused():
+    """Before the detached epochs were a phase, a task was one phase and the method counted its epochs: a checkpoint
+    written inside a task after the detached epochs would resume in the wrong phase; it is refused, naming why."""
+    from dfcil.errors import CheckpointError
+
+    method = build_method(AdaGaussConfig(detach_fraction=0.5), TrainConfig(epochs=4, milestones=()))
+    task = Task(task_id=1, n_old=3, n_new=3, num_tasks=2)  # its phases: 2 detached epochs, then 2
+    with pytest.raises(CheckpointError, match="after its 2 detached epochs .* same phase"):
+        method.load_state_dict({"epoch": 2, "distiller": {}}, task)
+
+
+def _step(capacity, task, phase):
+    """AdaGauss's loss terms and gradients of one step in ``task`` (0: rotation; 1: distiller, teacher) of 3 + 3
+    classes, ``phase`` "detached" or "train", with a growing head (``capacity`` None) or a static one; the
+    gradients under the growing head's names."""
+    from dfcil.compute.runtime import Runtime
+    from dfcil.data.device import Normalizer, TrainBatches
+
+    method = build_method(AdaGaussConfig(multiplier=2), TrainConfig(batch_size=8))
+    torch.manual_seed(0)
+    net = build_network("resnet8", capacity=capacity)
+    for _ in range(task + 1):
+        net.expand(3)
+    x = torch.zeros(8, 32, 32, 3, dtype=torch.uint8)
+    data = TrainBatches(x, x.new_zeros(8, dtype=torch.long), 8, Normalizer((0.5,) * 3, (0.25,) * 3, x.device), None)
+    rng = torch.Generator().manual_seed(5)
+    ctx = TaskContext(
+        task_id=task, n_old=3 * task, n_new=3, num_tasks=2, net=net, data=data, rng=rng, runtime=Runtime()
+    )
+    method.on_task_start(ctx)
+    net.train()
+    torch.manual_seed(2)
+    batch = Batch(torch.randn(8, 3, 32, 32), torch.randint(3 * task, 3 * task + 3, (8,)))
+    terms = method.training_step(net, batch, ctx, Phase(phase, 1, 0.1))
+    sum(terms.values()).backward()
+    modules = {"net": net} | {f"extra{i}": m for i, m in enumerate(method.extra_modules(ctx))}
+    grads = {f"{k}.{n}": p.grad for k, m in modules.items() for n, p in m.named_parameters()}
+    head = grads.pop("net.head.table", None)
+    if head is not None:  # the static head's gradient: the seen rows as the growing head's blocks, zero after
+        assert (head[3 * task + 3 :] == 0).all()
+        grads |= {f"net.head.blocks.{i}.weight": head[3 * i : 3 * i + 3] for i in range(task + 1)}
+    return terms, grads
+
+
+@pytest.mark.parametrize("task", [0, 1], ids=["rotation", "distiller"])
+@pytest.mark.parametrize("phase", ["detached", "train"])
+def test_a_static_head_step_equals_a_growing_head_step_and_a_detached_one_trains_no_backbone(task, phase):
+    """From the same state, the step's terms and gradients with each head, within float32 rounding (a wider matrix
+    product and softmax may sum in another order): the task's CE over its classes' columns (masked on the static
+    head), task 0's rotation logits after the head's. In the detached phase the backbone gets no gradient."""
+    (grow_terms, grow), (static_terms, static) = _step(None, task, phase), _step(12, task, phase)
+    assert list(grow_terms) == list(static_terms) == (["ce", "ac"] if task == 0 else ["ce", "kd", "ac"])
+    for k in grow_terms:
+        torch.testing.assert_close(static_terms[k], grow_terms[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert grow.keys() == static.keys()
+    for k, g in grow.items():
+        if g is None:
+            assert static[k] is None, k
+            continue
+        scale = float(g.abs().max())  # a gradient 0 in exact arithmetic (a bias before BN) is noise
+        torch.testing.assert_close(static[k], g, rtol=1e-5, atol=1e-6 * max(scale, 1.0), msg=k)
+    backbone = [g for k, g in grow.items() if k.startswith("net.backbone.")]
+    assert all(g is None for g in backbone) if phase == "detached" else all(g is not None for g in backbone)
+    assert grow["net.head.blocks.0.weight"] is not None and all(grow[k] is not None for k in grow if "extra" in k)
+
+
+def _trained(tmp_path, name, extra, preset=False):
+    """A 3-task AdaGauss run with a detached phase in every task: the tiny smoke config (or the smoke preset, 3
+    tasks of 10 classes, ``preset``); its summary and final network."""
+    from conftest import smoke_configs
+    from dfcil.load import load_config
+
+    extra = [("data.num_tasks", "3"), ("method.detach_fraction", "0.4" if preset else "0.5"), *extra]
+    cfg = load_config(smoke_configs("adagauss"), extra)[0] if preset else tiny_config("adagauss", extra)
+    summary = train(cfg, tmp_path / name, options=RunOptions(progress=False))
+    return summary, loads((tmp_path / name / "model.pt").read_bytes())["net"]
+
+
+STATIC = ("model.static_head", "true")
+
+
+@pytest.mark.parametrize("preset", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["tiny", "smoke"])
+def test_a_static_head_run_equals_a_growing_head_run(tmp_path, preset):
+    """Three tasks with each head: the same accuracy matrix, and the same weights within rounding."""
+    (grow, grow_net), (static, static_net) = (_trained(tmp_path, n, e, preset) for n, e in (("g", []), ("s", [STATIC])))
+    assert grow["correct_matrix"] == static["correct_matrix"]
+    assert static["avg_inc_acc"] == pytest.approx(grow["avg_inc_acc"])
+    assert grow_net.keys() == static_net.keys() and "head.blocks.2.weight" in grow_net
+    for k, v in grow_net.items():
+        torch.testing.assert_close(static_net[k], v, rtol=1e-3, atol=1e-4, msg=k)
+
+
+@pytest.mark.parametrize("static", [True, False], ids=["static", "growing"])
+def test_the_detached_and_train_phases_pass_the_graph_check_and_equal_the_eager_run(tmp_path, static):
+    """engine.cuda_graphs: check records and compares every step of both phases of every task (the detached one, the
+    rotation, the distiller); on the CPU the checked run is the eager one bit for bit."""
+    head = [STATIC] if static else []
+    (eager, eager_net), (checked, checked_net) = (
+        _trained(tmp_path, n, [*head, *e]) for n, e in (("e", []), ("c", [("engine.cuda_graphs", "check")]))
+    )
+    assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
+    assert all(torch.equal(checked_net[k], v) for k, v in eager_net.items())
+    phases = [(t["task"], name, p) for t in checked["timings"] for name, p in t["phases"].items()]
+    assert [(t, name) for t, name, _ in phases] == [(t, name) for t in range(3) for name in ("detached", "train")]
+    assert all(p["cuda_graphs"] == "check" and p["captures"] >= 1 for _, _, p in phases)
+
+
+@pytest.mark.parametrize("preset", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["tiny", "smoke"])
+def test_compile_step_compiles_each_phase_kind_once_and_keeps_the_results(tmp_path, monkeypatch, preset):
+    """Three tasks with ``engine.compile: step`` on the static head (dynamo with an eager backend): task 0 compiles
+    its detached and rotation steps, task 1 its detached and distiller steps, task 2 nothing; the compiled run's
+    results equal the uncompiled one's, and AOTAutograd's disk cache accepts every graph."""
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_cacheable
+
+    refused, graphs, compile_ = [], [], torch.compile
+
+    def cacheable(gm, example_inputs):
+        graphs.append(gm)
+        try:
+            check_cacheable(gm)
+        except BypassAOTAutogradCache as err:
+            refused.append(str(err))
+        return gm.forward
+
+    monkeypatch.setattr(torch, "compile", lambda fn, backend, **kw: compile_(fn, backend=cacheable, **kw))
+    torch._dynamo.reset()  # compiled code is cached per process: start from none
+    compiled_cfg = [STATIC, ("engine.compile", "step"), ("engine.compile_backend", "eager")]
+    (plain, plain_net), (compiled, compiled_net) = (
+        _trained(tmp_path, n, e, preset) for n, e in (("p", [STATIC]), ("c", compiled_cfg))
+    )
+    compiles = [t.get("compiles") for t in compiled["timings"]]
+    assert compiles[0] > 0 and compiles[1] > 0 and compiles[2] == 0, compiles
+    assert compiled["correct_matrix"] == plain["correct_matrix"]
+    for k, v in plain_net.items():
+        torch.testing.assert_close(compiled_net[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    assert len(graphs) >= 4 and refused == [], refused
