@@ -208,35 +208,24 @@ cell)
     --data.root "$DATA" --device cuda --engine.channels_last true --engine.cuda_graphs on "${extra[@]}")
   [ "${CELL_COMPILE:-step}" = step ] && sweep+=(--model.static_head true --engine.compile step)
   sweep+=(--engine.compile_cache "$CELL/.compile-cache" --out "$CELL")
+  budget=${CELL_BUDGET:-540}
+  sweep+=(--budget-s "$budget")  # each run stops at the last task boundary it can reach in the time left
   if [ "${DRY_RUN:-0}" = 1 ]; then
-    echo "cell: would run (for ${CELL_BUDGET:-540} s at most): ${sweep[*]}"
+    echo "cell: would run (for $budget s at most): ${sweep[*]}"
     "${sweep[@]}" --dry-run || exit 1
   else
     data
-    timeout "${CELL_BUDGET:-540}" "${sweep[@]}" 2>&1 | tee "$OUT/cell.txt"
+    # the sweep stops its runs when its budget is spent; the timeout is the last resort, should it not
+    timeout -k 30 "$((budget + 60))" "${sweep[@]}" 2>&1 | tee "$OUT/cell.txt"
     python3 -m dfcil report "$CELL" > "$OUT/cell-report.md" 2>&1
     tail -20 "$OUT/cell-report.md"
   fi
-  # what resuming needs: records, logs, the newest checkpoint of each unfinished run and the static state of its
-  # current task (its teacher and generator); not finished runs' checkpoints or weights, the older checkpoint or
-  # earlier tasks' static states, which resuming never reads
+  # what resuming needs in at most CELL_PIECE bytes: records, logs and each unfinished run's newest checkpoint, or
+  # its last task boundary where the newest is too large (benchmarks/pack.py); the compile cache where it fits
   if [ -d "$CELL" ]; then
-    list=/tmp/cell-files.$$
-    (cd "$CELL" && find . -path ./.compile-cache -prune -o -path '*/checkpoints' -prune -o -type f ! -name model.pt \
-      ! -name '*.png' -print > "$list" \
-      && for d in $(find . -path ./.compile-cache -prune -o -type d -name checkpoints -print); do
-        [ -f "$d/../summary.json" ] || [ ! -f "$d/last.pt" ] && continue
-        echo "$d/last.pt"
-        newest=$(find "$d" -maxdepth 1 -name 'task*-static.pt' | sort -V | tail -1)
-        [ -z "$newest" ] || echo "$newest"
-      done >> "$list" && { [ "${CELL_CARRY_CACHE:-1}" = 1 ] && [ -d .compile-cache ] \
-      && echo ./.compile-cache >> "$list"; true; } && tar czf "$OUT/cell.tgz" -T "$list")
-    rm -f "$list"
-    echo "cell: $OUT/cell.tgz ($(du -h "$OUT/cell.tgz" | cut -f1)) resumes the cell elsewhere (docs/gpu.md)"
-    if [ "$(stat -c %s "$OUT/cell.tgz")" -gt "$(numfmt --from=iec "${CELL_PIECE:-15M}")" ]; then
-      split -b "${CELL_PIECE:-15M}" -d -a 2 "$OUT/cell.tgz" "$OUT/cell.tgz." && rm "$OUT/cell.tgz"
-      echo "cell: in pieces of ${CELL_PIECE:-15M}: $(cd "$OUT" && echo cell.tgz.*) (put them all at the repository root)"
-    fi
+    cache=()
+    [ "${CELL_CARRY_CACHE:-1}" = 1 ] && [ -d "$CELL/.compile-cache" ] && cache=(--cache "$CELL/.compile-cache")
+    python3 benchmarks/pack.py "$CELL" "$OUT/cell.tgz" --limit "${CELL_PIECE:-15M}" "${cache[@]}"
   fi
   ;;
 mps)

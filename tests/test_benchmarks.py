@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -100,17 +101,28 @@ def test_drift_benchmark_prints_the_error_of_each_compensation():
     assert rows["none"].split("|")[2].strip() == "1.000"  # not moving the means: the reference error
 
 
+def _checkpoint(path, task, stage, static=None):
+    """A checkpoint file holding only what a pack reads of it: its position and its static state's reference."""
+    from dfcil.checkpoint import FORMAT, dumps
+
+    position = {"task": task, "stage": stage, "phase": 0, "epoch": 0, "step": 0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(dumps({"format": FORMAT, "position": position, "static": static, "net": {"w": torch.zeros(64)}}))
+
+
 def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_machines(tmp_path):
     """``gpu_check.sh cell`` with DRY_RUN=1 on a CPU: the 3-order sweep's plan (packed, compiled steps, the cell's
-    own compile cache), then the cell packed into $OUT/cell.tgz (newest checkpoints, records, compile cache; not
-    the older checkpoint or finished weights) and unpacked on a "new machine" from the repository root's cell.tgz."""
+    own compile cache, the budget given to the sweep), then the cell packed into $OUT/cell.tgz by benchmarks/pack.py
+    (the newest checkpoint and the static state it refers to, records; not the older checkpoint, other tasks' static
+    states or finished weights), in pieces where it is larger than CELL_PIECE, and unpacked on a "new machine" from
+    the repository root's cell.tgz."""
     script = BENCH / "gpu_check.sh"
     machine1, machine2 = tmp_path / "m1", tmp_path / "m2"
     cell = machine1 / "runs" / "cell"
     run = cell / "order0"
-    static = [f"checkpoints/task{t}-static.pt" for t in (1, 2, 10)]
-    for name in ("checkpoints/last.pt", "checkpoints/prev.pt", "run.log", "model.pt", *static):
-        (run / name).parent.mkdir(parents=True, exist_ok=True)
+    _checkpoint(run / "checkpoints" / "last.pt", 10, "train", {"task": 10, "digest": "d"})
+    _checkpoint(run / "checkpoints" / "prev.pt", 10, "train", {"task": 10, "digest": "d"})
+    for name in ("run.log", "model.pt", *(f"checkpoints/task{t}-static.pt" for t in (1, 2, 10))):
         (run / name).write_text(name)
     for name in ("checkpoints/last.pt", "checkpoints/task3-static.pt", "summary.json"):  # a finished run
         (cell / "order1" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -129,23 +141,24 @@ def test_gpu_check_cell_dry_run_plans_three_orders_and_carries_a_cell_between_ma
 
     out = cell_check(machine1, tmp_path)
     assert "--grid data.class_order_seed=0,1,2 --jobs 3" in out and "--engine.compile step" in out
-    assert f"--engine.compile_cache {cell}/.compile-cache" in out
+    assert f"--engine.compile_cache {cell}/.compile-cache" in out and "--budget-s 540" in out
     assert out.count("[new]") == 2 and "order1 [done]" in out and "sweep of 3 runs" in out  # order 1 finished
+    assert "order0: its newest checkpoint, task 10 train" in out and "order1: finished" in out
+    assert "compile cache .compile-cache: left behind" in out  # 300 bytes: no room for it
     pieces = sorted((machine1 / "out").glob("cell.tgz.*"))
-    assert len(pieces) >= 2 and not (machine1 / "out" / "cell.tgz").exists() and "in pieces of 300" in out
+    assert len(pieces) >= 2 and not (machine1 / "out" / "cell.tgz").exists() and "pieces (cell.tgz.00" in out
     (tmp_path / "joined.tgz").write_bytes(b"".join(p.read_bytes() for p in pieces))
     with tarfile.open(tmp_path / "joined.tgz") as tar:
         names = {n.removeprefix("./") for n in tar.getnames() if not tar.getmember(n).isdir()}
     # the newest checkpoint and the current task's static state of the unfinished run; the finished run's records
     assert names == {"order0/checkpoints/last.pt", "order0/checkpoints/task10-static.pt", "order0/run.log",
-                     "order1/summary.json", "sweep.json", ".compile-cache/fx/graph.py"}  # fmt: skip
+                     "order1/summary.json", "sweep.json"}  # fmt: skip
     for p in pieces:
         shutil.copy(p, tmp_path / p.name)
     out = cell_check(machine2, tmp_path)
     assert "continuing the runs carried in" in out
     moved = machine2 / "runs" / "cell"
-    assert (moved / "order0" / "checkpoints" / "last.pt").read_text() == "checkpoints/last.pt"
-    assert (moved / ".compile-cache" / "fx" / "graph.py").exists()
+    assert (moved / "order0" / "checkpoints" / "last.pt").read_bytes() == (run / "checkpoints" / "last.pt").read_bytes()
     assert (moved / "order0" / "checkpoints" / "task10-static.pt").exists()
 
 

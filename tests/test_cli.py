@@ -26,7 +26,12 @@ def test_smoke_run_writes_a_consistent_run_directory(smoke_run):
         ".lock", "checkpoints", "config.yaml", "meta.json", "metrics.csv", "metrics.jsonl", "model.pt", "run.log",
         "summary.json", "synthetic_task1.png", "tasks.csv", "tensorboard",
     ]  # fmt: skip
-    assert sorted(p.name for p in (smoke_run / "checkpoints").iterdir()) == ["last.pt", "prev.pt", "task1-static.pt"]
+    assert sorted(p.name for p in (smoke_run / "checkpoints").iterdir()) == [
+        "boundary.pt",
+        "last.pt",
+        "prev.pt",
+        "task1-static.pt",
+    ]
     s = json.loads((smoke_run / "summary.json").read_text())
     n = len(s["tasks"])
     assert n == 2 and s["task_sizes"] == [5, 5] and len(s["class_order"]) == 10

@@ -210,7 +210,7 @@ def test_epoch_checkpoints_follow_the_interval_and_a_crash_loses_only_what_follo
     sparse = [("checkpoint_interval_s", "3600"), ("epoch_checkpoint_interval_s", "3600")]
     cfg = load_config([SMOKE], [*overrides, *sparse])[0]
     saved, save = [], Checkpointer.save
-    monkeypatch.setattr(Checkpointer, "save", lambda self, p: (saved.append(p["position"]), save(self, p))[1])
+    monkeypatch.setattr(Checkpointer, "save", lambda self, p, *a: (saved.append(p["position"]), save(self, p, *a))[1])
     out = tmp_path / "run"
     with pytest.raises(_Crash):  # task 0: 2 epochs; task 1: 2 RRL epochs, then a crash after the 2nd CHR epoch
         train(cfg, out, options=RunOptions(progress=False, callbacks=[_CrashAfterEpochs(6)]))

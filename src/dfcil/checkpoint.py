@@ -85,6 +85,14 @@ def _refused(err: pickle.UnpicklingError, source: str) -> str:
     )
 
 
+def peek(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
+    """The payload saved in checkpoint bytes without its tensors (each stands as a one-key dict of its index) and
+    without checking the digest: its position, its static state's reference, the config; for tools that choose
+    checkpoints. Resume with :func:`loads`."""
+    _, _, archive, _ = _split(data, source)
+    return _load_archive(archive, source)["payload"]
+
+
 def peek_position(data: bytes, source: str = "checkpoint") -> dict[str, Any]:
     """The position saved in checkpoint bytes, read from the small archive alone: neither
     the checksum nor the tensors are read (milliseconds, where :func:`loads` of a whole checkpoint takes tens of
@@ -201,19 +209,29 @@ class Checkpointer:
     def exists(self) -> bool:
         return self.last.exists() or self.prev.exists()
 
-    def save(self, payload: dict[str, Any]) -> None:
-        """Write ``payload`` as the newest checkpoint; the previous newest becomes ``prev.pt``.
+    @property
+    def boundary(self) -> Path:
+        """A copy of the newest checkpoint written at a task's end (:meth:`save` with ``boundary``): the run's state
+        where it is smallest, which a run can be carried elsewhere with when its newest checkpoint is too large (one
+        inside an inversion holds the generator and its optimiser)."""
+        return self.dir / "boundary.pt"
+
+    def save(self, payload: dict[str, Any], boundary: bool = False) -> None:
+        """Write ``payload`` as the newest checkpoint; the previous newest becomes ``prev.pt``. ``boundary``: the
+        payload is a task boundary's, also kept as :attr:`boundary`.
 
         At every instant at least one complete checkpoint is on disk: the new file is written and fsynced under
         a temporary name before the renames.
         """
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / ".last.pt.tmp"
-        write_atomic(tmp, dumps({"format": FORMAT, **payload}))
+        tmp, data = self.dir / ".last.pt.tmp", dumps({"format": FORMAT, **payload})
+        write_atomic(tmp, data)
         if self.last.exists():
             os.replace(self.last, self.prev)
         os.replace(tmp, self.last)
         fsync_dir(self.dir)
+        if boundary:
+            write_atomic(self.boundary, data)
 
     def save_static(self, task: int, payload: dict[str, Any]) -> str:
         """Write task ``task``'s static state once; returns its digest for the per-epoch checkpoints."""

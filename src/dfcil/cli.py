@@ -34,7 +34,9 @@ from dfcil.analysis import report
 from dfcil.config import RUNTIME_KEYS, TOP_LEVEL_SCALARS, RunConfig, dump_config, parse_value, quoted
 from dfcil.errors import (
     EXIT_BAD_INPUT,
+    EXIT_BUDGET,
     EXIT_DIVERGED,
+    BudgetSpent,
     CheckpointError,
     ConfigError,
     DatasetError,
@@ -44,6 +46,7 @@ from dfcil.errors import (
     SplitError,
 )
 from dfcil.progress import log_to_console
+from dfcil.training.budget import Budget
 
 log = logging.getLogger("dfcil")
 
@@ -145,6 +148,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--trust-plugins", action="store_true",
         help="import every plugin that a run directory (--out, or a --config that is a run's config.yaml) names",
     )  # fmt: skip
+    train.add_argument("--budget-s", dest="budget_s", type=_seconds, metavar="S", help=BUDGET_HELP)
     bars = train.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
     bars.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
@@ -160,6 +164,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="switch CUDA graphs on or off (e.g. off after a failed capture); the results do not change",
     )  # fmt: skip
     resume.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
+    resume.add_argument("--budget-s", dest="budget_s", type=_seconds, metavar="S", help=BUDGET_HELP)
     _add_consent(resume)
     bars = resume.add_mutually_exclusive_group()
     bars.add_argument("--progress", dest="progress", action="store_true", default=None, help="force progress bars")
@@ -171,6 +176,24 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_parser("datasets", help="list the registered datasets")
     _add_run_tools(sub)
     return parser
+
+
+BUDGET_HELP = (
+    "seconds this process may train: the run stops at the end of a task, checkpointed, rather than start one it is "
+    "not expected to finish in the time left (judged by the run's own timed tasks), exit status 4; the same "
+    "command continues it"
+)
+
+
+def _seconds(text: str) -> float:
+    """``--budget-s``'s value: seconds, a positive number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
 
 
 RESUME_EPILOG = f"""\
@@ -211,6 +234,10 @@ def _add_sweep_parser(sub) -> None:
     )
     sweep.add_argument("--dry-run", action="store_true", help="print the runs and their states, run nothing")
     sweep.add_argument(
+        "--budget-s", dest="budget_s", type=_seconds, metavar="S",
+        help="the sweep's time: no run starts after it, and each run is given what is left as its --budget-s",
+    )  # fmt: skip
+    sweep.add_argument(
         "--mps", choices=("auto", "on", "off"), default="auto",
         help="CUDA MPS for runs sharing a GPU: auto (where the driver's MPS control program works; its daemon "
         "started and stopped by the sweep if none runs), on (an error where it cannot), off",
@@ -241,6 +268,7 @@ def _sweep(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
         configs=[part.split("+") for part in args.config], grid=parse_grid(args.grid), fixed=overrides,
         out=Path(args.out), jobs=args.jobs, dry_run=args.dry_run, launcher=args.launcher, slurm=slurm,
         wait=args.wait, command=["dfcil", *argv], plugins=args.plugin, trust_plugins=args.trust_plugins, mps=args.mps,
+        budget_s=args.budget_s,
     )  # fmt: skip
     return sweep(spec)
 
@@ -497,7 +525,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     from dfcil.runs import runner
 
     out = args.out or f"runs/{cfg.method.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    options = runner.RunOptions(progress=args.progress, argv=argv)
+    options = runner.RunOptions(progress=args.progress, argv=argv, budget=Budget.of(args.budget_s))
     consent = _consent(args)
     return _interruptible(out, options, lambda: runner.train(cfg, Path(out), options, consent=consent))
 
@@ -521,7 +549,7 @@ def _resume(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str
         overrides["data.root"] = args.data_root
     if args.log is not None:
         overrides["log"] = _log_names(args.log)
-    options = runner.RunOptions(progress=args.progress, argv=argv)
+    options = runner.RunOptions(progress=args.progress, argv=argv, budget=Budget.of(args.budget_s))
     consent = _consent(args)
     return _interruptible(args.run_dir, options, lambda: runner.resume(args.run_dir, overrides, options, consent))
 
@@ -535,6 +563,9 @@ def _interruptible(run_dir: str, options: Any, work: Callable[[], object]) -> in
     try:
         with stop_on_signals(options.interrupt), logging_redirect_tqdm(loggers=[log]):
             work()
+    except BudgetSpent as err:
+        print(f"dfcil: {err}. Continue with: dfcil resume {run_dir}", file=sys.stderr)
+        return EXIT_BUDGET
     except RunInterrupted as err:
         print(f"dfcil: {err}; checkpoint written. Continue with: dfcil resume {run_dir}", file=sys.stderr)
         return 130

@@ -38,6 +38,9 @@ class CheckpointError(RuntimeError):
 # Exit statuses of the dfcil command for failures that the same command meets again (a sweep does not retry them)
 EXIT_BAD_INPUT = 2  # a config, dataset, protocol or checkpoint refused
 EXIT_DIVERGED = 3  # the training diverged (DivergedError): lower the learning rate or the term's weight
+# Not a failure: the run stopped at a task boundary, its next task not within the time it was given (BudgetSpent);
+# the same command continues it, with time to spare (a sweep does not start it again within its own budget)
+EXIT_BUDGET = 4
 
 
 class DivergedError(FloatingPointError):
@@ -54,6 +57,11 @@ class LossLimitError(DivergedError):
 
 class RunInterrupted(Exception):
     """The run stopped on request (Ctrl-C, SIGTERM) after writing a checkpoint."""
+
+
+class BudgetSpent(RunInterrupted):
+    """The run stopped at the end of a task, its checkpoint written, because the next task was not expected to end
+    within the time the process was given (``--budget-s``)."""
 
 
 class GraphSafetyError(RuntimeError):

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
-from dfcil.errors import ConfigError
+from dfcil.errors import EXIT_BUDGET, ConfigError
 from dfcil.io import FOREIGN_DIRS, check_creatable_dir, check_writable_tree
 from dfcil.sweep.gpus import default_jobs, free_gpu_memory, placement, run_gib, uses_gpu
 from dfcil.sweep.local import run_local
@@ -38,6 +38,7 @@ from dfcil.sweep.plan import (
 )
 from dfcil.sweep.slurm import run_slurm
 from dfcil.sweep.state import Sweep
+from dfcil.training.budget import Budget
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,19 +58,22 @@ class SweepSpec:
     plugins: Sequence[str] = ()  # --plugin: modules or .py files every run imports (added to its config's plugins)
     trust_plugins: bool = False  # --trust-plugins: a run directory's config.yaml given as --config may name plugins
     mps: MpsSetting = "auto"  # CUDA MPS for runs sharing GPUs (dfcil.sweep.mps)
+    budget_s: float | None = None  # the sweep's time: local runs are given what is left (dfcil.sweep.local)
 
 
 def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gpu_memory) -> int:
     """Plan, then run or submit, every run of the sweep into ``spec.out``; 0 when every run finished, 1 when one
     failed, 3 while submitted jobs are not finished yet, 130 when interrupted. ``gpus``: the visible GPUs' free
     memory (tests give their own)."""
-    out = Path(spec.out)
+    out, budget = Path(spec.out), Budget.of(spec.budget_s)  # the sweep's time, its planning included
     runs = plan(spec.configs, spec.grid, spec.fixed, spec.plugins, spec.trust_plugins)
     if kept := keep_earlier_names(runs, out):
         print(f"dfcil sweep: {kept} runs keep the names an earlier dfcil gave them (key=value)", flush=True)
     check_existing(runs, out)
     if spec.jobs is not None and spec.jobs < 1:
         raise ConfigError(f"--jobs {spec.jobs}: give at least 1")
+    if spec.budget_s is not None and spec.launcher != "local":
+        raise ConfigError("--budget-s times the runs this machine starts: it needs --launcher local")
     check_sweep_dir(out, [r.name for r in runs])  # a dry run refuses what the sweep would refuse
     check_writable_sweep_dir(out)
     if spec.dry_run:
@@ -87,7 +91,7 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
             f"command again"
         ) from None
     try:
-        return _run(spec, out, runs, gpus)
+        return _run(spec, out, runs, gpus, budget)
     finally:
         lock.release()
 
@@ -104,7 +108,13 @@ def check_writable_sweep_dir(out: Path) -> None:
         raise ConfigError(str(err)) from None
 
 
-def _run(spec: SweepSpec, out: Path, runs: list[SweepRun], gpus: Callable[[], list[tuple[int, float]]]) -> int:
+def _run(
+    spec: SweepSpec,
+    out: Path,
+    runs: list[SweepRun],
+    gpus: Callable[[], list[tuple[int, float]]],
+    budget: Budget | None = None,
+) -> int:
     """The sweep proper, its directory locked: skip the finished runs, run or submit the others, report."""
     status = {r.name: run_status(out / r.name) for r in runs}
     s = Sweep(out, runs, spec.command, spec.launcher)
@@ -134,7 +144,7 @@ def _run(spec: SweepSpec, out: Path, runs: list[SweepRun], gpus: Callable[[], li
         jobs = min(spec.jobs or jobs, len(todo))
         need = max(run_gib(r.image_size) for r in todo)
         with mps(spec.mps, bool(visible) and jobs > 1) as env:  # kernels of concurrent runs at once on a card
-            ok = run_local(s, todo, jobs, placement(visible, need, jobs) if visible else [], env)
+            ok = run_local(s, todo, jobs, placement(visible, need, jobs) if visible else [], env, budget)
     s.save()
     print(s.table(), flush=True)
     return _exit_code(s, ok)
@@ -149,6 +159,11 @@ def _exit_code(s: Sweep, ok: bool) -> int:
     if failed:
         print(f"dfcil sweep: {len(failed)} runs failed: see {s.out / 'logs'} and sweep.json", flush=True)
         return 1
+    stopped = [r.name for r in s.runs if r.state in ("paused", "interrupted", "not started")]
+    if stopped:  # only the budget stops runs without a signal
+        print(f"dfcil sweep: --budget-s is spent, {len(stopped)} runs to go ({', '.join(stopped[:3])}, ...): run the "
+              f"same command again to continue them", flush=True)  # fmt: skip
+        return EXIT_BUDGET
     waiting = [r.name for r in s.runs if r.state not in ("done", "resumed", "skipped")]
     if waiting:
         print(f"dfcil sweep: {len(waiting)} runs not finished yet ({', '.join(waiting[:3])}, ...)", flush=True)

@@ -341,7 +341,7 @@ class Checkpointing(Callback):
         if self.resumed_bytes is not None:
             rewind_log(self.metrics, self.resumed_bytes)
 
-    def save(self) -> None:
+    def save(self, boundary: bool = False) -> None:
         payload = self.loop.snapshot() | {"config": self.config}
         static = self.loop.method.static_state_dict()  # frozen teacher, trained generator: written once per task
         task = self.loop.state.position.task
@@ -349,7 +349,7 @@ class Checkpointing(Callback):
             self.static_ref = {"task": task, "digest": self.files.save_static(task, static)}
         payload["static"] = self.static_ref if static else None
         payload["metrics_bytes"] = self.metrics.stat().st_size if self.metrics.exists() else 0
-        self.files.save(payload)
+        self.files.save(payload, boundary)
         self.last_save = time.monotonic()
 
     def _due(self, every: float) -> bool:
@@ -377,7 +377,7 @@ class Checkpointing(Callback):
             self.save()
 
     def on_task_end(self, record: dict[str, Any]) -> None:
-        self.save()
+        self.save(boundary=True)  # also kept apart: the run's smallest state, which a run is carried with
 
     def on_interrupt(self) -> None:
         self.save()

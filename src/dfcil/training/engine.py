@@ -38,7 +38,7 @@ from dfcil.compute.optim import (
 from dfcil.compute.runtime import Runtime, compile_cache, process_state_kept, resolve_device, seed_everything
 from dfcil.config import RunConfig, changed_from_defaults, config_to_dict
 from dfcil.data.device import Normalizer
-from dfcil.errors import RunInterrupted
+from dfcil.errors import BudgetSpent, RunInterrupted
 from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
 from dfcil.models.network import backbone_for, build_network
 from dfcil.progress import make_progress
@@ -160,7 +160,7 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
     return Loop(
         net=net, method=method, state=state, runtime=runtime, protocol=protocol, batches=batches,
         evaluator=Evaluator(test, cfg.train.eval_batch_size), guard=LossGuard(cfg.train.max_loss),
-        interrupt=options.interrupt,
+        interrupt=options.interrupt, budget=options.budget,
     )  # fmt: skip
 
 
@@ -229,8 +229,22 @@ def run_task(loop: Loop, ctx: TaskContext) -> None:
     state.position = Position(task + 1, "start")
     loop.emit("on_task_end", state.task_record(task, loop.protocol.split) | loop.fields("task_fields", task))
     loop.ctx = None
+    if task + 1 < ctx.num_tasks:
+        check_budget(loop, task)
     if stopping(loop) and task + 1 < ctx.num_tasks:
         raise RunInterrupted(f"interrupted after task {task}")
+
+
+def check_budget(loop: Loop, task: int) -> None:
+    """After task ``task`` (checkpointed): stop here rather than start the next task where it would not end within
+    the process's budget (:class:`~dfcil.training.budget.Budget`); over several processes, where any says so."""
+    budget = loop.budget
+    if budget is None:
+        return
+    budget.trained += task >= 1
+    why = budget.refuses(loop.fields("summary_fields").get("timings", []), task + 1)
+    if loop.runtime.dist.flag(why is not None):
+        raise BudgetSpent(f"stopped after task {task} at its checkpoint: {why or 'another process is out of time'}")
 
 
 def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:

@@ -16,6 +16,7 @@ from dfcil.compute.graphs import StepGraph
 from dfcil.compute.runtime import Runtime
 from dfcil.methods import Method, Phase, TaskContext
 from dfcil.models.network import IncrementalNet
+from dfcil.training.budget import Budget
 from dfcil.training.guard import LossGuard
 from dfcil.training.protocol import Evaluator, Protocol, TaskBatches
 from dfcil.training.state import Interrupt, RunState
@@ -98,6 +99,7 @@ class Loop:
     guard: LossGuard = LossGuard()  # what stops a diverged training (train.max_loss)
     callbacks: Sequence[Callback] = ()
     interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)
+    budget: Budget | None = None  # the process's time (--budget-s): no task is started that would not end in it
     ctx: TaskContext | None = None  # the running task's
     graph: StepGraph | None = None  # the running phase's step graph (engine.cuda_graphs on or check)
 
@@ -150,4 +152,5 @@ class RunOptions:
     progress: bool | None = None  # progress bars; None: where the console is a terminal
     callbacks: Sequence[Callback] = ()  # the caller's own, called after the run directory's logs
     interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)  # set it to checkpoint and stop the run
+    budget: Budget | None = None  # the process's time: it stops at the last task boundary before the time is up
     argv: Sequence[str] | None = None  # the command line meta.json records; None: this process's

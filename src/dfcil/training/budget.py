@@ -1,0 +1,64 @@
+"""A process's time budget (``--budget-s``): a run that would not finish its next task in the time left stops at
+the task boundary before it, checkpointed, rather than in the middle of the task.
+
+A task boundary is where a run's state is smallest (the network and the method's statistics; no generator, no
+optimiser: a few MB for R-DFCIL+ on CIFAR-100, against 100 MB inside an inversion), so what a machine lent for a
+while must hand back to continue elsewhere is small. The next task's seconds are estimated from the run's own
+timings (:func:`next_task_seconds`): a run with no incremental task timed yet cannot judge and goes on."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+# timing entries that are not seconds of work of the task (compile_s is inside the phases' and setup's seconds)
+NOT_WORK = frozenset({"compile_s"})
+
+
+def task_seconds(timing: Mapping[str, Any]) -> float:
+    """A finished task's seconds (one entry of a run's ``timings``): its setup, phases, evaluation and the method's
+    own work at a phase's end (LDC's ``drift_s``)."""
+    own = sum(float(v) for k, v in timing.items() if k.endswith("_s") and k not in NOT_WORK)
+    return own + sum(float(p.get("time_s", 0.0)) for p in timing.get("phases", {}).values())
+
+
+def next_task_seconds(timings: Sequence[Mapping[str, Any]], task: int, compiled_here: bool) -> float | None:
+    """The seconds task ``task`` is expected to take, from the run's finished tasks' ``timings``: the latest task
+    after the first (they share their schedule and size in the paper's protocols, the base task of a 50%-base one
+    excepted) without its compiling, plus the longest compiling of such a task where this process has not trained
+    one yet (``compiled_here`` False: it compiles their steps again, or loads them from the compile cache).
+    None for the first task, or when no task after the first is timed yet: nothing to judge by."""
+    later = [t for t in timings if int(t.get("task", 0)) >= 1]
+    if task < 1 or not later:
+        return None
+    last = later[-1]
+    compiling = 0.0 if compiled_here else max(float(t.get("compile_s", 0.0)) for t in later)
+    return task_seconds(last) - float(last.get("compile_s", 0.0)) + compiling
+
+
+@dataclasses.dataclass
+class Budget:
+    """The time a process may run: until ``deadline`` (seconds of ``clock``, the epoch by default)."""
+
+    deadline: float
+    clock: Callable[[], float] = time.time
+    trained: int = 0  # tasks after the first that this process trained (their steps are compiled here)
+
+    @classmethod
+    def of(cls, seconds: float | None, clock: Callable[[], float] = time.time) -> Budget | None:
+        """A budget of ``seconds`` from now; None for none."""
+        return None if seconds is None else cls(clock() + seconds, clock)
+
+    def left(self) -> float:
+        return self.deadline - self.clock()
+
+    def refuses(self, timings: Sequence[Mapping[str, Any]], task: int) -> str | None:
+        """Why task ``task`` should not start with the time left (its estimate and the time left, in words), or
+        None: it fits, or nothing can tell."""
+        need = next_task_seconds(timings, task, self.trained > 0)
+        left = self.left()
+        if need is None or need <= left:
+            return None
+        return f"task {task} would take about {need:.0f} s, and {max(left, 0.0):.0f} s of --budget-s are left"
