@@ -238,3 +238,24 @@ def test_a_run_of_a_sweep_that_stops_at_a_task_boundary_is_paused_not_failed(tmp
     )
     monkeypatch.undo()
     assert main(argv) == 0 and (out / run["name"] / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_task_boundary_of_rdfcil_plus_at_cifar100_size_fits_one_16_mib_file(tmp_path):
+    """R-DFCIL+ on CIFAR-100's 10 tasks (ResNet-32, 100 classes' Gaussians; generated images, a few per class and a
+    short schedule: the state's size does not depend on them): its largest task boundary, after the last task,
+    packs into one 16 MiB file; a checkpoint inside a task refers to the task's teacher and generator (35 MB)."""
+    pack = _load("pack")
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(CONFIGS / "cifar100" / "n10.yaml"), "--config",
+            str(CONFIGS / "cifar100" / "rdfcil_plus.yaml"), "--data.name", "fake", "--data.num_classes", "100",
+            "--data.train_per_class", "8", "--data.test_per_class", "2", "--data.image_size", "32",
+            "--train.epochs", "2", "--train.milestones", "[]", "--method.chr_epochs", "1",
+            "--method.inversion.steps", "2", "--train.batch_size", "32", "--out", str(out),
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    (out / "summary.json").unlink()  # packed as a run to continue
+    _, boundary = _sizes(pack, out)
+    assert boundary <= 16 * 2**20 < (out / "checkpoints" / "task9-static.pt").stat().st_size
+    lines = pack.pack(out, tmp_path / "run.tgz", 16 * 2**20)
+    assert "its newest checkpoint, task 10 start" in lines[0] and (tmp_path / "run.tgz").stat().st_size <= 16 * 2**20
