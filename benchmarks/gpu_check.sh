@@ -38,6 +38,16 @@
 #                                        #   graphed steps without compiling (every row x order runs at once;
 #                                        #   CELL_JOBS sets how many), CELL_ARGS more sweep arguments for every
 #                                        #   row (CELL_ARGS="--grid model.backbone=resnet32,resnet18_cifar")
+#   bash benchmarks/gpu_check.sh queue   # the first item of benchmarks/queue.yaml not done (QUEUE_ITEM=<id>: that
+#                                        #   one), as a cell (CELL_CONFIG, CELL_ORDERS, CELL_ARGS, CELL_COMPILE from
+#                                        #   the item) in $RUNS/queue-<id>, for QUEUE_LEFT seconds (540: a window's
+#                                        #   time after its start and the data's staging). First
+#                                        #   benchmarks/gpu_queue.py plan estimates what each run reaches, from the
+#                                        #   step times measured on the card, and refuses (exit 3) an item whose runs
+#                                        #   reach no task boundary (QUEUE_FORCE=1 runs it anyway); a partial item
+#                                        #   continues from its pack (cell.tgz at the repository root). DRY_RUN=1:
+#                                        #   the plan and the cell's dry run, on any machine. The plan in
+#                                        #   $OUT/queue-plan.txt
 #   bash benchmarks/gpu_check.sh stage   # keeps this call's parts of $DEVDATA (.devdata) in $STAGE (default
 #                                        #   /tmp/devdata-stage) for the next call on the same machine, and unpacks
 #                                        #   them into $DATA once all are there: the full arrays in two calls
@@ -54,8 +64,8 @@
 # Results and records go to $OUT (default /tmp/out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-case "${1:-}" in prep | stage | speed | full | resume | tests | mini | mini10 | round2 | cell | mps | batched) ;; *)
-  echo "usage: bash benchmarks/gpu_check.sh prep|stage|full|resume|speed|tests|mini|mini10|round2|cell|mps|batched (docs/gpu.md)" >&2
+case "${1:-}" in prep | stage | speed | full | resume | tests | mini | mini10 | round2 | cell | queue | mps | batched) ;; *)
+  echo "usage: bash benchmarks/gpu_check.sh prep|stage|full|resume|speed|tests|mini|mini10|round2|cell|queue|mps|batched (docs/gpu.md)" >&2
   exit 2
   ;;
 esac
@@ -227,6 +237,22 @@ cell)
     [ "${CELL_CARRY_CACHE:-1}" = 1 ] && [ -d "$CELL/.compile-cache" ] && cache=(--cache "$CELL/.compile-cache")
     python3 benchmarks/pack.py "$CELL" "$OUT/cell.tgz" --limit "${CELL_PIECE:-15M}" "${cache[@]}"
   fi
+  ;;
+queue)
+  # the plan: the first item not done, what its runs reach in QUEUE_LEFT seconds, and the cell's settings as shell
+  # lines (QUEUE_ID, CELL_CONFIG, CELL_ORDERS, CELL_ARGS, CELL_COMPILE, CELL_BUDGET, CELL_FROM for a partial item)
+  plan=(plan --left "${QUEUE_LEFT:-540}")
+  [ -n "${QUEUE_ITEM:-}" ] && plan+=(--item "$QUEUE_ITEM")
+  [ "${QUEUE_FORCE:-0}" = 1 ] && plan+=(--force)
+  [ -n "${QUEUE_FILE:-}" ] && plan=(--queue "$QUEUE_FILE" "${plan[@]}")  # another queue file (tests)
+  settings=$(python3 benchmarks/gpu_queue.py "${plan[@]}")
+  rc=$?
+  echo "$settings" | tee "$OUT/queue-plan.txt"
+  [ $rc = 0 ] || { echo "queue: nothing run (benchmarks/gpu_queue.py plan: exit $rc)"; exit $rc; }
+  eval "$settings"
+  export CELL_CONFIG CELL_ORDERS CELL_ARGS CELL_COMPILE CELL_BUDGET
+  [ -n "${CELL_FROM:-}" ] && export CELL_FROM
+  CELL=${CELL:-$RUNS/queue-$QUEUE_ID} bash "$0" cell
   ;;
 mps)
   nvidia-smi --query-gpu=name,compute_mode --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -1,6 +1,7 @@
 """The benchmark scripts that benchmarks/gpu_check.sh runs on a GPU: they must work before they get there."""
 
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -269,3 +270,156 @@ def test_collect_reads_facils_accuracy_matrix_by_training_task_rows(tmp_path):
     (tmp_path / "exp" / "results" / "acc_tag-1.txt").write_text("\n".join(rows) + "\n")
     assert collect.facil_rows(str(tmp_path)) == [71.6, 46.4, 33.53, 27.2]
     assert collect.facil_old_new(str(tmp_path))[1:] == [(64.6, 28.2), (43.3, 14.0), (31.6, 14.0)]
+
+
+def _queue():
+    """benchmarks/gpu_queue.py, registered as a module (its dataclasses need it)."""
+    if "gpu_queue" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("gpu_queue", BENCH / "gpu_queue.py")
+        sys.modules["gpu_queue"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["gpu_queue"])
+    return sys.modules["gpu_queue"]
+
+
+def _queue_file(tmp_path, **item):
+    """A queue of one item: R-DFCIL on CIFAR-100 N=10, class order 0, with ``item``'s fields on top."""
+    entry = {"id": "t", "title": "test item", "rows": ["configs/cifar100/n10.yaml+configs/cifar100/rdfcil.yaml"],
+             "orders": [0], "compile": "none"} | item  # fmt: skip
+    path = tmp_path / "queue.yaml"
+    path.write_text(__import__("yaml").safe_dump({"items": [entry]}))
+    return path
+
+
+def test_queue_table_is_the_one_in_docs_gpu_md(capsys):
+    """docs/gpu.md's queue is what `python benchmarks/gpu_queue.py table` prints from benchmarks/queue.yaml."""
+    assert _queue().main(["table"]) == 0
+    printed = capsys.readouterr().out.strip()
+    docs = (REPO / "docs" / "gpu.md").read_text()
+    start, end = "<!-- the queue: python benchmarks/gpu_queue.py table -->\n", "\n<!-- end of the queue -->"
+    assert docs[docs.index(start) + len(start) : docs.index(end)] == printed, "run the command, paste its table"
+
+
+def test_queue_estimates_count_each_presets_steps_at_the_measured_step_times():
+    """A run's seconds task by task, by hand from the step times (ms) and each preset's schedule: 500 images a class,
+    drop_last batches; the queue never plans a done order again."""
+    q = _queue()
+    ms, extra = q.STEP_MS["graphs"], q.TASK_EXTRA_S
+    n5 = q.run_costs("configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml", {}, 1, compiled=False)
+    later = extra + (5000 * ms["inversion"] + 160 * 78 * ms["rrl"] + 40 * 78 * ms["chr"]) / 1e3  # 78 = 10000 // 128
+    assert n5.name == "rdfcil-order1" and len(n5.tasks) == 5 and not n5.upper_bound
+    assert n5.tasks == pytest.approx([extra + 160 * 78 * ms["base"] / 1e3] + [later] * 4)
+    assert n5.tasks[1] == pytest.approx(158.2, abs=0.1)  # measured on the H200: 155-159 s (docs/notes/measurements.md)
+    r18 = {"model.backbone": "resnet18_cifar"}
+    dpcr = q.run_costs("configs/cifar100/n10.yaml+configs/cifar100/dpcr.yaml", r18, 0, compiled=False)
+    cost = q.BACKBONE_COST["resnet18_cifar"]
+    assert dpcr.upper_bound and dpcr.tasks[0] == pytest.approx(extra + 200 * 39 * ms["base"] * cost / 1e3)
+    assert dpcr.tasks[1] == pytest.approx(extra + 100 * 39 * ms["base"] * (1 + q.FORWARD_SHARE) * cost / 1e3)
+    ada = q.run_costs("configs/cifar100/n10.yaml+configs/cifar100/adagauss.yaml", {}, 0, compiled=False)
+    assert ada.tasks[0] == pytest.approx(extra + 200 * 78 * ms["base"] * (64 * 4 / 128) / 1e3)  # 5000 // 64, rotations
+    items = {i.id: i for i in q.load_queue()}
+    assert [r.name for r in items["3a"].runs()] == ["rdfcil-order1", "rdfcil-order2"]  # order 0 is done
+    assert items["3a"].cell_env()["CELL_ORDERS"] == "1,2"
+    assert q.plan(list(items.values()), 540, wanted="3b")[1] is False  # covered by items 1 and 2: never run itself
+
+
+def test_queue_window_shares_the_card_and_stops_at_task_boundaries():
+    """Two runs at once each go share(2) times slower; the one left alone goes at full speed; a run that has timed
+    a later task does not start one it would not finish."""
+    q = _queue()
+    a, b = q.Run("a", (10.0, 10.0, 10.0), False, False), q.Run("b", (10.0,), False, False)
+    first = (q.PROCESS_START_S + 10) * q.share(2)
+    assert q.window([a, b], {}, math.inf).used == pytest.approx(first + 20)
+    w = q.window([a, b], {}, first + 15)  # a: task 1 ends at first + 10; task 2 would end at first + 20
+    assert w.after == {"a": 2, "b": 1} and w.stopped == {"a": "paused"} and w.used == pytest.approx(first + 10)
+    w = q.window([a, b], {}, first - 1)
+    assert w.after == {"a": 0, "b": 0} and w.stopped == {"a": "deadline", "b": "deadline"}
+
+
+def test_queue_model_is_calibrated_as_its_docstring_says():
+    """SHARE_2 is the fitted one, every measured task time within 25 %, the ResNet-18 cost its MAC ratio."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dfcil.models.resnet import BACKBONES
+
+    q = _queue()
+    assert q.fitted_share() == pytest.approx(q.SHARE_2, abs=0.005)
+    for m in q.MEASURED:
+        model = q.modelled_alone(m) * q.share(m.at_once)
+        assert m.seconds[0] * 0.75 <= model <= m.seconds[1] * 1.25, m.what
+    macs = {}
+    for name in ("resnet32", "resnet18_cifar", "resnet18_cifar_b64"):
+        with FlopCounterMode(display=False) as count:
+            BACKBONES.get(name)().eval()(torch.zeros(1, 3, 32, 32))
+        macs[name] = count.get_total_flops()
+    for name in ("resnet18_cifar", "resnet18_cifar_b64"):
+        assert macs[name] / macs["resnet32"] == pytest.approx(q.BACKBONE_COST[name], abs=0.01)
+
+
+def test_queue_plan_refuses_reaches_a_boundary_or_runs_to_the_end(tmp_path, capsys):
+    """`plan --left`: too little time for any task boundary is refused (exit 3); more reaches boundaries, then
+    packs; enough runs the item to its end. A partial item continues from its pack, and is refused without it."""
+    q = _queue()
+    queue = _queue_file(tmp_path)
+
+    def plan(*args):
+        code = q.main(["--queue", str(queue), "plan", *args])
+        return code, capsys.readouterr().out
+
+    code, out = plan("--left", "20")
+    assert code == 3 and "# refused: cannot reach a resumable point" in out and "CELL_CONFIG" not in out
+    code, out = plan("--left", "20", "--force")
+    assert code == 0 and "# forced (QUEUE_FORCE=1)" in out
+    code, out = plan("--left", "100")
+    assert code == 0 and "# verdict: reaches task boundary 1 of run rdfcil-order0, then packs" in out
+    assert "reaches task boundary 1 of 10 (task 0), then stops inside task 1" in out  # no later task timed: it goes on
+    assert "CELL_CONFIG=configs/cifar100/n10.yaml+configs/cifar100/rdfcil.yaml\nCELL_ORDERS=0\n" in out
+    assert "CELL_COMPILE=none" in out and "CELL_BUDGET=100" in out and "CELL_FROM" not in out
+    assert "a model from step times measured on an H200, not a measurement" in out
+    code, out = plan("--left", "3000")
+    assert code == 0 and "# verdict: runs to the end" in out
+    pack = tmp_path / "packs" / "t" / "cell.tgz"
+    queue = _queue_file(tmp_path, state="partial", pack=str(pack), progress={"rdfcil-order0": 9})
+    code, out = plan("--left", "20")
+    assert code == 3 and "pack" in out and "is not here" in out
+    pack.parent.mkdir(parents=True)
+    pack.write_bytes(b"")
+    code, out = plan("--left", "200")  # task 9 of 10 only: its last task ends in 200 s
+    assert code == 0 and "run rdfcil-order0: task 9 of 10, runs to the end" in out and f"CELL_FROM={pack}" in out
+
+
+def test_gpu_check_queue_dry_run_prints_the_plan_and_the_cells_dry_run(tmp_path):
+    """`DRY_RUN=1 bash benchmarks/gpu_check.sh queue` on a CPU: the plan of the queue's first item not done, then
+    the cell stage's dry run with the item's settings in $RUNS/queue-<id>; a partial item is unpacked from its pack;
+    a refused item runs nothing."""
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs")}
+
+    def queue(**more):
+        done = subprocess.run(["bash", str(BENCH / "gpu_check.sh"), "queue"], capture_output=True, text=True,
+                              env=env | more, cwd=REPO)  # fmt: skip
+        return done.returncode, done.stdout + done.stderr
+
+    code, out = queue()  # benchmarks/queue.yaml itself
+    assert code == 0, out
+    first = next(i for i in _queue().load_queue() if not i.covered_by and i.state != "done")
+    assert f"# queue item {first.id}: " in out and "# verdict: " in out
+    assert f"cell: would run (for 540 s at most): python3 -m dfcil sweep --config {first.rows[0]}" in out
+    assert f"--out {tmp_path}/runs/queue-{first.id} --budget-s 540" in out
+    assert (tmp_path / "out" / "queue-plan.txt").read_text().startswith(f"# queue item {first.id}: ")
+
+    pack = tmp_path / "packs" / "t" / "cell.tgz"  # a partial item: three orders, order 0 done elsewhere
+    (tmp_path / "cell" / "rdfcil-order1").mkdir(parents=True)
+    (tmp_path / "cell" / "rdfcil-order1" / "run.log").write_text("task 0 done\n")
+    (tmp_path / "cell" / "sweep.json").write_text("{}")
+    pack.parent.mkdir(parents=True)
+    with tarfile.open(pack, "w:gz") as tar:
+        tar.add(tmp_path / "cell", arcname=".")
+    path = _queue_file(tmp_path, id="7", orders=[0, 1, 2], done_orders=[0], state="partial", pack=str(pack),
+                       progress={"rdfcil-order1": 1}, overrides={"model.backbone": "resnet32"})  # fmt: skip
+    code, out = queue(QUEUE_FILE=str(path), QUEUE_LEFT="300")
+    assert code == 0, out
+    assert "# queue item 7: test item (partial)" in out and "run rdfcil-order2: reaches task boundary" in out
+    assert "--grid data.class_order_seed=1,2 --jobs 2" in out and "--model.backbone resnet32" in out
+    assert f"cell: continuing the runs carried in {pack}" in out and "--budget-s 300" in out
+    assert (tmp_path / "runs" / "queue-7" / "rdfcil-order1" / "run.log").exists()
+    code, out = queue(QUEUE_FILE=str(path), QUEUE_LEFT="10")
+    assert code == 3 and "# refused: " in out and "queue: nothing run" in out and "cell: would run" not in out
