@@ -106,8 +106,8 @@ KILLER = textwrap.dedent(
     where = sys.argv[1]
     if where == "after_last_checkpoint":
         save = Checkpointer.save
-        def save_then_die(self, payload):
-            save(self, payload)
+        def save_then_die(self, payload, *args):
+            save(self, payload, *args)
             if payload["position"]["task"] == 2:  # the checkpoint after the last task (the smoke preset has 2)
                 os._exit(137)
         Checkpointer.save = save_then_die
