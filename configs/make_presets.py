@@ -94,9 +94,9 @@ def block(path: Path) -> list[str]:
     rel = path.relative_to(HERE)
     dataset, ablation = rel.parts[0], rel.parts[1] == "ablations"
     method = yaml.safe_load(path.read_text())["method"]
-    files = [f"configs/{dataset}/{{setting}}.yaml", f"configs/{rel.as_posix()}"]
+    files = [f"{dataset}/{{setting}}", rel.with_suffix("").as_posix()]  # preset names: they work from any install
     if ablation:  # after the method file it changes
-        files.insert(1, f"configs/{dataset}/{method['name']}.yaml")
+        files.insert(1, f"{dataset}/{method['name']}")
         method = yaml.safe_load((HERE / dataset / f"{method['name']}.yaml").read_text())["method"] | method
     name, variant = method["name"], variant_of(method["name"], method)
     orders, order, out = ORDERS[dataset]

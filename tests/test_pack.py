@@ -184,6 +184,7 @@ def test_a_sweep_pack_sends_back_the_runs_that_save_most_and_splits_what_cannot_
         assert {"a/checkpoints/last.pt", "b/checkpoints/last.pt", "sweep.json"} <= set(tar.getnames())
 
 
+@pytest.mark.slow  # the sweep's own deadline, in real seconds; the paused run below is the default suite's
 def test_a_sweep_out_of_budget_pauses_its_runs_and_the_same_command_finishes_them(tmp_path, capsys):
     """Two 3-task runs, one at a time, 8 s for the sweep (a run takes about as long here, its start included): the
     first run is given what is left and stops at a task boundary (or is stopped by the sweep when the time is up;

@@ -420,8 +420,15 @@ def _claim_plugins(run: Path, plugins: list[str]) -> None:
             path.write_bytes(dumps(payload))
 
 
-@pytest.mark.parametrize("found", ["beside the run, in the current directory", "on PYTHONPATH"])
-@pytest.mark.parametrize("command", ["eval", "resume"])
+@pytest.mark.parametrize(
+    ("command", "found"),
+    [
+        ("eval", "beside the run, in the current directory"),
+        ("resume", "on PYTHONPATH"),
+        pytest.param("eval", "on PYTHONPATH", marks=pytest.mark.slow),
+        pytest.param("resume", "beside the run, in the current directory", marks=pytest.mark.slow),
+    ],
+)
 def test_a_module_a_received_run_names_is_imported_only_with_consent_wherever_it_is_found(
     smoke_run, tmp_path, found, command
 ):
@@ -611,7 +618,7 @@ def _received_method(smoke_run: Path, tmp_path: Path, folder: Path) -> tuple[Pat
     return received, marker
 
 
-@pytest.mark.parametrize("found", ["in the current directory", "on PYTHONPATH"])
+@pytest.mark.parametrize("found", ["in the current directory", pytest.param("on PYTHONPATH", marks=pytest.mark.slow)])
 def test_an_entry_point_of_a_package_that_is_not_installed_is_imported_only_with_consent(smoke_run, tmp_path, found):
     """A received run naming `method: {name: evilmeth}` (no plugins), with `evil-1.0.dist-info` declaring evilmeth
     beside it in the current directory (which `python -m dfcil` puts on sys.path) or on PYTHONPATH: importlib.metadata

@@ -14,10 +14,12 @@ import pytest
 import yaml
 
 from conftest import CONFIGS
+from dfcil import presets
 from dfcil.analysis.paper import VARIANTS, protocol_name
 from dfcil.analysis.run_dirs import setting_of
 from dfcil.cli import main
 from dfcil.config import config_to_dict
+from dfcil.errors import ConfigError
 from dfcil.load import load_config
 from dfcil.methods import METHODS, build_method
 from test_images import TINY_SUBSET, write_imagenet, write_tiny_zip
@@ -75,7 +77,8 @@ def header_commands() -> list[tuple[str, str, list[str]]]:
             if m := re.fullmatch(r"#   (\w+) \([^()]*\): (.*)", line):
                 command = next(c for c in lines[i + 1 :] if c.startswith("#     dfcil train "))
                 argv = shlex.split(command[2:])
-                out.append((m.group(1), m.group(2), [argv[j + 1] for j, a in enumerate(argv) if a == "--config"]))
+                names = [argv[j + 1] for j, a in enumerate(argv) if a == "--config"]  # preset names
+                out.append((m.group(1), m.group(2), [f"configs/{n}.yaml" for n in names]))
     return out
 
 
@@ -315,7 +318,8 @@ def imagenet_root(tmp_path_factory):
 
 
 def _config_args(preset) -> list[str]:
-    return [a for f in files(*preset) for a in ("--config", str(CONFIGS.parent / f))]
+    """The preset's files by name (``tiny_imagenet200/n10``), as from an installed dfcil without the repository."""
+    return [a for f in files(*preset) for a in ("--config", f.removeprefix("configs/").removesuffix(".yaml"))]
 
 
 @pytest.mark.parametrize("preset", [p for p in PRESETS if p[0] == "tiny_imagenet200"], ids="-".join)
@@ -331,3 +335,46 @@ def test_every_imagenet100_preset_passes_the_dry_run(preset, imagenet_root, caps
     assert main([*args, "--data.image_size", "32"]) == 0  # the layout is the point here, not the pixels
     out = capsys.readouterr().out
     assert "class order: [68, 56, 78, 8, 23," in out and "dataset:     imagenet100 (100 classes, 32x32)" in out
+
+
+def test_presets_are_listed_with_their_paper_numbers_and_found_by_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no configs/ here: names only
+    assert main(["presets", "cifar100/rd"]) == 0
+    out = capsys.readouterr().out
+    assert "cifar100/rdfcil       R-DFCIL (Tables 1 and 2) on CIFAR-100  (paper A_N: n5 50.47 ± 0.43, n10 42.37" in out
+    assert "cifar100/rdfcil_plus  R-DFCIL+" in out and "2 presets in " in out
+    cfg, _ = load_config(["cifar100/n10", "cifar100/rdfcil.yaml"])  # with or without the suffix
+    assert (cfg.data.num_tasks, cfg.method.name) == (10, "rdfcil")
+    (tmp_path / "smoke").mkdir()  # a path that exists wins over the name: here a folder, refused as one
+    with pytest.raises(ConfigError, match="'smoke' is a directory"):
+        load_config(["smoke"])
+    with pytest.raises(ConfigError, match="'nope' does not exist, and no preset is named so; `dfcil presets` lists"):
+        load_config(["nope"])
+    for bad in ("../pyproject", "/etc/passwd", ".hidden"):  # names stay inside the presets
+        assert presets.preset_file(bad) is None
+
+
+def test_a_preset_or_a_folder_of_them_is_copied_to_start_ones_own(capsys, tmp_path):
+    assert main(["presets", "copy", "cifar100/rdfcil", str(tmp_path / "mine")]) == 0
+    copied = tmp_path / "mine" / "rdfcil.yaml"
+    assert (
+        capsys.readouterr().out == f"{copied}\n"
+        and copied.read_text() == (CONFIGS / "cifar100/rdfcil.yaml").read_text()
+    )
+    assert main(["presets", "copy", "cifar100/rdfcil", str(tmp_path / "mine")]) == 2  # never overwritten
+    assert f"{copied} exists: nothing copied" in capsys.readouterr().err
+    assert main(["presets", "copy", "smoke", str(tmp_path / "s")]) == 0  # the file smoke.yaml, not the folder smoke/
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["smoke.yaml"]
+    assert main(["presets", "copy", "cifar100-mini10", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m" / "cifar100-mini10.yaml").exists()
+    capsys.readouterr()
+    assert main(["presets", "copy", "cifar100/ablations", str(tmp_path / "a")]) == 0
+    assert len(list((tmp_path / "a" / "ablations").glob("*.yaml"))) == len(VARIANTS["rdfcil"])
+    assert main(["presets", "copy", "nope", str(tmp_path / "x")]) == 2 and not (tmp_path / "x").exists()
+    assert main(["presets", "copy", "smoke"]) == 2
+    assert "give a preset's name" in capsys.readouterr().err
+
+
+def test_train_without_a_config_names_a_preset(capsys):
+    assert main(["train", "--out", "x"]) == 2
+    assert "try --config smoke; `dfcil presets` lists them" in capsys.readouterr().err

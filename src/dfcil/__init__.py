@@ -2,7 +2,7 @@
 
 Public API::
 
-    cfg, _ = dfcil.load_config(["configs/smoke.yaml"], [("train.epochs", "2")])
+    cfg, _ = dfcil.load_config(["smoke"], [("train.epochs", "2")])
     summary = dfcil.train(cfg, "runs/smoke")      # as `dfcil train`: a new run directory
     summary = dfcil.resume("runs/smoke")           # as `dfcil resume`: an unfinished one
     dfcil.list_methods()

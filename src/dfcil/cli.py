@@ -174,6 +174,15 @@ def _build_parser() -> argparse.ArgumentParser:
     methods = sub.add_parser("methods", help="list the registered methods (name, summary, [not data-free]) and plugins")
     methods.add_argument("--plugin", action="append", default=[], metavar="MODULE", help="import it first (repeatable)")
     sub.add_parser("datasets", help="list the registered datasets")
+    presets_ = sub.add_parser(
+        "presets", help="list the presets (the configs that ship with dfcil, by name), or copy one to start your own",
+        epilog=PRESETS_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    presets_.add_argument(
+        "args", nargs="*", metavar="[PREFIX] | copy NAME DIR",
+        help="the presets whose names start with PREFIX (default: all); copy NAME DIR: the preset (or a folder of "
+        "them, e.g. cifar100) into DIR",
+    )  # fmt: skip
     _add_run_tools(sub)
     return parser
 
@@ -206,8 +215,7 @@ SWEEP_EPILOG = """\
 Each --config is one row of runs (several files of one run: a.yaml+b.yaml, merged in order); each --grid multiplies
 the runs; other --section.key VALUE options apply to every run, as in dfcil train. Example, the three class orders of
 two presets:
-  dfcil sweep --config configs/cifar100/n5.yaml+configs/cifar100/rdfcil.yaml \\
-      --config configs/cifar100/n5.yaml+configs/cifar100/abd.yaml \\
+  dfcil sweep --config cifar100/n5+cifar100/rdfcil --config cifar100/n5+cifar100/abd \\
       --grid data.class_order_seed=0,1,2 --data.root DATA --out runs/t1-n5
 Running the same command again skips finished runs, resumes unfinished ones and retries failed ones.
 """
@@ -447,6 +455,46 @@ def _methods(args: argparse.Namespace) -> int:
     return 0
 
 
+PRESETS_EPILOG = """\
+A preset is given to --config by its name, from any folder and any install (a path that exists wins):
+  dfcil train --config smoke --out runs/smoke
+  dfcil train --config cifar100/n10 --config cifar100/rdfcil --data.root DATA
+  dfcil presets copy cifar100/rdfcil my-configs    # then: --config my-configs/rdfcil.yaml
+"""
+
+
+def _presets(args: argparse.Namespace) -> int:
+    from dfcil import presets
+
+    if args.args[:1] == ["copy"]:
+        if len(args.args) != 3:
+            raise ConfigError("dfcil presets copy NAME DIR: give a preset's name (or a folder of them) and a folder")
+        name, dest = args.args[1:]
+        try:
+            written = presets.copy(name, dest)
+        except FileNotFoundError:
+            raise ConfigError(f"no preset or folder of presets is named {name!r}; `dfcil presets` lists them") from None
+        except FileExistsError as err:
+            raise ConfigError(f"{err} exists: nothing copied; give another DIR, or move that file away") from None
+        for path in written:
+            print(path)
+        return 0
+    if len(args.args) > 1:
+        raise ConfigError(f"dfcil presets takes one PREFIX, or copy NAME DIR; got {' '.join(args.args)}")
+    prefix = args.args[0].removesuffix(".yaml") if args.args else ""
+    names = [n for n in presets.names() if n.startswith(prefix)]
+    if not names:
+        raise ConfigError(f"no preset's name starts with {prefix!r}; `dfcil presets` lists them all")
+    width = max(len(n) for n in names)
+    for name in names:
+        path = presets.preset_file(name)
+        paper = presets.paper_numbers(path)
+        shown = f"  (paper A_N: {', '.join(f'{k} {v}' for k, v in paper.items())})" if paper else ""
+        print(f"{name:{width}s}  {presets.summary(path)}{shown}")
+    print(f"\n{len(names)} presets in {presets.root()}; `dfcil presets --help`: how to use and copy them")
+    return 0
+
+
 def _datasets(args: argparse.Namespace) -> int:
     from dfcil.data.datasets import DATASETS
 
@@ -505,7 +553,9 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     if args.log is not None:
         overrides.append(("log", json.dumps(_log_names(args.log))))
     if not args.config:
-        raise ConfigError("dfcil train needs --config FILE.yaml (try configs/smoke.yaml)")
+        raise ConfigError(
+            "dfcil train needs --config FILE.yaml or a preset's name (try --config smoke; `dfcil presets` lists them)"
+        )
     from dfcil.load import check_run_records, load_config
 
     check_run_records(args.config, _consent(args))  # a received run's config.yaml: its plugin files need consent
@@ -578,7 +628,7 @@ KEYED_COMMANDS: dict[str, Callable[[argparse.Namespace, Sequence[str], Sequence[
 }  # fmt: skip
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": report.main, "eval": _eval, "export": _export, "inspect": _inspect, "methods": _methods,
-    "datasets": _datasets,
+    "datasets": _datasets, "presets": _presets,
 }  # fmt: skip
 
 SIGPIPE_STATUS = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away, e.g. `yes | head -1`

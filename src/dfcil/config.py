@@ -26,6 +26,7 @@ import yaml
 from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
+from dfcil import presets
 from dfcil.errors import ConfigError
 from dfcil.io import NotARegularFile, read_regular_text
 
@@ -580,13 +581,17 @@ def quoted(value: Any, limit: int = 80) -> str:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+    """A config file's mapping: ``path``, or the preset of that name where no such path exists
+    (:func:`dfcil.presets.resolve`: ``smoke``, ``cifar100/n10``)."""
+    given, path = str(path), presets.resolve(path)
     if path.is_dir():
         raise ConfigError(f"config file {str(path)!r} is a directory; give a .yaml file")
     try:
         data = load_yaml(read_regular_text(path))  # a FIFO is refused at once, not waited on
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        raise ConfigError(
+            f"config file {given!r} does not exist, and no preset is named so; `dfcil presets` lists the presets"
+        ) from None
     except NotARegularFile:
         kind = "a FIFO, not" if stat.S_ISFIFO(path.stat().st_mode) else "not"
         raise ConfigError(f"config file {str(path)!r} is {kind} a regular file; give a .yaml file") from None

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dfcil import presets
 from dfcil.analysis.paper import DATASETS
 from dfcil.config import RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
 from dfcil.errors import ConfigError
@@ -230,6 +231,8 @@ def plan(
     from dfcil.plugins import Consent
 
     plugins = plugin_specs(plugins)  # files' paths absolute: the runs need not start where the sweep did
+    # a preset's name (cifar100/n10) as its file: the runs are started from the files' paths
+    config_groups = [[str(presets.resolve(f)) for f in files] for files in config_groups]
     check_run_records([f for files in config_groups for f in files], Consent(tuple(plugins), trust_plugins))
     labels = _config_labels(config_groups)
     varying = [(k, vs) for k, vs in grid if len(vs) > 1]
