@@ -259,12 +259,19 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_nothing(tmp_path):
 
 
 def test_existing_run_directory_is_not_overwritten(smoke_run, capsys):
-    before = (smoke_run / "summary.json").read_text()
-    assert main(["train", "--config", SMOKE, "--out", str(smoke_run)]) == 2
-    assert "holds this run, finished (summary.json exists): nothing to train or resume; evaluate it with" in (
-        capsys.readouterr().err
+    """The same command again on its finished run (a quick start run twice): nothing trained, nothing changed, and
+    no error (it exited 2); another config on it is refused."""
+    before = {p.name: p.read_bytes() for p in smoke_run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    argv = ["train", "--config", SMOKE, "--out", str(smoke_run), "--log", "csv", "--log", "tensorboard"]
+    assert main(argv) == 0
+    said = capsys.readouterr().err
+    assert "holds this run, finished (summary.json exists, A_N " in said and f"`dfcil eval {smoke_run}`" in said
+    assert {p.name: p.read_bytes() for p in smoke_run.iterdir() if p.is_file()} == before
+    assert main([*argv, "--train.epochs", "4"]) == 2
+    assert (
+        "holds a finished run with a different config (train.epochs); choose another --out" in capsys.readouterr().err
     )
-    assert (smoke_run / "summary.json").read_text() == before
 
 
 def test_tiny_run_on_real_cifar(cifar_root, tmp_path):

@@ -50,7 +50,7 @@ def _wait_for(paths: list[Path], timeout: float = 120.0) -> None:
 def test_two_trainings_started_together_on_one_new_directory_never_wipe_the_winner(tmp_path):
     """Two `dfcil train` on the same new --out, started at the same instant, 20 times: one trains the run to the
     end, the other is refused with one line, and the run directory is whole (config.yaml, summary.json)."""
-    tries = 20
+    tries, late = 20, 0
     logs = [open(tmp_path / f"racer-{me}.log", "w") for me in "ab"]  # noqa: SIM115 - closed below
     racers = [
         subprocess.Popen(
@@ -65,7 +65,10 @@ def test_two_trainings_started_together_on_one_new_directory_never_wipe_the_winn
             _wait_for([tmp_path / f"done-{i}-{me}" for me in "ab"])
             codes = sorted(int((tmp_path / f"done-{i}-{me}").read_text()) for me in "ab")
             run = tmp_path / f"run{i}"
-            assert codes == [0, 2], f"try {i}: exit codes {codes}"
+            # the loser is refused (2), or, where it started so late that the winner had finished, finds the run
+            # finished and trains nothing (0)
+            assert codes in ([0, 2], [0, 0]), f"try {i}: exit codes {codes}"
+            late += codes == [0, 0]
             assert (run / "config.yaml").exists() and (run / "summary.json").exists(), f"try {i}"
             assert (run / "model.pt").exists() and (run / "meta.json").exists(), f"try {i}"
     finally:
@@ -76,9 +79,7 @@ def test_two_trainings_started_together_on_one_new_directory_never_wipe_the_winn
             log.close()
     text = "".join((tmp_path / f"racer-{me}.log").read_text() for me in "ab")
     refusals = [line for line in text.splitlines() if line.startswith("dfcil: error:")]
-    # the loser is refused at the lock, or, where it started so late that the winner had finished, as a finished run
-    said = ("another dfcil process", "holds this run, finished (summary.json exists)")
-    assert len(refusals) == tries and all(any(s in line for s in said) for line in refusals), refusals
+    assert len(refusals) == tries - late and all("another dfcil process" in line for line in refusals), refusals
 
 
 def _alive(pid: int) -> bool:

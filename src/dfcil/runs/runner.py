@@ -191,15 +191,29 @@ def train(
             what = "a finished run" if finished else "a run"
             raise ConfigError(f"{out} holds {what} with a different config ({', '.join(changed)}); {fix}")
         if (out / "summary.json").exists():
-            raise ConfigError(
-                f"{out} holds this run, finished (summary.json exists): nothing to train or resume; evaluate it with "
-                f"`dfcil eval {out}`, or give another --out to train it again"
-            )
+            return _finished(out)
         runtime = {key: functools.reduce(getattr, key.split("."), cfg) for key in RUNTIME_KEYS}
         return resume(out, runtime, options, consent)
     if dist.main:
         check_new_run_dir(out)
     return _start(cfg, out, options, dist, protocol, new=True)
+
+
+def _finished(out: Path) -> dict[str, Any]:
+    """The summary of the run ``out`` holds, finished with the config given again: nothing to train, and no error
+    (the same command run twice, a quick start run again), said on the log."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        acc = f"A_N {float(summary['last_acc']):.2f}%"
+    except (OSError, ValueError, TypeError, KeyError):
+        raise ConfigError(
+            f"{out} holds this run, finished, but its summary.json cannot be read; give another --out to train it again"
+        ) from None
+    log.warning(
+        "%s holds this run, finished (summary.json exists, %s): nothing to train; evaluate it with `dfcil eval %s`, "
+        "or give another --out to train it again", out, acc, out,
+    )  # fmt: skip
+    return summary
 
 
 def resume(
