@@ -985,3 +985,95 @@ def test_a_run_whose_config_and_summary_disagree_is_skipped_with_both_values(tmp
         assert line.startswith(f"dfcil report: skipping {root / f'bad{order}'}: its config.yaml and summary.json "
                                "disagree (")  # fmt: skip
         assert said in line and "put back the run's own file, or leave it out with --exclude" in line, line
+
+
+def _heatmap(tmp_path: Path, rows: Sequence[Sequence[int]]):
+    """:func:`run_figure` of a run whose accuracy matrix has lower triangle ``rows`` (percent, 100 images a cell),
+    drawn; its heatmap's Axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from dfcil.analysis.plots import run_figure
+    from dfcil.analysis.run_dirs import Run
+
+    n = len(rows)
+    m = AccuracyMatrix(n)
+    for i, row in enumerate(rows):
+        m.record(i, np.array(row[: i + 1]), np.full(i + 1, 100))
+    s = m.summary() | {"method": "rdfcil", "dataset": "cifar100", "task_sizes": [10] * n}
+    fig = run_figure(Run(tmp_path, f"sweep/n{n}", {}, s))
+    FigureCanvasAgg(fig).draw()
+    return fig, fig.axes[0]
+
+
+def _luminance(colour) -> float:
+    from matplotlib.colors import to_rgb
+
+    return float(np.dot(to_rgb(colour), [0.2126, 0.7152, 0.0722]))
+
+
+def test_the_accuracy_matrix_numbers_contrast_with_their_cells_and_leave_the_upper_triangle_empty(tmp_path):
+    """Every number was small white text, unreadable on viridis's light (high-accuracy) cells: each cell's text
+    is now dark on a light cell and light on a dark one, large enough on a 5 × 5 matrix, and the empty upper
+    triangle (tasks not yet learned) carries none."""
+    pytest.importorskip("matplotlib")
+    rows = [[95], [5, 95], [50, 70, 95], [30, 60, 80, 95], [5, 30, 50, 70, 95]]
+    _, ax = _heatmap(tmp_path, rows)
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t for t in ax.texts}
+    assert set(texts) == {(i, j) for i in range(5) for j in range(i + 1)}  # (row i, column j), j <= i only
+    assert texts[(4, 0)].get_text() == "5" and texts[(4, 4)].get_text() == "95"
+    assert _luminance(texts[(4, 0)].get_color()) > 0.8  # a 5 % cell is dark purple: light text
+    assert _luminance(texts[(4, 4)].get_color()) < 0.2  # a 95 % cell is yellow: dark text
+    assert min(t.get_fontsize() for t in ax.texts) >= 9
+
+
+@pytest.mark.parametrize("n", [20, 25, 40])
+def test_the_accuracy_matrix_numbers_fit_their_cells_or_are_left_out_with_a_word(tmp_path, n):
+    """On a 20 × 20 or 25 × 25 matrix (or larger) each number is narrower than its cell, or no number is drawn and
+    the heatmap's title says so (the colour bar reads the cells)."""
+    pytest.importorskip("matplotlib")
+    fig, ax = _heatmap(tmp_path, [[100] * (i + 1) for i in range(n)])
+    renderer = fig.canvas.get_renderer()
+    cell = ax.get_window_extent(renderer).width / n
+    if ax.texts:
+        assert max(t.get_window_extent(renderer).width for t in ax.texts) < cell
+        assert len(ax.texts) == n * (n + 1) // 2
+    else:
+        assert "numbers" in ax.get_title()
+
+
+def test_overlapping_curves_keep_their_own_colour_line_style_and_a_light_edged_band(tmp_path, monkeypatch):
+    """Fine-tuning's and LwF's curves lie within a point of each other: their ±std bands (alpha 0.2, no edge)
+    merged into one colour. Each method now has its own colour of a qualitative palette (the same in every
+    figure), its own line style and marker, and a light band with an edge; the legend shows each."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_rgba
+
+    from dfcil.analysis import plots
+
+    for order, (last, avg) in enumerate([(40.0, 58.0), (42.0, 60.0)]):
+        data = C100_N10 | {"class_order_seed": order}
+        write_run(tmp_path, f"finetune/o{order}", data, {"name": "finetune"}, summary=summary(last, avg))
+        write_run(tmp_path, f"lwf/o{order}", data, {"name": "lwf"}, summary=summary(last + 1, avg + 1))
+    write_run(tmp_path, "lwf5/o0", C100_N10 | {"num_tasks": 5}, {"name": "lwf"}, summary=summary(41.0, 59.0))
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append((path.name, fig)) or [])
+    plots.plot_curves(group_runs(find_runs([tmp_path])), tmp_path / "plots")
+    (_, n10), (_, n5) = sorted(figures, key=lambda f: f[0] != "cifar100_n10")
+    ax = n10.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+    ft, lwf = lines["finetune (n=2)"], lines["lwf (n=2)"]
+    assert to_rgba(ft.get_color()) != to_rgba(lwf.get_color())
+    assert ft.get_linestyle() != lwf.get_linestyle() and ft.get_marker() != lwf.get_marker()
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2
+    for band in bands:
+        assert band.get_facecolor()[0][3] <= 0.15  # light: the other band shows through
+        assert band.get_linewidth()[0] > 0 and band.get_edgecolor()[0][3] > band.get_facecolor()[0][3]  # its edge
+        assert band.get_hatch()
+    assert {tuple(b.get_facecolor()[0][:3]) for b in bands} == {to_rgba(line.get_color())[:3] for line in (ft, lwf)}
+    assert bands[0].get_hatch() != bands[1].get_hatch()
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["finetune (n=2)", "lwf (n=2)"]
+    lwf5 = next(line for line in n5.axes[0].get_lines() if line.get_label() == "lwf (n=1)")
+    assert to_rgba(lwf5.get_color()) == to_rgba(lwf.get_color())  # a method's colour is its own in every figure

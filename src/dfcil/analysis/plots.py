@@ -1,8 +1,9 @@
 """Figures of ``dfcil report --plots DIR``, as PNG and PDF, from the runs a report has read.
 
 * ``curves/<dataset>_<protocol>``: accuracy after each task against the classes seen so far, mean over a group's
-  runs with a ±std band, one line per group (the paper's incremental-accuracy figures); a hollow marker with an
-  error bar is the paper's A_N where it has one.
+  runs with a ±std band, one line per group (the paper's incremental-accuracy figures), each group with its own
+  colour, line style, marker and hatch (:func:`curve_styles`); a hollow marker with an error bar is the paper's
+  A_N where it has one.
 * ``runs/<run>``: one run's accuracy matrix as a heatmap, old/new accuracy after each task, and forgetting after
   each task.
 * ``synthetic/<run>``: a run's ``synthetic_task<t>.png`` images side by side (runs without them are skipped).
@@ -116,17 +117,50 @@ def _floats(values: Sequence[float | None]) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
+# What tells one group's curve from another's where curves and bands overlap (fine-tuning's and LwF's within a
+# point of each other): a colour of matplotlib's qualitative "tab10", a line style, a marker and a band hatch, each
+# cycled on its own, so that two groups share all four only 140 groups apart.
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+HATCHES = ("/", "\\", "|", "-", "x", "+", ".")  # single strokes: sparse, so that two crossing hatches read as two
+BAND_ALPHA = 0.12  # a band's fill: light, so that another band below it shows through; its edge is drawn stronger
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveStyle:
+    colour: tuple[float, float, float]
+    linestyle: str
+    marker: str
+    hatch: str
+
+
+def curve_styles(groups: Sequence[Group]) -> dict[tuple[str, str], CurveStyle]:
+    """A :class:`CurveStyle` for each (method label, config label) of ``groups``, in the order they first appear
+    (the report's order: the paper's methods first), so that a method keeps its style in every setting's figure."""
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"].colors
+    keys = list(dict.fromkeys((g.setting.method_label, g.config_label) for g in groups))
+    return {
+        key: CurveStyle(palette[k % len(palette)], LINESTYLES[k % 4], MARKERS[k % 7], HATCHES[k % 7])
+        for k, key in enumerate(keys)
+    }
+
+
 def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
     """One figure per dataset and protocol: mean accuracy after each task against classes seen, ±std band."""
+    from matplotlib.patches import Patch
+
     settings: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
         if g.finished:
             settings.setdefault((g.setting.dataset, g.setting.protocol_label), []).append(g)
+    styles = curve_styles([g for same in settings.values() for g in same])
     files = []
     for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
         fig = _figure(figsize=(6.4, 4.4), layout="constrained")
         ax = fig.add_subplot()
-        marked = False
+        marked, handles, labels = False, [], []
         for g in same:
             curves = [r.summary["acc_per_task"] for r in g.finished]
             n_tasks = max(map(len, curves))
@@ -135,20 +169,29 @@ def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
             y = np.array(curves, dtype=float)
             mean, std = y.mean(0), y.std(0)  # population std, as the report's tables
             label = " · ".join(p for p in (g.setting.method_label, g.config_label) if p) + f" (n={len(curves)})"
-            (line,) = ax.plot(x, mean, marker="o", markersize=3, label=label)
+            style = styles[(g.setting.method_label, g.config_label)]
+            (line,) = ax.plot(x, mean, color=style.colour, linestyle=style.linestyle, marker=style.marker,
+                              markersize=4, linewidth=1.6, label=label, zorder=3)  # fmt: skip
+            handle: Any = line
             if len(curves) > 1:
-                ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+                # a light fill, its outline and a hatch of the group's own: two bands that overlap read as two
+                band = dict(facecolor=(*style.colour, BAND_ALPHA), edgecolor=(*style.colour, 0.5), hatch=style.hatch,
+                            linewidth=0.6)  # fmt: skip
+                ax.fill_between(x, mean - std, mean + std, zorder=2, **band)
+                handle = (Patch(**band), line)  # the legend shows the band under the line
+            handles.append(handle)
+            labels.append(label)
             paper = g.setting.paper_row()
             if paper is not None and paper.last_acc is not None:
                 v = paper.last_acc
-                ax.errorbar(x[-1], v.mean, yerr=v.std or 0, fmt="o", mfc="none", color=line.get_color(), capsize=3)
+                ax.errorbar(x[-1], v.mean, yerr=v.std or 0, fmt="o", mfc="none", color=style.colour, capsize=3)
                 marked = True
         if len(x) <= 26:
             ax.set_xticks(x)
         ax.set(xlabel="classes seen", ylabel="accuracy on all seen classes (%)", title=f"{dataset}, {protocol}")
         ax.grid(alpha=0.3)
         title = "mean ± std over runs" + ("; ○ the paper's A_N ± std" if marked else "")
-        ax.legend(fontsize=8, title=title, title_fontsize=8)
+        ax.legend(handles, labels, fontsize=8, title=title, title_fontsize=8, handlelength=3)
         files += _save(fig, out_dir / "curves" / stem)
     return files
 
@@ -230,16 +273,15 @@ def run_figure(run: Run) -> Any:
     matrix = _floats([v for row in s["accuracy_matrix"] for v in row]).reshape(len(s["accuracy_matrix"]), -1)
     n = len(matrix)
     tasks = np.arange(n)
-    fig = _figure(figsize=(16, 4.6), layout="constrained")
+    # beyond 12 tasks a taller figure (to 7 inches at 32) and a wider heatmap, so that its cells keep room for
+    # their numbers
+    fig = _figure(figsize=(16, min(7.0, 4.6 + 0.12 * max(0, n - 12))), layout="constrained")
     # space between panels (a fraction of the figure's width): the colour bar's label otherwise sits about
     # 0.1 inch from the next panel's "accuracy (%)" and the two read as one
     fig.get_layout_engine().set(wspace=0.08)
-    ax_m, ax_on, ax_f = fig.subplots(1, 3)
+    ax_m, ax_on, ax_f = fig.subplots(1, 3, width_ratios=(1.4 if n > 12 else 1, 1, 1))
     image = ax_m.imshow(np.ma.masked_invalid(matrix[:, :n]), vmin=0, vmax=100, cmap="viridis")
     fig.colorbar(image, ax=ax_m, label="accuracy (%)")
-    if n <= 12:
-        for i, j in zip(*np.nonzero(~np.isnan(matrix[:, :n])), strict=True):
-            ax_m.text(j, i, f"{matrix[i, j]:.0f}", ha="center", va="center", fontsize=7, color="w")
     ax_m.set(xlabel="test classes of task j", ylabel="after learning task i", title="accuracy matrix a(i, j)")
     ax_on.plot(tasks, _floats(s["new_acc"]), marker="o", label="new: a(i, i)")
     ax_on.plot(tasks, _floats(s["old_acc"]), marker="s", label="old: tasks j < i")
@@ -251,11 +293,39 @@ def run_figure(run: Run) -> Any:
     if n <= 26:
         for ax in (ax_m, ax_on, ax_f):
             ax.set_xticks(tasks)
+            if n > 12:
+                ax.tick_params(labelsize=7)  # two-digit task numbers side by side
         ax_m.set_yticks(tasks)
     ax_on.grid(alpha=0.3)
     ax_f.grid(alpha=0.3)
     fig.suptitle(f"{run.name}: {s.get('method')} on {s.get('dataset')}, A_N = {s['last_acc']:.2f}")
-    return _literal(fig)
+    _literal(fig)  # before the layout of _cell_numbers draws the names
+    _cell_numbers(fig, ax_m, image, matrix[:, :n])
+    return fig
+
+
+def _cell_numbers(fig: Any, ax: Any, image: Any, matrix: np.ndarray) -> None:
+    """Each cell's accuracy written on the heatmap ``image`` in ``ax``, for the learnt tasks only (j ≤ i; the upper
+    triangle is empty): dark text on a light cell and light on a dark one, in a size that follows the cell (the
+    figure laid out once to measure it); where the cells are too small for a readable number, none, and the
+    title says so."""
+    fig.draw_without_rendering()  # the layout, so that the heatmap's size on the page is known
+    cell = ax.get_window_extent().width / matrix.shape[1] * 72 / fig.dpi  # points
+    size = min(11.0, 0.42 * cell)  # "100" in DejaVu Sans is 1.9 em wide: 0.8 of the cell at most
+    if size < 5.5:
+        ax.set_title(f"{ax.get_title()}\n(cells too small for numbers: read the colour bar)")
+        return
+    for i, j in zip(*np.nonzero(~np.isnan(matrix)), strict=True):
+        if j <= i:
+            colour = "0.1" if _luminance(image.to_rgba(matrix[i, j])) > 0.179 else "white"
+            ax.text(j, i, f"{matrix[i, j]:.0f}", ha="center", va="center", fontsize=size, color=colour)
+
+
+def _luminance(rgba: Sequence[float]) -> float:
+    """WCAG's relative luminance of an sRGB colour, 0 (black) to 1 (white); above 0.179 black text contrasts
+    more with it than white text does."""
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
 
 
 def plot_run(run: Run, out_dir: Path, stem: str | None = None) -> list[Path]:
