@@ -19,13 +19,24 @@ def smoke_configs(method: str) -> list[Path]:
     return [CONFIGS / "smoke.yaml", *([overlay] if overlay.exists() else [])]
 
 
+SHARED_DATA = REPO.parent / "shared" / "data"  # where the developers keep the real data, beside the repository
+
+
 def shared_cifar_root() -> Path | None:
-    """A data root holding the real CIFAR-100 arrays: $DFCIL_CIFAR_ROOT, else ../shared/data next to the repo."""
-    candidates = [os.environ.get("DFCIL_CIFAR_ROOT"), REPO.parent / "shared" / "data"]
+    """A data root holding the real CIFAR-100 arrays: $DFCIL_CIFAR_ROOT, else the developers' shared data."""
+    candidates = [os.environ.get("DFCIL_CIFAR_ROOT"), SHARED_DATA]
     for c in candidates:
         if c and (Path(c) / "cifar100" / "train.npz").is_file():
             return Path(c)
     return None
+
+
+def shared_tiny_subset() -> Path:
+    """The real Tiny-ImageNet subset's zip (tiny-imagenet-200-sub100.zip: the release's layout, the first 100
+    training images of each class, the whole validation set): $DFCIL_TINY_SUBSET, else the developers' shared data.
+    It may not exist: the tests that need it skip, saying how to provide it."""
+    given = os.environ.get("DFCIL_TINY_SUBSET")
+    return Path(given) if given else SHARED_DATA / "tiny-imagenet-200" / "tiny-imagenet-200-sub100.zip"
 
 
 MAX_WORKERS = 4  # -n auto: one test process per core up to this many (each trains with one compute thread)

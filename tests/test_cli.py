@@ -546,15 +546,18 @@ def test_a_dry_run_names_every_problem_of_the_protocol_and_the_schedule_at_once(
     base = ["train", "--config", str(CONFIGS / "own-data.yaml"), "--data.root", str(root),
             "--data.cache", str(tmp_path / "cache"), "--data.image_size", "32", "--dry-run"]  # fmt: skip
     # the shrinking of issue 49: 5 tasks for 4 classes, a batch of 128 for 60 images, milestones [80, 120] for 3
-    # epochs, and R-DFCIL's 40 CHR epochs: one refusal that lists them all, each with its fix
+    # epochs, and R-DFCIL's 40 CHR epochs: one refusal that lists them all, each with its fix (the schedule's too,
+    # against the train section's 3 epochs while the method refuses its CHR epochs; issue 67)
     assert main([*base, "--train.epochs", "3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("dfcil: error: 3 problems") and err.count("\n  ") == 3
-    for text in ("chr_epochs (40) must be smaller", "set data.num_tasks to 4 or fewer", "all 60 training images"):
+    assert err.startswith("dfcil: error: 4 problems") and err.count("\n  ") == 4
+    for text in ("chr_epochs (40) must be smaller", "set data.num_tasks to 4 or fewer", "all 60 training images",
+                 "train.epochs is 3", "milestones [80, 120]"):  # fmt: skip
         assert text in err
-    assert main([*base, "--train.epochs", "3", "--method.chr_epochs", "1"]) == 2  # now the schedule's turn too
+    assert main([*base, "--train.epochs", "3", "--method.chr_epochs", "1"]) == 2  # the method's phases now
     err = capsys.readouterr().err
-    assert "3 problems" in err and "milestones [80, 120]" in err and "fractions of each phase" in err
+    assert "3 problems" in err and "milestones [80, 120]" in err and "--dry-run" not in err  # the user runs one
+    assert "a phase of 2 epochs cannot have two milestones" in err.lower() and "train.milestones: [0.5]" in err
     fixed = ["--train.epochs", "3", "--method.chr_epochs", "1", "--data.num_tasks", "2", "--train.batch_size", "10"]
     assert main([*base, *fixed, "--train.milestones", "[0.5]"]) == 0  # the fractions follow the shortened phases
     out = capsys.readouterr().out

@@ -261,7 +261,7 @@ def test_a_run_stopped_inside_the_first_task_resumes_exactly(tmp_path):
 )
 def test_train_keys_efc_never_reads_are_refused(extra, refused):
     """EFC's phases say they train with Adam at its own lr and weight decay: the train keys no phase reads are
-    found, as for every method, by the protocol's one check (dfcil.training.protocol.check_schedule_read)."""
+    found, as for every method, by the protocol's one check (dfcil.training.protocol.unread_problems)."""
     from dfcil.errors import ConfigError
     from dfcil.training.protocol import prepare
 

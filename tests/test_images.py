@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import REPO
+from conftest import REPO, shared_tiny_subset
 from dfcil.config import DataConfig
 from dfcil.data import decode as img
 from dfcil.data.datasets import build_dataset
 from dfcil.data.decode import BaseTransform, decode
 from dfcil.errors import DatasetError
 
-TINY_SUBSET = REPO.parent / "shared" / "data" / "tiny-imagenet-200" / "tiny-imagenet-200-sub100.zip"
+TINY_SUBSET = shared_tiny_subset()  # $DFCIL_TINY_SUBSET, else the developers' shared copy
 
 
 def nothing_cached(folder: Path) -> bool:
@@ -643,7 +643,11 @@ def test_tiny_imagenet_download_is_checksummed(tmp_path, monkeypatch):
     assert d.train.x.shape[0] == 200 and (root / "tiny-imagenet-200.zip").exists()
 
 
-@pytest.mark.skipif(not TINY_SUBSET.exists(), reason="the Tiny-ImageNet subset (../shared/data) is not here")
+@pytest.mark.skipif(
+    not TINY_SUBSET.exists(),
+    reason="the real Tiny-ImageNet subset not found: set DFCIL_TINY_SUBSET to its zip (tiny-imagenet-200-sub100.zip, "
+    "the release's layout with 100 training images per class)",
+)
 def test_the_real_tiny_imagenet_subset_parses(tmp_path):
     """The shared subset in the release's layout: 200 classes, the first 100 training images of each, the whole
     validation set; every listed image decodes (a sample is decoded here; a run decodes them all)."""

@@ -593,8 +593,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"config file {given!r} does not exist, and no preset is named so; `dfcil presets` lists the presets"
         ) from None
     except NotARegularFile:
-        kind = "a FIFO, not" if stat.S_ISFIFO(path.stat().st_mode) else "not"
-        raise ConfigError(f"config file {str(path)!r} is {kind} a regular file; give a .yaml file") from None
+        raise ConfigError(f"config file {str(path)!r} is {_file_kind(path)}a regular file; give a .yaml file") from None
     except YAMLTooLarge as err:
         raise ConfigError(f"config file {str(path)!r} is refused: {err}") from None
     except yaml.YAMLError as err:
@@ -608,6 +607,22 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
     return data
+
+
+# What a path that is no regular file is, by its mode, for the messages that refuse it
+SPECIAL_FILES = {
+    stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
+    stat.S_ISSOCK: "a socket",
+}  # fmt: skip
+
+
+def _file_kind(path: Path) -> str:
+    """``"a FIFO, not "`` (``/dev/null``: ``"a character device, not "``) for a special file, else ``"not "``."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # gone since: said as no regular file
+        return "not "
+    return next((f"{kind}, not " for test, kind in SPECIAL_FILES.items() if test(mode)), "not ")
 
 
 def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,9 @@ batch of real images (:class:`Batch`) and the phases a method trains a task in (
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
@@ -67,14 +69,37 @@ class Phase:
         )
 
     def lr_at(self, epoch: int) -> float:
-        """The lr of epoch ``epoch`` (from the phase's start): ``lr`` times ``gamma`` per milestone passed."""
+        """The lr of epoch ``epoch`` (from the phase's start): ``lr`` times ``gamma`` per milestone passed (two
+        milestones on one epoch: ``gamma`` squared there)."""
         return self.lr * self.gamma ** sum(epoch >= m for m in self.milestones)
 
 
 def milestone_epochs(milestones: tuple[float, ...], epochs: int) -> tuple[int, ...]:
     """Milestones in epochs from a phase's start: an int is one already, a fraction f of a phase of ``epochs``
-    epochs is epoch ``floor(f * epochs + 0.5)`` (0.5 of 3 epochs is epoch 2, 0.75 of 160 is 120)."""
+    epochs is epoch ``floor(f * epochs + 0.5)`` (0.5 of 3 epochs is epoch 2, 0.75 of 160 is 120). Fractions may
+    fall on one epoch (0.5 and 0.75 of 3 epochs: 2 and 2), where :meth:`Phase.lr_at` lowers the lr twice at once:
+    the protocol's checks refuse that, as a milestone at or after the phase's end."""
     return tuple(m if isinstance(m, int) else math.floor(m * epochs + 0.5) for m in milestones)
+
+
+def fitting_fractions(lengths: Iterable[int], count: int) -> tuple[float, ...] | None:
+    """``count`` (1 or 2) fractions of a phase (tenths or quarters), the nearest to 0.5 and 0.75, that give
+    ``count`` different milestones inside every phase of ``lengths`` epochs (from its second epoch to its last: a
+    phase of E epochs has room for E - 1); None where the shortest has no room for them."""
+    lengths = set(lengths)
+    if not lengths or min(lengths) - 1 < count:
+        return None
+
+    def fits(fractions: tuple[float, ...], epochs: int) -> bool:
+        m = milestone_epochs(fractions, epochs)
+        return m[0] > 0 and m[-1] < epochs and len(set(m)) == count
+
+    target = (0.5, 0.75)[:count]
+    candidates = itertools.combinations((0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9), count)
+    for fractions in sorted(candidates, key=lambda f: sum(abs(a - b) for a, b in zip(f, target, strict=True))):
+        if all(fits(fractions, n) for n in lengths):
+            return fractions
+    return None  # not reached: (0.4, 0.75) fits every phase of 3 epochs or more, (0.5,) every one of 2 or more
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from types import ModuleType
 
 from dfcil.errors import MissingExtraError
@@ -18,3 +19,11 @@ def require(module: str, extra: str, feature: str, package: str | None = None) -
         raise MissingExtraError(
             f"{feature} needs {package}, which is not installed ({err}); install it with: pip install 'dfcil[{extra}]'"
         ) from None
+
+
+def require_all(modules: Mapping[str, str], extra: str, feature: str) -> None:
+    """Import every module of ``modules`` (module → the package that installs it) before ``feature`` does any work,
+    or raise :class:`MissingExtraError` for the first that is missing (:func:`require`): a dependency of a dependency
+    (scikit-learn's threadpoolctl) is named, and installed by the extra, as the others are."""
+    for module, package in modules.items():
+        require(module, extra, feature, package)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,8 @@ def load_config(
         The config and the notes on method switches (``"method.chr_epochs dropped (not a key of finetune)"``,
         ``"method.lambda_kd kept at 10.0 (lwf's default: 1.0)"``).
     """
+    if isinstance(paths, str | os.PathLike):  # one file given alone, not a list of its characters
+        paths = [paths]
     raw: dict[str, Any] = deep_merge({}, base or {})
     dropped: list[str] = []
     files = [(path, _with_saved_entries(path, read_yaml(path))) for path in paths]

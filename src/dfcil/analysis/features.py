@@ -35,7 +35,7 @@ from dfcil.checkpoint import loads
 from dfcil.compute.runtime import Runtime, resolve_device
 from dfcil.data.device import Normalizer, class_indices, to_device
 from dfcil.errors import ConfigError
-from dfcil.extras import require
+from dfcil.extras import require, require_all
 from dfcil.io import write_atomic, write_json
 from dfcil.methods import build_method
 from dfcil.models.generator import build_generator
@@ -123,10 +123,21 @@ def features(net: IncrementalNet, x: Tensor, batch_size: int = 500) -> np.ndarra
     return torch.cat([net(x[i : i + batch_size]).features.float() for i in range(0, len(x), batch_size)]).cpu().numpy()
 
 
+FEATURE = "dfcil inspect --features"
+# Every module the features' figure and numbers import, module → the package that installs it (the plot extra):
+# checked before any work (require_all), so that a missing one is said in one line, not as a traceback at the end
+NEEDS = {
+    "matplotlib.figure": "matplotlib", "matplotlib.lines": "matplotlib",
+    "sklearn.manifold": "scikit-learn", "sklearn.metrics": "scikit-learn", "sklearn.neighbors": "scikit-learn",
+    "sklearn.model_selection": "scikit-learn",
+    "threadpoolctl": "threadpoolctl",  # scikit-learn's dependency, which tsne_2d uses itself
+}  # fmt: skip
+
+
 def tsne_2d(points: np.ndarray, seed: int = 0) -> np.ndarray:
     """(N, 2) t-SNE embedding of (N, d) points (scikit-learn; PCA initialisation, perplexity ≤ 30)."""
-    manifold = require("sklearn.manifold", "plot", "dfcil inspect --features", "scikit-learn")
-    from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
+    manifold = require("sklearn.manifold", "plot", FEATURE, "scikit-learn")
+    threadpool_limits = require("threadpoolctl", "plot", FEATURE).threadpool_limits
 
     perplexity = float(min(30.0, max(2.0, (len(points) - 1) / 3)))
     tsne = manifold.TSNE(2, perplexity=perplexity, init="pca", random_state=seed)
@@ -146,7 +157,7 @@ def class_colours(n: int) -> np.ndarray:
     """(n, 4) RGBA colours for n classes: tab10's nine hues without its grey, then their light shades (tab20) up
     to 18 classes; evenly spaced on turbo beyond, without its near-black ends. No class is grey or black, so none
     looks like :data:`NEUTRAL`, the legend's marker for "real" and "synthetic" whatever the class."""
-    colormaps = require("matplotlib", "plot", "dfcil inspect --features").colormaps
+    colormaps = require("matplotlib", "plot", FEATURE).colormaps
     if n <= len(TAB20_NO_GREY):
         cmap = colormaps["tab20"]
         return np.array([cmap(k) for k in TAB20_NO_GREY[:n]])
@@ -178,7 +189,7 @@ def plot_pictures(pictures: Sequence[Picture], names: Sequence[str], title: str)
     (``names``: the order positions' names, shared by every picture: the same classes), with one legend at the
     right of the last panel. The legend's marker shapes are hollow and black (:data:`NEUTRAL`), a colour no
     class has."""
-    require("matplotlib", "plot", "dfcil inspect --features")
+    require("matplotlib", "plot", FEATURE)
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -394,6 +405,7 @@ def inspect_features(
     :func:`protocol_of`). Writes ``<stem>.png``, ``.pdf`` and ``.json`` (default in ``<run>/inspect``; stem
     ``features_tsne``, with ``_independent`` and ``_vs_<other run's folder>`` where they apply). Returns the
     numbers as a table and the paths. ``consent``: plugin code the runs name that may be imported."""
+    require_all(NEEDS, "plot", FEATURE)  # before any work
     chosen, per_class = EMBEDDINGS.get(options.embedding), options.per_class
     dirs = [run_dir] if against is None else [run_dir, against]
     runs = [FinishedRun.open(d, consent, **{"data.root": data_root, "device": device}) for d in dirs]

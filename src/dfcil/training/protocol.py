@@ -2,14 +2,16 @@
 
 Three separate jobs, so that each command does only those it needs:
 
-* :func:`validate`: the config across its sections (the method's own checks, the backbone and head names, engine
-  switches the method or the launch cannot use); no data, no file system;
-* :func:`check_environment`: what training writes or compiles beside the run (the shared first-task models'
+* :func:`config_problems` (:func:`validate` refuses them): the config across its sections (the method's own checks,
+  the backbone and head names, engine switches the method or the launch cannot use); no data, no file system;
+* :func:`environment_problems`: what training writes or compiles beside the run (the shared first-task models'
   directory, the compile cache, the compiler): only a run that trains needs them;
 * :func:`load_protocol`: the data read (decoded and cached the first time) and cut into tasks, for training and
-  for evaluating a finished run alike; :func:`check_training` then refuses a protocol the method cannot train.
+  for evaluating a finished run alike; :func:`training_problems` are what the method cannot train of it.
 
-:func:`prepare` does all four before a run starts, so that bad input is refused before a run directory exists.
+:func:`prepare` does them all before a run starts, so that bad input is refused before a run directory exists: each
+check adds what it finds to one list rather than stopping at it, so that one refusal (and one dry run) names every
+problem, each with its fix.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -27,10 +29,11 @@ from dfcil.compute import distributed
 from dfcil.compute.distributed import Dist
 from dfcil.compute.runtime import check_compiler, compile_cache_dir, resolve_device
 from dfcil.config import RunConfig, TrainConfig
+from dfcil.context import Phase, fitting_fractions, milestone_epochs
 from dfcil.data.datasets import ImageDataset, build_dataset
 from dfcil.data.device import Normalizer, TrainBatches, class_indices, to_device
 from dfcil.data.splits import ClassIncrementalSplit
-from dfcil.errors import ConfigError, DatasetError, SplitError
+from dfcil.errors import ConfigError, DatasetError, RegistryError, SplitError
 from dfcil.io import check_creatable_dir
 from dfcil.methods import METHODS, Method, Task, build_method
 from dfcil.models.backbones import BACKBONES
@@ -78,59 +81,93 @@ class Protocol:
         }  # fmt: skip
 
 
-def check_engine(cfg: RunConfig, method: Any) -> None:
-    """Refuse engine and model switches that ``method`` or this launch cannot use: a static head, compiled steps,
-    several processes (:mod:`dfcil.compute.distributed`)."""
+# What a check raises for input it refuses: prepare collects them into one refusal, each with its fix
+REFUSALS = (ConfigError, SplitError, DatasetError, RegistryError)
+T = TypeVar("T")
+
+
+def attempt(problems: list[Exception], check: Callable[[], T]) -> T | None:
+    """``check()``, or None with its refusal (:data:`REFUSALS`) added to ``problems``."""
+    try:
+        return check()
+    except REFUSALS as err:
+        problems.append(err)
+        return None
+
+
+def engine_problems(cfg: RunConfig, method: Method) -> list[Exception]:
+    """Engine and model switches that ``method`` or this launch cannot use: a static head, compiled steps, several
+    processes (:mod:`dfcil.compute.distributed`)."""
+    problems: list[Exception] = []
     if cfg.model.static_head and not method.info.static_head:
         able = ", ".join(n for n in METHODS.names() if METHODS.get(n).info.static_head)
-        raise ConfigError(
+        problems.append(ConfigError(
             f"model.static_head: {method.name} compares logit columns by slicing with the task's class counts, "
             f"which a static head's fixed width does not allow; the methods that support it: {able}. Set "
             f"model.static_head: false"
-        )
+        ))  # fmt: skip
     dist = distributed.current()
     if dist.active:
         able = ", ".join(n for n in METHODS.names() if METHODS.get(n).info.distributed)
         if not method.info.distributed:
-            raise ConfigError(
+            problems.append(ConfigError(
                 f"{method.name} does not train over several processes yet (its batch-level terms are computed per "
                 f"process); the methods that do: {able}. Run it as one process"
-            )
+            ))  # fmt: skip
         if cfg.engine.cuda_graphs == "on" or cfg.engine.compile != "none":
-            raise ConfigError(
+            problems.append(ConfigError(
                 "engine.cuda_graphs: on and engine.compile do not work over several processes yet; set "
                 "engine.cuda_graphs: off and engine.compile: none, or run one process"
-            )
-        dist.check_batch(cfg.train.batch_size)
+            ))  # fmt: skip
+        attempt(problems, lambda: dist.check_batch(cfg.train.batch_size))
         inversion = getattr(cfg.method, "inversion", None)
         if inversion is not None and inversion.batch_size and cfg.engine.distributed_inversion == "split":
-            dist.check_batch(inversion.batch_size, "method.inversion.batch_size")
+            attempt(problems, lambda: dist.check_batch(inversion.batch_size, "method.inversion.batch_size"))
     if cfg.engine.compile == "step" and not cfg.model.static_head:
-        raise ConfigError(
+        problems.append(ConfigError(
             "engine.compile: step compiles each step once per run, which needs shapes that do not change between "
             "tasks: add model.static_head: true (or use engine.compile: default, which compiles the backbones)"
-        )
+        ))  # fmt: skip
+    return problems
+
+
+def config_problems(cfg: RunConfig) -> tuple[Method | None, list[Exception]]:
+    """Every reason the config cannot run, across its sections: a device this machine lacks, the method's own
+    cross-field checks (building it), an unknown backbone or head, engine and model switches the method or this
+    launch cannot use (:func:`engine_problems`). Reads no data and touches no file. Returns the method built
+    (None where its own checks refuse it) and the problems."""
+    problems: list[Exception] = []
+    attempt(problems, lambda: resolve_device(cfg.device))  # a device this machine has
+    method = attempt(problems, lambda: build_method(cfg.method, cfg.train))  # the method's cross-field checks
+    if cfg.model.backbone != "auto":
+        attempt(problems, lambda: BACKBONES.get(cfg.model.backbone))
+    if method is not None:
+        attempt(problems, lambda: HEADS.get(method.head))
+        problems += engine_problems(cfg, method)
+    return method, problems
 
 
 def validate(cfg: RunConfig) -> Method:
-    """Refuse a config that cannot run, across its sections: the method's own cross-field checks (building it),
-    an unknown backbone or head, engine and model switches the method or this launch cannot use. Reads no data and
+    """Refuse a config that cannot run (:func:`config_problems`, all of them in one error). Reads no data and
     touches no file. Returns the method built (unused but for its checks and what it declares)."""
-    resolve_device(cfg.device)  # a device this machine has
-    method = build_method(cfg.method, cfg.train)  # cross-field checks of the method's config
-    if cfg.model.backbone != "auto":
-        BACKBONES.get(cfg.model.backbone)  # an unknown backbone or head is refused before anything is written
-    HEADS.get(method.head)
-    check_engine(cfg, method)
+    method, problems = config_problems(cfg)
+    refuse(problems)
+    assert method is not None  # refused above otherwise
     return method
 
 
-def check_environment(cfg: RunConfig) -> None:
-    """Refuse what only training needs and this machine cannot give: a compiler for ``engine.compile``, and the
+def environment_problems(cfg: RunConfig) -> list[Exception]:
+    """What only training needs and this machine cannot give: a compiler for ``engine.compile``, and the
     directories ``task0_cache`` and ``engine.compile_cache`` name, which must be creatable. Evaluating a finished
     run needs none of them."""
+    problems: list[Exception] = []
     if cfg.engine.compile != "none" and cfg.engine.compile_backend == "inductor":
-        check_compiler(resolve_device(cfg.device))
+        try:
+            device = resolve_device(cfg.device)
+        except ConfigError:  # named by config_problems
+            device = None
+        if device is not None:
+            attempt(problems, lambda: check_compiler(device))
     kept = compile_cache_dir(cfg.engine.compile_cache) if cfg.engine.compile != "none" else None
     for path, what, fix in (
         (cfg.task0_cache, "task0_cache", "set it to a directory or leave it unset"),
@@ -140,7 +177,8 @@ def check_environment(cfg: RunConfig) -> None:
             if path:
                 check_creatable_dir(path, what, fix)
         except ValueError as err:
-            raise ConfigError(str(err)) from None
+            problems.append(ConfigError(str(err)))
+    return problems
 
 
 def load_protocol(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
@@ -172,25 +210,23 @@ def cut_tasks(cfg: RunConfig, dataset: ImageDataset) -> Protocol:
     return Protocol(dataset, split, tuple(train_n), tuple(test_n))
 
 
-def check_training(cfg: RunConfig, method: Method, protocol: Protocol) -> None:
-    """Refuse a protocol that ``method`` cannot train (:func:`training_problems`), naming every problem at once."""
-    refuse(training_problems(cfg, method, protocol.dataset, protocol))
-
-
 def training_problems(
-    cfg: RunConfig, method: Method, dataset: ImageDataset, protocol: Protocol | None
+    cfg: RunConfig, method: Method | None, dataset: ImageDataset | None, protocol: Protocol | None
 ) -> list[Exception]:
     """Every reason ``method`` cannot train the protocol: a task with fewer images than a batch (it would never
-    train), lr milestones outside their phase, a schedule key no phase reads, an image size the method or its
-    synthesizer is not built for. Without a protocol (its tasks could not be cut) the batch is checked against all
-    the kept classes' images and the phases against a first and a later task, so that one dry run lists them all."""
-    problems = batch_problems(cfg, dataset, protocol)
+    train), lr milestones that do not lower the lr where they say (:func:`phase_problems`), a schedule key no phase
+    reads, an image size the method or its synthesizer is not built for. What a missing part allows is still
+    checked, so that one dry run lists everything: without a protocol (its tasks could not be cut) the batch against
+    all the kept classes' images and the phases of a first and a later task; without data, the schedule alone;
+    without a method (its own checks refused it), the train section's schedule."""
     tasks = tasks_of(protocol.split) if protocol else stand_in_tasks(cfg.data.num_tasks)
-    for check in (check_phases, check_schedule_read):
-        try:
-            check(cfg, method, tasks)
-        except ConfigError as err:
-            problems.append(err)
+    problems = [] if dataset is None else batch_problems(cfg, dataset, protocol)
+    problems += phase_problems(cfg, method, tasks)
+    if method is None:
+        return problems
+    problems += unread_problems(cfg, method, tasks)
+    if dataset is None:
+        return problems
     try:  # an image size the method (DGR's VAE) or its synthesizer is not built for, refused with the sizes it takes
         method.check_image_size(dataset.image_size)
         if method.synthesizer() is not None:
@@ -229,7 +265,9 @@ def batch_problems(cfg: RunConfig, dataset: ImageDataset, protocol: Protocol | N
 
 
 def refuse(problems: Sequence[Exception]) -> None:
-    """Raise the one problem as it is, or every problem in one :class:`ConfigError`, one numbered line each."""
+    """Raise the one problem as it is, or every problem in one :class:`ConfigError`, one numbered line each (one
+    that two checks found is named once)."""
+    problems = list({(type(p), str(p)): p for p in problems}.values())
     if len(problems) == 1:
         raise problems[0]
     if problems:
@@ -238,28 +276,14 @@ def refuse(problems: Sequence[Exception]) -> None:
 
 
 def prepare(cfg: RunConfig, progress: ProgressFactory | None = None) -> Protocol:
-    """Everything a run checks before it starts (:func:`validate`, :func:`check_environment`, the data, the tasks
-    and :func:`training_problems`), raising a clear error for anything that cannot run: the method's, the
-    protocol's and the schedule's problems all in one error; returns the protocol."""
-    try:
-        method, problems = validate(cfg), []
-    except ConfigError as err:  # the method's own checks (chr_epochs against train.epochs): the data's still run
-        method, problems = None, [err]
-    check_environment(cfg)
-    try:
-        dataset = build_dataset(cfg.data, progress=progress)
-    except DatasetError:  # no data to check the rest against: the config's own problems first, else the data's
-        refuse(problems)
-        raise
-    try:
-        protocol = cut_tasks(cfg, dataset)
-    except SplitError as err:
-        protocol = None
-        problems.append(err)
-    if method is None:
-        problems += batch_problems(cfg, dataset, protocol)
-    else:
-        problems += training_problems(cfg, method, dataset, protocol)
+    """Everything a run checks before it starts (:func:`config_problems`, :func:`environment_problems`, the data,
+    the tasks and :func:`training_problems`), raising one clear error that names every problem found, each with its
+    fix: a check that finds one adds it and the others still run on what there is. Returns the protocol."""
+    method, problems = config_problems(cfg)
+    problems += environment_problems(cfg)
+    dataset = attempt(problems, lambda: build_dataset(cfg.data, progress=progress))
+    protocol = None if dataset is None else attempt(problems, lambda: cut_tasks(cfg, dataset))
+    problems += training_problems(cfg, method, dataset, protocol)
     refuse(problems)
     assert protocol is not None  # refused above otherwise
     return protocol
@@ -281,22 +305,24 @@ def stand_in_tasks(num_tasks: int) -> list[Task]:
     return [Task(task_id=t, n_old=t, n_new=1, num_tasks=num_tasks) for t in range(min(num_tasks, 2))]
 
 
-def check_schedule_read(cfg: RunConfig, method: Method, tasks: Sequence[Task]) -> None:
-    """Refuse a schedule key of ``train`` (:data:`SCHEDULE_KEYS`) set away from its default that no phase of any
-    task reads: the method's phases stay the same when the key takes another value (EFC's Adam phases read neither
+def unread_problems(cfg: RunConfig, method: Method, tasks: Sequence[Task]) -> list[Exception]:
+    """Every schedule key of ``train`` (:data:`SCHEDULE_KEYS`) set away from its default that no phase of any task
+    reads: the method's phases stay the same when the key takes another value (EFC's Adam phases read neither
     ``train.lr`` nor ``train.momentum``). A value that some phase uses anyway (a preset repeating a method's own
     lr there) is accepted: it changes nothing, and says nothing false."""
     defaults, phases = TrainConfig(), [p for task in tasks for p in method.phases(task)]
+    problems: list[Exception] = []
     for key in unread_schedule_keys(cfg, method, tasks):
         value = getattr(cfg.train, key)
         if value == getattr(defaults, key) or value == () or value in {getattr(p, key) for p in phases}:
             continue
         described = "; ".join(dict.fromkeys(p.describe() for p in phases))
-        raise ConfigError(
+        problems.append(ConfigError(
             f"train.{key} ({list(value) if isinstance(value, tuple) else value}) changes nothing: no phase of "
             f"{method.name} reads it (its phases: {described or 'none'}); drop it, or set the method's own keys "
             f"(dfcil train --print-config lists them)"
-        )
+        ))  # fmt: skip
+    return problems
 
 
 def unread_schedule_keys(cfg: RunConfig, method: Method, tasks: Sequence[Task]) -> list[str]:
@@ -315,20 +341,73 @@ def unread_schedule_keys(cfg: RunConfig, method: Method, tasks: Sequence[Task]) 
     return unread
 
 
-def check_phases(cfg: RunConfig, method: Method, tasks: Sequence[Task]) -> None:
-    """Refuse a phase whose lr milestones (counted from the phase's start) do not fall inside it: such a milestone
-    never lowers the lr, silently (R-DFCIL's RRL phase, for one, is ``train.epochs - method.chr_epochs`` long)."""
-    for task in tasks:
-        for phase in method.phases(task):
-            late = [m for m in phase.milestones if m >= phase.epochs]
-            if late:
-                raise ConfigError(
-                    f"the {phase.name} phase of task {task.task_id} lasts {phase.epochs} epochs, but its lr "
-                    f"milestones {list(phase.milestones)} (epochs from the phase's start) reach {late[0]}: a "
-                    f"milestone there never lowers the lr. Use milestones below {phase.epochs}, or fractions of "
-                    f"each phase (train.milestones: [0.5, 0.75] lowers the lr at half and three quarters of it); "
-                    f"dfcil train --dry-run prints every phase's schedule"
-                )
+def phase_problems(cfg: RunConfig, method: Method | None, tasks: Sequence[Task]) -> list[Exception]:
+    """Phases whose lr milestones (epochs from the phase's start) do not lower the lr where they say: one at or after
+    the phase's end never does, silently (R-DFCIL's RRL phase, for one, is ``train.epochs - method.chr_epochs``
+    long), and two on one epoch (fractions of a short phase: 0.5 and 0.75 of 3 epochs are 2 and 2) lower it twice at
+    once (:meth:`~dfcil.context.Phase.lr_at`). One problem per kind of phase (all but its name alike), naming every
+    phase of that kind, with a fix that fits the phases at hand. Without a method (its own checks refused it) the
+    train section's one phase stands in: no phase on the run's schedule is longer."""
+    found: dict[Phase, list[tuple[str, int]]] = {}  # a phase, nameless → (name, task) of every phase of that kind
+    if method is None:
+        found[Phase.from_train("", cfg.train)] = []
+    else:
+        for task in tasks:
+            for phase in method.phases(task):
+                found.setdefault(dataclasses.replace(phase, name=""), []).append((phase.name, task.task_id))
+    lengths = {p.epochs for p in found if p.milestones}  # the phases a fix must fit
+    given = cfg.train.milestones
+    problems: list[Exception] = []
+    for phase, where in found.items():
+        ms, epochs = phase.milestones, phase.epochs
+        late = [m for m in ms if m >= epochs]
+        same = sorted({m for m in ms if ms.count(m) > 1})
+        if not (late or same):
+            continue
+        if where:
+            lasts = f"lasts {epochs} epoch{'s' * (epochs != 1)}"
+            subject = f"the {where[0][0]} phase of task {where[0][1]} {lasts}, but its lr milestones"
+        else:
+            subject = f"train.epochs is {epochs} (no phase on the run's schedule is longer), but the lr milestones"
+        fractions = bool(given) and isinstance(given[0], float) and milestone_epochs(given, epochs) == ms
+        shown = f"{list(given)} (epochs {list(ms)} of it)" if fractions else f"{list(ms)} (epochs from its start)"
+        reasons = [f"reach {late[0]}: a milestone there never lowers the lr"] if late else []
+        if same:
+            lowered = f"from {phase.lr:g} to {phase.lr_at(same[0]):g}"
+            reasons.append(f"fall on one epoch, {same[0]}: they lower the lr twice at once there ({lowered})")
+        others = _phases_named(where[1:])
+        also = f" {' and '.join(others)} {'is' if len(others) == 1 else 'are'} the same." if others else ""
+        problems.append(ConfigError(
+            f"{subject} {shown} {'; and they '.join(reasons)}.{also} {milestone_fix(lengths, len(ms), epochs)}"
+        ))  # fmt: skip
+    return problems
+
+
+def _phases_named(where: Sequence[tuple[str, int]]) -> list[str]:
+    """``The rrl phase of tasks 1, 2`` for each phase name of (name, task) pairs."""
+    tasks: dict[str, list[int]] = {}
+    for name, task in where:
+        tasks.setdefault(name, []).append(task)
+    named = [f"the {n} phase of task{'s' * (len(t) > 1)} {', '.join(map(str, t))}" for n, t in tasks.items()]
+    return [text[0].upper() + text[1:] if i == 0 else text for i, text in enumerate(named)]
+
+
+def milestone_fix(lengths: set[int], wanted: int, epochs: int) -> str:
+    """What to set instead of ``wanted`` milestones of a phase of ``epochs``: epochs inside it, or fractions that
+    fit every phase of ``lengths`` epochs (:func:`~dfcil.context.fitting_fractions`); where the shortest has no
+    room for two (a phase of E epochs has room for E - 1, its epochs 1 to E - 1), as many as it has room for."""
+    shortest, count = min(lengths), min(wanted, 2)
+    room = min(count, shortest - 1)
+    longer = "or make the phases longer (train.epochs)"
+    if not room:  # the shortest lasts 1 epoch
+        return f"A phase of 1 epoch cannot have a milestone: drop them (train.milestones: []), {longer}"
+    fractions = fitting_fractions(lengths, room) or ()
+    where = " and ".join(f"{', '.join(map(str, milestone_epochs(fractions, n)))} of a {n}-epoch phase"
+                         for n in sorted(lengths)[:3])  # fmt: skip
+    at = f"train.milestones: {list(fractions)} lowers the lr at epoch{'s' * (room > 1)} {where}"
+    if room == count:
+        return f"Use epochs below {epochs}, or fractions of each phase ({at})"
+    return f"A phase of {shortest} epochs cannot have two milestones (it has room for one): use one ({at}), {longer}"
 
 
 @dataclasses.dataclass
