@@ -12,6 +12,7 @@ import torch
 
 from conftest import CONFIGS, StopInSetup
 from dfcil.checkpoint import loads
+from dfcil.context import Phase
 from dfcil.errors import RunInterrupted
 from dfcil.load import load_config
 from dfcil.progress import ProgressLog, duration
@@ -66,17 +67,27 @@ def test_a_line_has_the_step_the_terms_the_speed_since_the_start_and_the_time_le
     assert [duration(s) for s in (0.4, 59, 185, 7620, float("inf"))] == ["0s", "59s", "3m05s", "2h07m", "?"]
 
 
-def _fake_loop(steps, start=0):
-    """What ConsoleLogger reads of a run in a task's first phase: the position, the epoch's progress, the data."""
+def _fake_loop(steps, start=0, epochs=1, task=1, phases=None):
+    """What ConsoleLogger reads of a run of 2 tasks of ``steps`` images in batches of one, in task ``task``'s first
+    phase: the position, the epoch's progress, the data; and what the run's time left reads: the protocol, the
+    method's phases (``phases(task_id)``; default: one of ``epochs`` epochs, ``base`` then ``rrl``) and inversion
+    steps (none), the test set (10 images a task)."""
     ep = EpochProgress(torch.arange(steps), step=start)
     ep.names, ep.values = ["ce"], torch.ones(steps, 1)
-    ctx = SimpleNamespace(task_id=1, data=range(steps))
-    state = SimpleNamespace(position=Position(1, "train", 0, 0, start), epoch=ep)
-    return SimpleNamespace(state=state, ctx=ctx)
+    ctx = SimpleNamespace(task_id=task, data=range(steps))
+    state = SimpleNamespace(position=Position(task, "train", 0, 0, start), epoch=ep)
+    phases = phases or (lambda t: [Phase("rrl" if t else "base", epochs, 0.1)])
+    method = SimpleNamespace(phases=lambda t: phases(t.task_id), batch_size=lambda t: 1, synthesizer=lambda: None)
+    split = SimpleNamespace(num_tasks=2, offsets=[0, 5, 10], task_sizes=[5, 5])
+    return SimpleNamespace(
+        state=state, ctx=ctx, protocol=SimpleNamespace(split=split, train_images=(steps, steps)), method=method,
+        batches=SimpleNamespace(seen=False), evaluator=SimpleNamespace(test=SimpleNamespace(seen=[10, 20])),
+        callbacks=[],
+    )  # fmt: skip
 
 
 def _drive(logger, loop, clock, seconds_per_step, epochs=1):
-    phase = SimpleNamespace(name="rrl", epochs=epochs)
+    phase = Phase("rrl", epochs, 0.1)
     logger.on_run_start(loop)
     info = {"task": 1, "num_tasks": 2, "n_new": 5, "n_seen": 10, "train_images": 100, "phases": []}
     logger.on_task_start(info)
@@ -98,12 +109,14 @@ def test_a_first_epoch_gets_lines_only_when_it_projects_past_the_threshold(caplo
     last, which the epoch's own line follows); the second epoch gets none."""
     clock = FakeClock()
     with caplog.at_level(logging.INFO, logger="dfcil"):
-        _drive(ConsoleLogger(slow_epoch_s=30.0, clock=clock), _fake_loop(100), clock, seconds_per_step, epochs=2)
+        loop = _fake_loop(100, epochs=2)
+        _drive(ConsoleLogger(slow_epoch_s=30.0, clock=clock), loop, clock, seconds_per_step, epochs=2)
     lines = _lines(caplog)
     assert [int(re.search(r"step (\d+)/100", line).group(1)) for line in lines] == expected
-    if expected:
+    if expected:  # the run's time left: 190 steps of 0.5 s, and the evaluation, not timed yet
         assert lines[0] == (
-            "task 1 rrl epoch 0 (of 0..1) step 10/100 (10%): ce=1.0000 (epoch means so far); 2.00 steps/s, 45s left"
+            "task 1 rrl epoch 0 (of 0..1) step 10/100 (10%): ce=1.0000 (epoch means so far); 2.00 steps/s, 45s left; "
+            "run: over 1.6 min left"
         )
 
 
@@ -113,7 +126,66 @@ def test_a_resumed_first_epoch_continues_at_its_step(caplog):
         _drive(ConsoleLogger(slow_epoch_s=30.0, clock=clock), _fake_loop(100, start=35), clock, 1.0)
     lines = _lines(caplog)
     assert [int(re.search(r"step (\d+)/100", line).group(1)) for line in lines] == [40, 50, 60, 70, 80, 90]
-    assert lines[0].endswith("1.00 steps/s, 1m00s left")
+    assert lines[0].endswith("1.00 steps/s, 1m00s left; run: over 1.0 min left")  # 60 steps of this process's 1 s
+
+
+def test_the_lines_give_the_run_time_left_from_the_steps_timed_so_far(caplog):
+    """A fake run of 2 tasks of 10 steps an epoch, driven through the engine's hooks in their order on a fake clock:
+    task 0 trains 2 epochs at 0.1 s a step and evaluates 10 images at 0.01 s; task 1 inverts 4 steps at 0.5 s, trains
+    2 RRL epochs at 0.2 s a step, spends 0.3 s at RRL's end and trains a CHR epoch at 0.05 s a step. Each line's time
+    left is its work left times those seconds, "over" while a kind left (the inversion, RRL, CHR) has not run."""
+    clock = FakeClock()
+    phases = {0: [Phase("base", 2, 0.1)], 1: [Phase("rrl", 2, 0.1), Phase("chr", 1, 0.1)]}
+    loop = _fake_loop(10, phases=phases.get)
+    loop.method.synthesizer = lambda: SimpleNamespace(cfg=SimpleNamespace(steps=4))
+    logger = ConsoleLogger(slow_epoch_s=1e9, clock=clock)
+    info = {"num_tasks": 2, "n_new": 5, "n_seen": 5, "train_images": 10, "phases": []}
+    timing = {"phases": {}, "eval_s": 0.1, "peak_memory_mb": 1.0}
+    task = {"n_seen": 5, "acc": 1.0, "new_acc": 1.0, "old_acc": None, "acc_row": [1.0], "timing": timing}
+
+    def train(phase, epochs, seconds):
+        logger.on_phase_start(phase)
+        for epoch in range(epochs):
+            clock.now += 10 * seconds
+            record = {"phase": phase.name, "epoch": epoch, "epochs": epochs, "lr": 0.1, "loss": {"ce": 1.0}}
+            logger.on_epoch_end(record | {"task": loop.ctx.task_id, "time_s": 1.0, "images_per_s": 1.0})
+        logger.on_phase_end(phase)
+
+    def evaluate(t):
+        logger.on_eval_start()
+        clock.now += 0.1
+        logger.on_eval_end()
+        logger.on_task_end(task | {"task": t})
+
+    with caplog.at_level(logging.INFO, logger="dfcil"):
+        logger.on_run_start(loop)
+        loop.ctx.task_id, loop.state.position = 0, Position(0, "train")
+        logger.on_task_start(info | {"task": 0})
+        logger.on_setup_end()
+        train(Phase("base", 2, 0.1), 2, 0.1)
+        evaluate(0)
+        loop.ctx.task_id, loop.state.position = 1, Position(1, "train")
+        logger.on_task_start(info | {"task": 1})
+        for _ in range(4):
+            clock.now += 0.5
+            logger.on_setup_step()
+        logger.on_setup_end()
+        train(Phase("rrl", 2, 0.1), 2, 0.2)
+        clock.now += 0.3
+        train(Phase("chr", 1, 0.1), 1, 0.05)
+        evaluate(1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("run: 50 training and 4 inversion steps in 2 tasks")
+    left = [re.search(r"run: (.*) left", line).group(1) for line in lines if "run: " in line[5:]]
+    assert left == [
+        "over 1.0s", "over 0.0s",  # task 0: base's second epoch; the evaluation not timed yet
+        "over 0.2s",  # after task 0: task 1's evaluation (20 images)
+        "over 0.2s",  # task 1's inversion line ("task 1 inversion: 4 steps in 2.0s")
+        "over 2.2s", "over 0.2s",  # RRL: its second epoch and the evaluation; CHR not timed yet
+        "about 0.2s",  # CHR's epoch: every kind timed (the task's end, 0.3 s, done)
+    ]  # fmt: skip
+    assert "task 1 inversion: 4 steps in 2.0s (0.500s each); run: over 0.2s left" in lines
+    assert logger.run.step_s()["task end"] == pytest.approx(0.3)
 
 
 def test_run_log_has_the_lines_and_the_run_is_the_same_without_them(tmp_path, monkeypatch, caplog):

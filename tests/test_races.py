@@ -171,7 +171,7 @@ def test_the_runs_of_a_killed_sweep_stop_and_the_sweep_finishes_them_when_run_ag
 
 def test_a_run_finished_meanwhile_counts_as_finished(tmp_path):
     """A run whose directory another process completed while the sweep took it for unfinished: its `dfcil train`
-    finds nothing to train or resume (exit 2), and the sweep records the run as finished, not failed."""
+    finds the same run finished, trains nothing (exit 0), and the sweep records the run as finished, not failed."""
     from dfcil.load import build_config
     from dfcil.runs.runner import train
     from dfcil.sweep.local import LocalRuns
@@ -189,7 +189,7 @@ def test_a_run_finished_meanwhile_counts_as_finished(tmp_path):
     pool.start(run)
     retry: list = []
     _wait_until(lambda: retry.extend(pool.reap()) or not pool.running, what="the run's process")
-    assert "nothing to train or resume" in (out / "logs" / f"{run.name}.log").read_text()
+    assert "holds this run, finished (summary.json exists" in (out / "logs" / f"{run.name}.log").read_text()
     assert retry == [] and run.state == "done" and run.error is None and run.result["last_acc"] is not None
 
 

@@ -141,7 +141,14 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", metavar="DIR", help="run directory to create (default runs/<method>-<time>)")
     train.add_argument("--device", help="auto, cpu, cuda or cuda:N (same as --device in the config)")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    train.add_argument("--dry-run", action="store_true", help="validate config and data, print the protocol, exit")
+    train.add_argument(
+        "--dry-run", action="store_true",
+        help="validate config and data, print the protocol and the run's expected time on this machine, exit",
+    )  # fmt: skip
+    train.add_argument(
+        "--no-estimate", dest="estimate", action="store_false",
+        help="with --dry-run: skip the expected time (it times a few steps of each kind: seconds)",
+    )  # fmt: skip
     train.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
     train.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
     train.add_argument(
@@ -505,10 +512,13 @@ def _datasets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_protocol(cfg: RunConfig) -> None:
+def _print_protocol(cfg: RunConfig, estimate: bool = True) -> None:
     from dfcil.compute.runtime import resolve_device
     from dfcil.methods import Task, build_method
     from dfcil.progress import make_progress
+    from dfcil.training import engine
+    from dfcil.training.estimate import estimate_run, timed_config
+    from dfcil.training.loop import RunOptions
     from dfcil.training.protocol import prepare
 
     protocol = prepare(cfg, make_progress(None))
@@ -530,9 +540,14 @@ def _print_protocol(cfg: RunConfig) -> None:
             f"  task {t}: {count}, {protocol.train_images[t]} train / {protocol.test_images[t]} test "
             f"images; {phases}; classes {classes}{named}"
         )
+    if estimate:  # a few steps of each kind timed on a throwaway build of the run (seconds)
+        sys.stdout.flush()
+        timed, notes = timed_config(cfg)
+        loop = engine.build(timed, protocol, RunOptions(progress=False))
+        print(*estimate_run(loop, engine.fit_task, engine.task_context, notes=notes).lines(), sep="\n")
 
 
-def _unread_note(cfg: RunConfig) -> str:
+def _unread_note(cfg: RunConfig, dry_run: bool) -> str:
     """What a switch of method also changes: the train keys its phases do not read (EFC's Adam: train.lr)."""
     from dfcil.methods import build_method
     from dfcil.training.protocol import stand_in_tasks, unread_schedule_keys
@@ -543,7 +558,8 @@ def _unread_note(cfg: RunConfig) -> str:
         return ""
     unread = unread_schedule_keys(cfg, method, stand_in_tasks(cfg.data.num_tasks))
     keys = ", ".join(f"train.{k}" for k in unread)
-    return f"; {cfg.method.name} does not read {keys} (its own keys set them: --dry-run prints its phases)" * bool(keys)
+    phases = "its phases are listed below" if dry_run else "--dry-run prints its phases"  # not a dry run's advice
+    return f"; {cfg.method.name} does not read {keys} (its own keys set them: {phases})" * bool(keys)
 
 
 def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]) -> int:
@@ -561,7 +577,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     check_run_records(args.config, _consent(args))  # a received run's config.yaml: its plugin files need consent
     cfg, dropped = load_config(args.config, overrides, plugins=args.plugin)
     if dropped:
-        log.warning("method switched to %r: %s%s", cfg.method.name, "; ".join(dropped), _unread_note(cfg))
+        log.warning("method switched to %r: %s%s", cfg.method.name, "; ".join(dropped), _unread_note(cfg, args.dry_run))
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
@@ -570,7 +586,7 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
 
         for name in cfg.log:  # the run refuses an unknown logger before it starts (runner._start): so does this
             LOGGERS.get(name)
-        _print_protocol(cfg)
+        _print_protocol(cfg, args.estimate)
         return 0
     from dfcil.runs import runner
 

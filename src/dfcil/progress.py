@@ -76,15 +76,15 @@ class ProgressLog:
         """Seconds this process's share of the loop (``start`` to ``total``) takes at its speed up to ``step``."""
         return self.elapsed() * (self.total - self.start) / max(step - self.start, 1)
 
-    def log(self, step: int, terms: dict[str, float], note: str = "") -> None:
-        """Log the line of ``step`` with the loss ``terms`` (``note`` after them, e.g. what they average), and
-        move the schedule past it."""
+    def log(self, step: int, terms: dict[str, float], note: str = "", run: str = "") -> None:
+        """Log the line of ``step`` with the loss ``terms`` (``note`` after them, e.g. what they average; ``run``
+        at the end, the run's time left: :func:`run_left`), and move the schedule past it."""
         dt = self.elapsed()
         rate = (step - self.start) / dt if dt > 0 else math.inf
         left = (self.total - step) / rate if rate > 0 else math.inf
         values = " ".join(f"{k}={v:.4f}" for k, v in terms.items())
         log.info(
-            "%s step %d/%d (%d%%): %s%s; %.2f steps/s, %s left",
+            "%s step %d/%d (%d%%): %s%s; %.2f steps/s, %s left%s",
             self.desc,
             step,
             self.total,
@@ -93,6 +93,7 @@ class ProgressLog:
             note,
             rate,
             duration(left),
+            f"; {run}" if run else "",
         )
         self.next = self._mark_after(step)
 
@@ -107,6 +108,29 @@ def duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def rough_duration(seconds: float) -> str:
+    """``seconds`` as an estimate says it, two figures at most: 0.4s, 40s, 4.5 min, 12 min, 2.3 h."""
+    if not math.isfinite(seconds):
+        return "?"
+    if seconds < 9.95:
+        return f"{seconds:.1f}s"
+    if seconds < 59.5:
+        return f"{round(seconds)}s"
+    minutes = seconds / 60
+    if minutes < 9.95:
+        return f"{minutes:.1f} min"
+    if minutes < 99.5:
+        return f"{round(minutes)} min"
+    hours = minutes / 60
+    return f"{hours:.1f} h" if hours < 9.95 else f"{round(hours)} h"
+
+
+def run_left(seconds: float, complete: bool) -> str:
+    """A run's time left for a log line: ``run: about 12 min left``, or where some kinds of its steps are not timed
+    yet (``complete`` False: ``seconds`` counts only the timed ones) ``run: over 40s left``."""
+    return f"run: {'about' if complete else 'over'} {rough_duration(seconds)} left"
 
 
 class _Stderr(logging.StreamHandler):

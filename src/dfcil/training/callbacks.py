@@ -24,7 +24,8 @@ from dfcil.errors import CheckpointError
 from dfcil.load import build_config
 from dfcil.model_file import save_model
 from dfcil.models.network import backbone_for
-from dfcil.progress import ProgressLog
+from dfcil.progress import ProgressLog, run_left
+from dfcil.training.estimate import END, EVALUATION, INVERSION, SETUP, RunClock, kind_of
 from dfcil.training.loop import Callback, Loop
 
 log = logging.getLogger("dfcil")
@@ -32,13 +33,20 @@ log = logging.getLogger("dfcil")
 
 class ConsoleLogger(Callback):
     """One log line per epoch and per task (to the console and, when configured, ``run.log``), and progress lines
-    inside a task's first epoch when it is slow.
+    inside a task's first epoch when it is slow; each of them, and a line after each task's inversion, ends with the
+    run's time left.
 
     The first epoch a process trains in a task (the one a resumed run continues, included) is timed up to its first
     tenth of steps; if its steps so far project it past ``slow_epoch_s``, a line follows at that tenth and every
     later one but the last (the epoch's own line follows at once), with the mean loss terms so far, the speed and
     the time left. A fast epoch, and every epoch of the smoke preset, gets no extra line; later epochs have the
     line of the one before to show how long they take.
+
+    The run's time left is its work left (:func:`~dfcil.training.estimate.plan`: every remaining inversion step,
+    training step, task end and evaluation) times the seconds each kind of step took so far in the run, on this
+    clock (:class:`~dfcil.training.estimate.RunClock`; a resumed run's earlier processes' timings included). Until
+    every kind left has run (a run's first incremental task: its inversion, its phases), the time counts only the
+    kinds that have: "run: over 2.5 min left".
 
     Args:
         slow_epoch_s: the projected seconds of an epoch above which it gets progress lines.
@@ -50,11 +58,30 @@ class ConsoleLogger(Callback):
         self.first_epoch = False  # from a task's start to the end of its first epoch here
         self.lines: ProgressLog | None = None  # the first epoch's schedule while it may still need lines
         self.slow = False  # whether the first epoch turned out slow at its first tenth
+        self.run = RunClock(clock=clock)  # the run's time left; it gets every hook below first
+        self.phase = ""  # the running phase's name
 
     def on_run_start(self, loop: Loop) -> None:
         self.loop = loop
+        self.run.on_run_start(loop)
+        timer = next((c for c in loop.callbacks if isinstance(c, Timer)), None)
+        if timer is not None:  # what the run's earlier processes timed
+            self.run.load_timings(timer.timings, loop.method.batch_size)
+        inversion = sum(s.steps for s in self.run.plan if s.kind == kind_of(s.task, INVERSION))
+        training = sum(s.steps for s in self.run.plan if s.part not in (SETUP, INVERSION, END, EVALUATION))
+        log.info(
+            "run: %d training and %d inversion steps in %d tasks; its time left follows from their times so far "
+            "(dfcil train --dry-run estimates it before a run)",
+            training,
+            inversion,
+            loop.protocol.split.num_tasks,
+        )
+
+    def _run_left(self, task: int, part: str, done: int | None = None) -> str:
+        return run_left(*self.run.left(task, part, done))
 
     def on_task_start(self, info: dict[str, Any]) -> None:
+        self.run.on_task_start(info)
         self.first_epoch = True
         log.info(
             "task %d (of 0..%d): %d new classes (%d seen), %d training images, phases %s",
@@ -66,7 +93,25 @@ class ConsoleLogger(Callback):
             ", ".join(f"{p['name']}×{p['epochs']}" for p in info["phases"]) or "none: no training in this task",
         )
 
+    def on_setup_step(self) -> None:
+        self.run.on_setup_step()
+
+    def on_setup_end(self) -> None:
+        self.run.on_setup_end()
+        task, steps, seconds = self.run.task, self.run.setup_steps, self.run.setup_s
+        if steps:
+            log.info(
+                "task %d inversion: %d steps in %.1fs (%.3fs each); %s",
+                task,
+                steps,
+                seconds,
+                seconds / steps,
+                self._run_left(task, INVERSION),
+            )
+
     def on_phase_start(self, phase: Phase) -> None:
+        self.run.on_phase_start(phase)
+        self.phase = phase.name
         if self.first_epoch:  # the epoch starts now: at the step of a resumed one (fit_task set the position)
             position, ctx = self.loop.state.position, self.loop.ctx
             desc = f"task {ctx.task_id} {phase.name} epoch {position.epoch} (of 0..{phase.epochs - 1})"  # as below
@@ -82,14 +127,19 @@ class ConsoleLogger(Callback):
             self.lines = None  # fast: its epoch line comes soon enough
             return
         self.slow = True
-        self.lines.log(epoch.step, epoch.means(), " (epoch means so far)")  # the one device sync of a logged step
+        self.run.time_steps(epoch.step)  # the run's time left with this epoch's speed so far
+        position, steps = self.loop.state.position, len(self.loop.ctx.data)
+        run = self._run_left(position.task, self.phase, position.epoch * steps + epoch.step)
+        self.lines.log(epoch.step, epoch.means(), " (epoch means so far)", run)  # the one device sync of a logged step
 
     def on_epoch_end(self, record: dict[str, Any]) -> None:
+        self.run.on_epoch_end(record)
         self.first_epoch, self.lines = False, None
+        task, steps = record["task"], len(self.loop.ctx.data)
         losses = " ".join(f"{k}={v:.4f}" for k, v in record["loss"].items())
         log.info(
-            "task %d %s epoch %d (of 0..%d) lr=%.4g %s (%.1fs, %.0f img/s)",
-            record["task"],
+            "task %d %s epoch %d (of 0..%d) lr=%.4g %s (%.1fs, %.0f img/s; %s)",
+            task,
             record["phase"],
             record["epoch"],  # counted from 0, as in metrics.jsonl and metrics.csv (docs/metrics.md)
             record["epochs"] - 1,
@@ -97,7 +147,17 @@ class ConsoleLogger(Callback):
             losses,
             record["time_s"],
             record["images_per_s"],
+            self._run_left(task, record["phase"], (record["epoch"] + 1) * steps),
         )
+
+    def on_phase_end(self, phase: Phase) -> None:
+        self.run.on_phase_end(phase)
+
+    def on_eval_start(self) -> None:
+        self.run.on_eval_start()
+
+    def on_eval_end(self) -> None:
+        self.run.on_eval_end()
 
     def on_task_end(self, record: dict[str, Any]) -> None:
         old = "" if record["old_acc"] is None else f", old {record['old_acc']:.2f}"
@@ -114,13 +174,15 @@ class ConsoleLogger(Callback):
         phases = ", ".join(f"{k} {v['time_s']:.1f}s ({v['images_per_s']:.0f} img/s)" for k, v in t["phases"].items())
         own = {"setup_s", "eval_s", "compile_s"}  # the method's own work besides: LDC's drift_s
         phases += "".join(f", {k[:-2]} {v:.1f}s" for k, v in t.items() if k.endswith("_s") and k not in own)
+        last = record["task"] + 1 == self.loop.protocol.split.num_tasks
         log.info(
-            "task %d time: setup %.1fs, %s, eval %.1fs; peak memory %.0f MB",
+            "task %d time: setup %.1fs, %s, eval %.1fs; peak memory %.0f MB%s",
             record["task"],
             t.get("setup_s", 0.0),
             phases or "no training",
             t["eval_s"],
             t["peak_memory_mb"],
+            "" if last else f"; {self._run_left(record['task'], EVALUATION)}",
         )
 
     def on_run_end(self, summary: dict[str, Any]) -> None:

@@ -1,0 +1,173 @@
+"""A run's expected time (``dfcil train --dry-run``) and its time left: the arithmetic against hand computations, the
+timing of a few steps of each kind on a throwaway build (every method, the process's random streams untouched), and
+the time left of a resumed run from its earlier processes' timings."""
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import smoke_configs
+from dfcil.cli import main
+from dfcil.context import Phase
+from dfcil.load import load_config
+from dfcil.methods import METHODS
+from dfcil.progress import rough_duration, run_left
+from dfcil.training import engine
+from dfcil.training.estimate import (
+    RunClock,
+    Stretch,
+    enough,
+    estimate_run,
+    seconds_by_part,
+    seconds_left,
+    spread,
+    task_plan,
+    timed_config,
+    untimed,
+)
+from dfcil.training.loop import RunOptions
+from dfcil.training.protocol import prepare
+
+# 3 tasks: task 0 trains 2 epochs of 5 batches and tests 100 images; tasks 1 and 2 invert 10 steps, train 3 RRL
+# epochs and 1 CHR epoch of 4 batches, and test 200 and 300 images
+PLAN = [
+    *task_plan(0, [Phase("base", 2, 0.1)], 5, 0, 100),
+    *task_plan(1, [Phase("rrl", 3, 0.1), Phase("chr", 1, 0.1)], 4, 10, 200),
+    *task_plan(2, [Phase("rrl", 3, 0.1), Phase("chr", 1, 0.1)], 4, 10, 300),
+]
+STEP_S = {
+    "task 0 setup": 0.5, "task 0 base": 0.2, "task 0 task end": 0.0, "setup": 0.1, "inversion": 0.05, "rrl": 0.4,
+    "chr": 0.1, "task end": 1.0, "evaluation": 0.001,
+}  # fmt: skip
+
+
+def test_the_plan_has_every_stretch_of_the_run_in_order():
+    assert PLAN[:6] == [
+        Stretch(0, "setup", "task 0 setup", 1), Stretch(0, "base", "task 0 base", 10),
+        Stretch(0, "task end", "task 0 task end", 1), Stretch(0, "evaluation", "evaluation", 100),
+        Stretch(1, "inversion", "setup", 1), Stretch(1, "inversion", "inversion", 10),
+    ]  # fmt: skip
+    assert [(s.part, s.steps) for s in PLAN[6:10]] == [("rrl", 12), ("chr", 4), ("task end", 1), ("evaluation", 200)]
+
+
+def test_the_run_seconds_are_each_stretch_steps_times_its_kind_seconds():
+    """By hand: task 0 = 0.5 + 10 × 0.2 + 0 + 100 × 0.001 = 2.6 s; task 1 = 0.1 + 10 × 0.05 + 12 × 0.4 + 4 × 0.1 + 1.0
+    + 200 × 0.001 = 7.0 s; task 2 = 7.1 s (300 test images)."""
+    parts = seconds_by_part(PLAN, STEP_S)
+    assert list(parts) == ["setup", "base", "task end", "evaluation", "inversion", "rrl", "chr"]  # first met
+    expected = {"setup": 0.5, "base": 2.0, "task end": 2.0, "evaluation": 0.6, "inversion": 1.2, "rrl": 9.6, "chr": 0.8}
+    assert parts == pytest.approx(expected)
+    assert seconds_left(PLAN, STEP_S, 0) == pytest.approx(16.7)
+    rrl = PLAN.index(Stretch(1, "rrl", "rrl", 12))  # 5 RRL steps of task 1 done: 7 × 0.4 + 0.4 + 1.0 + 0.2 + 7.1
+    assert seconds_left(PLAN, STEP_S, rrl, done=5) == pytest.approx(11.5)
+    assert seconds_left(PLAN, STEP_S, len(PLAN)) == 0.0
+    partial = {k: v for k, v in STEP_S.items() if k not in ("chr", "inversion")}  # not timed: counted as nothing
+    assert untimed(PLAN, partial) == ["inversion", "chr"]
+    assert seconds_left(PLAN, partial, rrl, done=5) == pytest.approx(11.5 - 0.4 - 0.5 - 0.4)
+
+
+def test_the_spread_is_the_timed_steps_half_range_weighted_by_their_kinds_share():
+    """RRL's steps 1.0, 1.2, 1.4 s (median 1.2, half range 0.2: 1/6) over 10 steps = 12 s; CHR's one step of 0.5 s
+    (exact) over 10 = 5 s: ±(12 × 1/6) / 17 = 2/17."""
+    plan = [Stretch(1, "rrl", "rrl", 10), Stretch(1, "chr", "chr", 10)]
+    assert spread(plan, {"rrl": [1.0, 1.4, 1.2], "chr": [0.5]}) == pytest.approx(2 / 17)
+    assert spread(plan, {}) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("laps", "done"),
+    [
+        ([9.0], False),  # the warm-up only, however long
+        ([0.1, 0.1, 0.1], False),
+        ([0.1, 0.1, 0.1, 0.1], True),  # a warm-up and 3 steps
+        ([1.5, 1.5], True),  # 2 s spent: one step past the warm-up is enough
+    ],
+)
+def test_a_kind_is_timed_after_its_steps_or_its_budget(laps, done):
+    assert enough(laps, warmup=1, steps=3, budget_s=2.0) is done
+
+
+def test_a_duration_says_two_figures_at_most():
+    assert [rough_duration(s) for s in (0.04, 9.94, 42.4, 270, 720, 8280, float("inf"))] == [
+        "0.0s", "9.9s", "42s", "4.5 min", "12 min", "2.3 h", "?"
+    ]  # fmt: skip
+    assert run_left(720, True) == "run: about 12 min left" and run_left(40, False) == "run: over 40s left"
+
+
+def test_a_resumed_run_takes_the_seconds_of_its_earlier_processes_tasks():
+    """Task 0's and task 1's timings (the Timer's, in the run's checkpoints): the time left of task 2 is known at once,
+    task 1's inversion per step (its setup over its 10 steps), RRL per step (images over the batch of 4), LDC's drift
+    at its end, the evaluation per test image."""
+    clock = RunClock(PLAN)
+    timings = [
+        {"task": 0, "setup_s": 0.5, "phases": {"base": {"time_s": 2.0, "images": 40}}, "eval_s": 0.1},
+        {"task": 1, "setup_s": 0.6, "eval_s": 0.2, "drift_s": 1.0, "compile_s": 3.0,
+         "phases": {"rrl": {"time_s": 4.8, "images": 48}, "chr": {"time_s": 0.4, "images": 16}}},
+    ]  # fmt: skip
+    clock.load_timings(timings, batch_size=lambda task: 4)
+    assert clock.step_s() == pytest.approx(STEP_S | {"setup": 0.0, "inversion": 0.06})
+    # task 2: its start 0 (inside the inversion's seconds) + 10 × 0.06 + 12 × 0.4 + 4 × 0.1 + 1.0 + 300 × 0.001
+    assert clock.left(2, "inversion", done=0) == (pytest.approx(7.1), True)  # an inverting task's start and steps
+    assert clock.left(1, "evaluation") == (pytest.approx(7.1), True)
+
+
+def _smoke(method="rdfcil", overrides=()):
+    cfg, _ = load_config(smoke_configs(method), [("method.name", method), *overrides])
+    protocol = prepare(cfg)
+    return cfg, protocol, engine.build(cfg, protocol, RunOptions(progress=False))
+
+
+def test_the_estimate_times_every_kind_and_leaves_the_process_random_streams_as_they_were():
+    cfg, protocol, loop = _smoke()
+    before = random.random(), np.random.rand(), torch.rand(1)
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    estimate = estimate_run(loop, engine.fit_task, engine.task_context, steps=2, budget_s=0.5)
+    after = random.random(), np.random.rand(), torch.rand(1)
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    assert after == (random.random(), np.random.rand(), torch.rand(1)) and after[0] != before[0]
+    kinds = ["task 0 setup", "task 0 base", "task 0 task end", "setup", "inversion", "rrl", "chr", "task end"]
+    assert list(estimate.samples) == [*kinds, "evaluation"]
+    assert all(0 < len(estimate.samples[k]) <= 2 for k in ("task 0 base", "inversion", "rrl", "chr", "evaluation"))
+    first, how = estimate.lines()
+    assert first.startswith("expected time on this machine (cpu): about ") and " (±" in first
+    assert "inversion " in first and ", rrl " in first and "later tasks' steps taken as task 1's" in how
+    assert estimate.total_s == pytest.approx(sum(seconds_by_part(estimate.plan, estimate.step_s).values()))
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_every_method_can_be_timed(method):
+    """The timing cuts each phase short and then calls the method's end work (statistics, drift) on what it
+    trained: every method's second task must run on that."""
+    cfg, _, loop = _smoke(method)
+    estimate = estimate_run(loop, engine.fit_task, engine.task_context, steps=1, budget_s=0.1)
+    assert estimate.total_s > 0 and not untimed(estimate.plan, estimate.step_s)
+
+
+def test_compiled_steps_are_timed_eagerly_and_said_so():
+    cfg, _ = load_config(smoke_configs("rdfcil"), [("engine.compile", "default")])
+    timed, notes = timed_config(cfg)
+    assert timed.engine.compile == "none" and "eager steps timed" in notes[0]
+    assert timed_config(timed) == (timed, ())
+
+
+def test_the_dry_run_prints_the_expected_time_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", "smoke", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("expected time on this machine (cpu): about ") == 1 and "±: those steps' spread" in out
+    assert main(["train", "--config", "smoke", "--dry-run", "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "task 1: 5 classes" in out and "expected time" not in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_estimate_says_what_it_could_not_time():
+    """A kind without timed steps (here CHR's, removed) counts as nothing, and the second line says so."""
+    _, _, loop = _smoke()
+    estimate = estimate_run(loop, engine.fit_task, engine.task_context, steps=1, budget_s=0.1)
+    cut = SimpleNamespace(**{f: getattr(estimate, f) for f in ("device", "plan", "timed", "seconds", "notes")})
+    lines = type(estimate)(**vars(cut), samples={k: v for k, v in estimate.samples.items() if k != "chr"}).lines()
+    assert "not timed (counted as nothing): chr" in lines[1]
