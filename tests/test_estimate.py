@@ -171,3 +171,51 @@ def test_the_estimate_says_what_it_could_not_time():
     cut = SimpleNamespace(**{f: getattr(estimate, f) for f in ("device", "plan", "timed", "seconds", "notes")})
     lines = type(estimate)(**vars(cut), samples={k: v for k, v in estimate.samples.items() if k != "chr"}).lines()
     assert "not timed (counted as nothing): chr" in lines[1]
+
+
+@pytest.mark.parametrize("method", ["rdfcil", "dpcr"])
+def test_a_run_that_logs_its_estimate_first_computes_the_same_run(tmp_path, caplog, monkeypatch, method):
+    """The estimate at a new run's start times steps on a throwaway build: the run itself is the one without it,
+    to the bit, and its console's time left is an estimate ("about") from its first epoch on."""
+    from dfcil.model_file import load_model
+    from dfcil.runs import runner
+    from dfcil.runs.runner import train
+
+    monkeypatch.setattr(runner, "ESTIMATE_MIN_STEPS", 0)  # the smoke preset's 40 steps: else too short to time
+
+    cfg, _ = load_config(smoke_configs(method), [("method.name", method)])
+    with caplog.at_level("INFO", logger="dfcil"):
+        timed = train(cfg, tmp_path / "timed", RunOptions(progress=False, estimate=True))
+    text = caplog.text
+    plain = train(cfg, tmp_path / "plain", RunOptions(progress=False))
+    assert text.count("expected time on this machine (cpu): about ") == 1
+    first_epoch = next(line for line in text.splitlines() if "task 0 " in line and " epoch 0 (of" in line)
+    assert "run: about " in first_epoch
+    assert timed["accuracy_matrix"] == plain["accuracy_matrix"]
+    a, b = load_model(tmp_path / "timed" / "model.pt"), load_model(tmp_path / "plain" / "model.pt")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_a_resumed_run_does_not_time_steps_again(tmp_path, caplog, monkeypatch):
+    """A resume takes its earlier processes' timings: no estimate at its start."""
+    from dfcil.runs import runner
+    from dfcil.runs.runner import resume, train
+
+    monkeypatch.setattr(runner, "ESTIMATE_MIN_STEPS", 0)
+    cfg, _ = load_config(smoke_configs("finetune"), [("method.name", "finetune")])
+    train(cfg, tmp_path / "run", RunOptions(progress=False, estimate=True))
+    (tmp_path / "run" / "summary.json").rename(tmp_path / "summary.old.json")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="dfcil"):
+        resume(tmp_path / "run", options=RunOptions(progress=False, estimate=True))
+    assert "expected time" not in caplog.text
+
+
+def test_a_short_run_is_not_timed_first(tmp_path, caplog):
+    """A run of under ESTIMATE_MIN_STEPS steps (the smoke preset: 40) starts at once."""
+    from dfcil.runs.runner import train
+
+    cfg, _ = load_config(smoke_configs("finetune"), [("method.name", "finetune")])
+    with caplog.at_level("INFO", logger="dfcil"):
+        train(cfg, tmp_path / "run", RunOptions(progress=False, estimate=True))
+    assert "expected time" not in caplog.text and "follows from their times so far" in caplog.text

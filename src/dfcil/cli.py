@@ -147,7 +147,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     train.add_argument(
         "--no-estimate", dest="estimate", action="store_false",
-        help="with --dry-run: skip the expected time (it times a few steps of each kind: seconds)",
+        help="skip the expected time that a dry run prints and a new run logs first (it times a few steps of each "
+        "kind: seconds)",
     )  # fmt: skip
     train.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
     train.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)
@@ -517,8 +518,6 @@ def _print_protocol(cfg: RunConfig, estimate: bool = True) -> None:
     from dfcil.methods import Task, build_method
     from dfcil.progress import make_progress
     from dfcil.training import engine
-    from dfcil.training.estimate import estimate_run, timed_config
-    from dfcil.training.loop import RunOptions
     from dfcil.training.protocol import prepare
 
     protocol = prepare(cfg, make_progress(None))
@@ -542,9 +541,8 @@ def _print_protocol(cfg: RunConfig, estimate: bool = True) -> None:
         )
     if estimate:  # a few steps of each kind timed on a throwaway build of the run (seconds)
         sys.stdout.flush()
-        timed, notes = timed_config(cfg)
-        loop = engine.build(timed, protocol, RunOptions(progress=False))
-        print(*estimate_run(loop, engine.fit_task, engine.task_context, notes=notes).lines(), sep="\n")
+        found = engine.estimate(cfg, protocol)  # no min_steps: every dry run's
+        print(*(found.lines() if found else ()), sep="\n")
 
 
 def _unread_note(cfg: RunConfig, dry_run: bool) -> str:
@@ -591,7 +589,9 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
     from dfcil.runs import runner
 
     out = args.out or f"runs/{cfg.method.name}-{datetime.now():%Y%m%d-%H%M%S}"
-    options = runner.RunOptions(progress=args.progress, argv=argv, budget=Budget.of(args.budget_s))
+    options = runner.RunOptions(
+        progress=args.progress, argv=argv, budget=Budget.of(args.budget_s), estimate=args.estimate
+    )
     consent = _consent(args)
     return _interruptible(out, options, lambda: runner.train(cfg, Path(out), options, consent=consent))
 

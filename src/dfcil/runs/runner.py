@@ -57,6 +57,7 @@ from dfcil.models.backbones import BACKBONES
 from dfcil.plugins import Consent, changed_plugins, module_name
 from dfcil.plugins import provenance as plugin_provenance
 from dfcil.progress import make_progress
+from dfcil.training import engine
 from dfcil.training.callbacks import ConsoleLogger, JsonlLogger, SaveModel
 from dfcil.training.diagnostics import InversionDiagnostics
 from dfcil.training.engine import run
@@ -424,6 +425,24 @@ def run_id(out: Path) -> str:
     return new
 
 
+# A run of fewer training and inversion steps is over in seconds: no estimate at its start
+ESTIMATE_MIN_STEPS = 100
+
+
+def _estimate(cfg: RunConfig, protocol: Protocol) -> dict[str, float] | None:
+    """A new run's expected time, logged before it starts (:func:`dfcil.training.engine.estimate`), and each kind's
+    seconds per step, which the console's time left uses until the run has timed that kind. Several processes
+    (torchrun) skip it: each would time its own copy at once; so does a run of under :data:`ESTIMATE_MIN_STEPS`."""
+    if distributed.current().active:
+        return None
+    found = engine.estimate(cfg, protocol, ESTIMATE_MIN_STEPS)
+    if found is None:
+        return None
+    for line in found.lines():
+        log.info("%s", line.strip())
+    return found.step_s
+
+
 def _execute(
     cfg: RunConfig, out: Path, protocol: Protocol, resuming: bool, options: RunOptions, notes: Sequence[str] = ()
 ) -> dict[str, Any]:
@@ -445,7 +464,8 @@ def _execute(
             list(split.task_sizes),
             list(split.class_order),
         )
-        logs = [ConsoleLogger(), JsonlLogger(out / "metrics.jsonl")]
+        step_s = _estimate(cfg, protocol) if options.estimate and not resuming else None
+        logs = [ConsoleLogger(estimate=step_s), JsonlLogger(out / "metrics.jsonl")]
         callbacks = [*logs, SyntheticGrid(out, cfg.seed), InversionDiagnostics(cfg.seed), *options.callbacks]
         about_run = {"id": run_id(out), "dir": str(out.absolute()), "method": cfg.method.name, "dataset": cfg.data.name}
         callbacks.append(SaveModel(out / "model.pt", cfg.model.backbone, about_run))

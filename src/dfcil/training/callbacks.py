@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +51,20 @@ class ConsoleLogger(Callback):
     Args:
         slow_epoch_s: the projected seconds of an epoch above which it gets progress lines.
         clock: seconds, monotonic (a test's fake clock).
+        estimate: each kind's seconds per step before the run has timed it (a run's :func:`estimate` at its start).
     """
 
-    def __init__(self, slow_epoch_s: float = 30.0, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        slow_epoch_s: float = 30.0,
+        clock: Callable[[], float] = time.perf_counter,
+        estimate: Mapping[str, float] | None = None,
+    ) -> None:
         self.slow_epoch_s, self.clock = slow_epoch_s, clock
         self.first_epoch = False  # from a task's start to the end of its first epoch here
         self.lines: ProgressLog | None = None  # the first epoch's schedule while it may still need lines
         self.slow = False  # whether the first epoch turned out slow at its first tenth
-        self.run = RunClock(clock=clock)  # the run's time left; it gets every hook below first
+        self.run = RunClock(fallback=estimate, clock=clock)  # the run's time left; it gets every hook below first
         self.phase = ""  # the running phase's name
 
     def on_run_start(self, loop: Loop) -> None:
@@ -69,12 +75,13 @@ class ConsoleLogger(Callback):
             self.run.load_timings(timer.timings, loop.method.batch_size)
         inversion = sum(s.steps for s in self.run.plan if s.kind == kind_of(s.task, INVERSION))
         training = sum(s.steps for s in self.run.plan if s.part not in (SETUP, INVERSION, END, EVALUATION))
+        source = "the estimate's times, then their times so far" if self.run.fallback else "their times so far"
         log.info(
-            "run: %d training and %d inversion steps in %d tasks; its time left follows from their times so far "
-            "(dfcil train --dry-run estimates it before a run)",
+            "run: %d training and %d inversion steps in %d tasks; its time left follows from %s",
             training,
             inversion,
             loop.protocol.split.num_tasks,
+            source,
         )
 
     def _run_left(self, task: int, part: str, done: int | None = None) -> str:

@@ -43,6 +43,7 @@ from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
 from dfcil.models.network import backbone_for, build_network
 from dfcil.progress import make_progress
 from dfcil.training.callbacks import Checkpointing, Timer
+from dfcil.training.estimate import END, EVALUATION, SETUP, RunEstimate, estimate_run, plan, timed_config
 from dfcil.training.guard import LossGuard
 from dfcil.training.loop import Loop, RunOptions
 from dfcil.training.protocol import Evaluator, Protocol, TaskBatches, TestSet, prepare
@@ -162,6 +163,18 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
         evaluator=Evaluator(test, cfg.train.eval_batch_size), guard=LossGuard(cfg.train.max_loss),
         interrupt=options.interrupt, budget=options.budget,
     )  # fmt: skip
+
+
+def estimate(cfg: RunConfig, protocol: Protocol, min_steps: int = 0) -> RunEstimate | None:
+    """The run's expected seconds on this machine (:func:`dfcil.training.estimate.estimate_run`): a few steps of
+    each kind timed on a throwaway build of the run (eager steps where it compiles: :func:`timed_config`). Nothing is
+    written, and the process's random streams are as before. None for a run of fewer than ``min_steps`` training
+    and inversion steps (over in seconds: not worth the timing)."""
+    timed, notes = timed_config(cfg)
+    loop = build(timed, protocol, RunOptions(progress=False))
+    if sum(s.steps for s in plan(loop) if s.part not in (SETUP, END, EVALUATION)) < min_steps:
+        return None
+    return estimate_run(loop, fit_task, task_context, notes=notes)
 
 
 def restore(loop: Loop, payload: dict[str, Any]) -> TaskContext:

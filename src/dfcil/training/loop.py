@@ -154,3 +154,4 @@ class RunOptions:
     interrupt: Interrupt = dataclasses.field(default_factory=Interrupt)  # set it to checkpoint and stop the run
     budget: Budget | None = None  # the process's time: it stops at the last task boundary before the time is up
     argv: Sequence[str] | None = None  # the command line meta.json records; None: this process's
+    estimate: bool = False  # a new run logs its expected time first, from a few timed steps (engine.estimate)
