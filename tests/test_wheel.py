@@ -67,7 +67,7 @@ def test_from_an_empty_folder_the_installed_wheel_dry_runs_a_paper_preset_by_nam
     empty.mkdir()
     data = _fake_cifar_root(tmp_path / "DATA")
     run = [sys.executable, "-m", "dfcil", "train", "--config", "cifar100/n10", "--config", "cifar100/rdfcil",
-           "--data.root", str(data), "--dry-run"]  # fmt: skip
+           "--data.root", str(data), "--dry-run", "--no-estimate"]  # fmt: skip
     done = subprocess.run(run, env=env, cwd=empty, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "dataset:     cifar100 (100 classes, 32x32)" in done.stdout and "task 9:" in done.stdout
@@ -90,7 +90,7 @@ def test_a_fresh_environment_installs_the_wheel_and_runs_the_presets_by_name(whe
     data = _fake_cifar_root(tmp_path / "DATA")
     for argv in (["train", "--config", "smoke", "--out", "runs/smoke", "--no-progress"],
                  ["train", "--config", "cifar100/b50_n11", "--config", "cifar100/rdfcil", "--data.root", str(data),
-                  "--dry-run"]):  # fmt: skip
+                  "--dry-run", "--no-estimate"]):  # fmt: skip
         done = subprocess.run([python, "-m", "dfcil", *argv], env=env, cwd=empty, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
     assert (empty / "runs" / "smoke" / "summary.json").exists()
