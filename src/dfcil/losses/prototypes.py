@@ -158,6 +158,10 @@ def project_statistics(means: Tensor, covs: Tensor | None, projector: Tensor) ->
     """Carry class statistics through a linear map P: μ ← Pμ, and Σ ← PΣPᵀ (exact for a linear map; LDC moves
     only means, covariances are our extension)."""
     means = means @ projector.T
-    if covs is not None:
-        covs = projector @ covs @ projector.T
-    return means, covs
+    return means, (map_covariances(covs, projector) if covs is not None else None)
+
+
+def map_covariances(covs: Tensor, projector: Tensor) -> Tensor:
+    """Σ ← PΣPᵀ, the covariance of P·f for f of covariance Σ (exact for a linear map; an affine map's offset does not
+    move it). (..., d, d) covariances and a (d', d) map → (..., d', d')."""
+    return projector @ covs @ projector.T

@@ -7,6 +7,7 @@ A new built-in method is its file and its name in the import below: :mod:`dfcil.
 from dfcil.methods import (  # noqa: F401 - imported to register each method
     abd,
     adagauss,
+    apr,
     deepinversion,
     dgr,
     dpcr,

@@ -143,11 +143,17 @@ class BayesClassifier:
     from :func:`~dfcil.losses.adagauss.bayes_precisions`; with ``normalize``, x and μ_c L2-normalised first (the
     authors' --normalize). No log-determinant or prior term: the authors' "bayes" is this distance alone.
 
+    ``offdiag`` and ``pseudo_inverse`` make it APR's Mahalanobis classifier (FeCAM's shrinkage Σ + γV₁I +
+    γ₂V₂(𝟙𝟙ᵀ − I) once, γ = γ₂ = 24 on CIFAR-100, the pseudo-inverse of the correlation matrix); AdaGauss: 0, False.
+
     A component (saved at every checkpoint) and a classifier (what the method scores with at evaluation); call
     :meth:`refresh` after the memory changed."""
 
-    def __init__(self, shrinkage: float = 3.0, normalize: bool = True) -> None:
+    def __init__(
+        self, shrinkage: float = 3.0, normalize: bool = True, offdiag: float = 0.0, pseudo_inverse: bool = False
+    ) -> None:
         self.shrinkage, self.normalize = shrinkage, normalize
+        self.offdiag, self.pseudo_inverse = offdiag, pseudo_inverse
         self.means = torch.zeros(0, 0)  # (n_seen, d)
         self.precisions = torch.zeros(0, 0, 0)  # (n_seen, d, d)
 
@@ -156,7 +162,9 @@ class BayesClassifier:
         if memory.covs is None:
             raise ValueError("the Bayes classifier needs every class's covariance (a ClassMemory with them)")
         self.means = memory.means.clone()
-        self.precisions = bayes_precisions(memory.covs, self.shrinkage, self.normalize)
+        self.precisions = bayes_precisions(
+            memory.covs, self.shrinkage, self.normalize, self.offdiag, self.pseudo_inverse
+        )
 
     def scores(self, out: NetOutput) -> Tensor | None:
         """(B, n_seen) negated distances; None before any class has statistics."""

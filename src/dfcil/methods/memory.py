@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -108,6 +108,19 @@ class Drift(Protocol):
         self, means: Tensor, covs: Tensor | None, pairs: list[tuple[Tensor, Tensor]], rng: torch.Generator, desc: str
     ) -> tuple[Tensor, Tensor | None]:
         """The statistics carried into the new feature space (``desc``: what the log lines say runs)."""
+        ...
+
+
+@runtime_checkable
+class ImageDrift(Protocol):
+    """A drift that moves the statistics from the task's images itself, through both networks, rather than from
+    feature pairs of augmented passes (ADC, :class:`dfcil.methods.adversarial.AdversarialDrift`: the images are first
+    attacked toward each class through the old model). :meth:`ClassMemory.compensate` hands it the task."""
+
+    def move_images(
+        self, means: Tensor, covs: Tensor | None, ctx: TaskContext, old: IncrementalNet, desc: str
+    ) -> tuple[Tensor, Tensor | None]:
+        """The statistics carried into the feature space of ``ctx.net`` from that of ``old`` (the frozen old model)."""
         ...
 
 
@@ -205,13 +218,16 @@ class ClassMemory:
     whose drift it last compensated so that a resumed run does not compensate twice.
 
     Args:
-        drift: how the statistics follow the backbone (None: they stay where they were computed).
+        drift: how the statistics follow the backbone, from feature pairs (a :class:`Drift`) or from the task's images
+            (an :class:`ImageDrift`); None: they stay where they were computed.
         covariances: keep a covariance per class (Gaussian replay), not only a mean.
         augmented: statistics of one augmented pass (EFC, R-DFCIL+) or of the plain images (LDC).
         jitter: added to each covariance's diagonal for sampling (:attr:`factors`).
     """
 
-    def __init__(self, drift: Drift | None, covariances: bool, augmented: bool, jitter: float = 1e-5) -> None:
+    def __init__(
+        self, drift: Drift | ImageDrift | None, covariances: bool, augmented: bool, jitter: float = 1e-5
+    ) -> None:
         self.drift = drift
         self.covariances = covariances
         self.augmented = augmented
@@ -271,7 +287,10 @@ class ClassMemory:
         same images (the method's own pass: EFC's)."""
         if self.drift is None or not len(self):
             return
-        self.means, self.covs = self.drift.move(self.means, self.covs, pairs, rng, desc)
+        self._moved(*self.drift.move(self.means, self.covs, pairs, rng, desc))
+
+    def _moved(self, means: Tensor, covs: Tensor | None) -> None:
+        self.means, self.covs = means, covs
         if self.covs is not None:
             self.factors = gaussian_factors(self.covs, self.jitter)
 
@@ -282,7 +301,21 @@ class ClassMemory:
         model) and the network; ``synthetic(n)``: n synthetic images, added where the drift asks for them."""
         if ctx.task_id <= self.compensated or not len(self) or self.drift is None:
             return
-        started, desc, passes = time.perf_counter(), f"task {ctx.task_id} drift", self.drift.passes
+        started, desc = time.perf_counter(), f"task {ctx.task_id} drift"
+        if isinstance(self.drift, ImageDrift):
+            log.info("%s: moving %d class means, from the task's images", desc, len(self))
+            with torch.enable_grad():  # an attack steps images along gradients
+                self._moved(*self.drift.move_images(self.means, self.covs, ctx, old, desc))
+        else:
+            self.move(self._pairs(ctx, old, synthetic, desc), ctx.rng, desc)
+        self.compensated, self.seconds = ctx.task_id, time.perf_counter() - started
+        log.info("%s: done in %.1fs", desc, self.seconds)
+
+    def _pairs(
+        self, ctx: TaskContext, old: IncrementalNet, synthetic: Callable[[int], Tensor] | None, desc: str
+    ) -> list[tuple[Tensor, Tensor]]:
+        """The feature pairs (old model's, network's) of :attr:`drift`'s augmented passes over the task's images."""
+        passes = self.drift.passes
         log.info("%s: moving %d class means, from %d passes of feature pairs", desc, len(self), passes)
         lines, pairs = ProgressLog(f"{desc} features", passes, parts=min(passes, 5)), []
         for done in range(1, passes + 1):
@@ -294,9 +327,7 @@ class ClassMemory:
             pairs.append((old_f, new_f))
             if lines.due(done):
                 lines.log(done, {}, f"{len(old_f)} images a pass")
-        self.move(pairs, ctx.rng, desc)
-        self.compensated, self.seconds = ctx.task_id, time.perf_counter() - started
-        log.info("%s: done in %.1fs", desc, self.seconds)
+        return pairs
 
     def task_seconds(self, task: int) -> dict[str, float]:
         """The seconds of this memory's own work in ``task`` (its drift compensation), for the task's timings."""
