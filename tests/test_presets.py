@@ -27,7 +27,7 @@ from test_images import TINY_SUBSET, write_imagenet, write_tiny_zip
 DATASETS = ("cifar100", "tiny_imagenet200", "imagenet100")
 C100 = ("n5", "n10", "n20", "b50_n6", "b50_n11", "b50_n26")
 TINY = ("n5", "n10", "n20", "b100_n6", "b100_n11", "b100_n26")
-C100_METHODS = ("abd", "abd_faithful", "adagauss", "deepinversion", "dgr", "dpcr", "efc", "fecam", "finetune")
+C100_METHODS = ("abd", "abd_faithful", "adagauss", "apr", "deepinversion", "dgr", "dpcr", "efc", "fecam", "finetune")
 C100_METHODS += ("joint", "lwf", "lwf_ldc", "lwf_mc", "podnet_df", "rdfcil", "rdfcil_plus", "ucir_df")
 PAPER4 = ("rdfcil", "abd", "joint", "finetune")
 # every preset of the paper's settings (each was one file, <method>_<setting>.yaml, until they were split):
@@ -153,6 +153,7 @@ DIGESTS = {
     "cifar100/ablations/rdfcil_rkd_to_crd": "2105ef7a27bb8c2a",
     "cifar100/ablations/rdfcil_rkd_to_hkd": "0df00d2fc8004482",
     "cifar100/adagauss": "8fc8ad3cacf4e8ad",
+    "cifar100/apr": "d50ba2896c93e696",
     "cifar100/deepinversion": "98d3e28928b148a9",
     "cifar100/dgr": "4531b5b24edb83a3",
     "cifar100/dpcr": "8aafe40ec8bddee7",
