@@ -98,6 +98,11 @@ class DataConfig:
     # colour: R-DFCIL's and ABD's codes normalise first) or black (torchvision's RandomCrop on the raw image, before
     # normalising: the PyCIL and FACIL codes of FeCAM, LDC and EFC)
     crop_fill: Literal["mean", "black"] = "mean"
+    # the training images' augmentation, the same for every method (a protocol setting): cropflip (pad-4 random crop
+    # and horizontal flip, the R-DFCIL and ABD codes') or autoaugment (crop and flip, then brightness jitter of
+    # ±63/255 and AutoAugment's learned policy per image: CIFAR-10's up to 32 px, ImageNet's above; APR-EFCIL's
+    # recipe). Synthetic images are never augmented. docs/data.md
+    augment: Literal["cropflip", "autoaugment"] = "cropflip"
     cache: str | None = None  # decoded datasets' cache; None: $DFCIL_CACHE, else ~/.cache/dfcil/prepared; runtime
     workers: PositiveInt | None = None  # processes that decode images; None: every core; runtime only
     # prepare the decoded-image cache again from the source, replacing the old one (a stale or foreign cache is

@@ -355,13 +355,14 @@ def _class_order(data: dict[str, Any], saved: list[Any]) -> tuple[str, list[int]
 
 def disagreement(config: dict[str, Any], summary: dict[str, Any]) -> str | None:
     """Where a run's ``config.yaml`` and ``summary.json`` describe two runs (files mixed up when runs were copied),
-    what each says, or None: the method, the dataset, the training seed and the class order, each where the summary
-    has it (a summary from before a key was saved says nothing of it)."""
+    what each says, or None: the method, the dataset, the training seed, the augmentation and the class order, each
+    where the summary has it (a summary from before a key was saved says nothing of it)."""
     defaults, data = section_defaults(), config.get("data")
     data = defaults["data"] | (data if isinstance(data, dict) else {})
     pairs = [
         ("method.name", config["method"].get("name"), "method"),
         ("seed", config.get("seed", defaults["seed"]), "seed"),
+        ("data.augment", data["augment"], "augment"),
         *([("data.name", data["name"], "dataset")] if str(data["name"]) in NAMED_AS_REGISTERED else []),
     ]
     for key, mine, theirs in pairs:

@@ -1,12 +1,19 @@
 """Device-resident task data and batched augmentation: no DataLoader, no per-image Python in the hot loop.
 
 A task's training images stay on the training device as one uint8 tensor. Each step gathers a batch, normalises
-it and applies the reference augmentation per sample with batched tensor ops:
+it and applies the training augmentation (``data.augment``) per sample with batched tensor ops. ``cropflip``, the
+reference's:
 
     ToTensor → Normalize(mean, std) → RandomCrop(size, padding=4) → RandomHorizontalFlip
 
 in that order, as cl-lite. Padding happens *after* normalisation, so the border is zero in normalised space, i.e.
 the dataset-mean colour, not black. Crop offsets are uniform in 0..2·pad on each axis, independently per image.
+``autoaugment``, APR-EFCIL's recipe (LDC's without the policy), on the image's 0..255 levels before normalising:
+
+    RandomCrop(size, padding=4) → RandomHorizontalFlip → ColorJitter(brightness=63/255) → AutoAugment → Normalize
+
+with the same border colour as ``cropflip`` (``data.crop_fill``) and the policy by image size
+(:mod:`dfcil.data.autoaugment`). Both draw every random number from the batches' generator, a fixed count per batch.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dfcil.compute.distributed import Dist
+from dfcil.data.autoaugment import AutoAugment, brightness_jitter, policy_for
 from dfcil.data.datasets import ImageArrays
+
+AUGMENTS = ("cropflip", "autoaugment")  # data.augment
 
 
 def class_indices(
@@ -79,6 +89,8 @@ class Normalizer:
         self.channels_last = channels_last
         # the crop's border in normalised values: None pads with zeros (the mean colour); black is (0 − mean) / std
         self.crop_border = None if crop_fill == "mean" else (0.0 - self.mean) / self.std
+        # the same border in levels 0..255, for augmentations before normalising
+        self.level_border = self.mean * 255 if crop_fill == "mean" else torch.zeros_like(self.mean)
 
     def nhwc(self, x: Tensor) -> Tensor:
         return (x.float().div_(255.0) - self.mean) / self.std
@@ -90,6 +102,11 @@ class Normalizer:
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.to_nchw(self.nhwc(x))
+
+    def levels(self, x: Tensor) -> Tensor:
+        """Float (B, C, H, W) levels 0..255 → normalised, in the configured memory format."""
+        x = (x / 255.0 - self.mean[:, None, None]) / self.std[:, None, None]
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x.contiguous()
 
 
 def crop_flip(x: Tensor, pad: int, generator: torch.Generator | None = None, border: Tensor | None = None) -> Tensor:
@@ -132,7 +149,8 @@ class TrainBatches:
         dist: several processes: each batch is drawn and augmented whole on every process, which keeps its rows
             (the random streams stay equal on every process, and the global batch is a single process's).
         pad: crop padding (0 disables crop; flip stays).
-        augment: apply crop and flip.
+        augment: apply the augmentation (False: normalised images only).
+        recipe: which augmentation (:data:`AUGMENTS`, the config's ``data.augment``).
     """
 
     def __init__(
@@ -145,7 +163,10 @@ class TrainBatches:
         dist: Dist = Dist(),  # noqa: B008 - frozen
         pad: int = 4,
         augment: bool = True,
+        recipe: str = "cropflip",
     ) -> None:
+        if recipe not in AUGMENTS:
+            raise ValueError(f"unknown augmentation {recipe!r}; choose one of {', '.join(AUGMENTS)}")
         self.x, self.y = x, y
         self.dist = dist
         self.batch_size = batch_size
@@ -153,6 +174,16 @@ class TrainBatches:
         self.generator = generator
         self.pad = pad
         self.augment = augment
+        self.recipe = recipe
+        self.policy = AutoAugment(policy_for(self.image_size), x.device) if recipe == "autoaugment" else None
+
+    def views(self, batch_size: int, generator: torch.Generator | None) -> TrainBatches:
+        """The same images and augmentation in batches of ``batch_size`` drawn from ``generator`` (a method's own
+        augmented pass), whole on every process."""
+        return TrainBatches(
+            self.x, self.y, batch_size, self.normalizer, generator, pad=self.pad, augment=self.augment,
+            recipe=self.recipe,
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.x) // self.batch_size
@@ -181,12 +212,14 @@ class TrainBatches:
     def load(self, idx: Tensor) -> tuple[Tensor, Tensor]:
         """The augmented, normalised images and the labels of one batch (all on the device, no host sync); under
         several processes this process's rows of it."""
-        x = self.x[idx]
-        if self.augment:
-            border = self.normalizer.crop_border
-            x = self.normalizer.to_nchw(crop_flip(self.normalizer.nhwc(x), self.pad, self.generator, border))
-        else:
-            x = self.normalizer(x)
+        x, norm = self.x[idx], self.normalizer
+        if not self.augment:
+            x = norm(x)
+        elif self.policy is None:  # cropflip
+            x = norm.to_nchw(crop_flip(norm.nhwc(x), self.pad, self.generator, norm.crop_border))
+        else:  # autoaugment, on levels 0..255
+            x = crop_flip(x.float(), self.pad, self.generator, norm.level_border).permute(0, 3, 1, 2)
+            x = norm.levels(self.policy(brightness_jitter(x, self.generator), self.generator))
         return self.dist.shard(x), self.dist.shard(self.y[idx])
 
     def iterate(self, perm: Tensor, start: int = 0) -> Iterator[tuple[Tensor, Tensor]]:

@@ -11,7 +11,6 @@ from torch import Tensor
 
 from dfcil.config import NonNegativeFloat, PositiveFloat, PositiveInt, configclass
 from dfcil.context import Task
-from dfcil.data.device import TrainBatches
 from dfcil.methods.base import Phase, TaskContext, register_method
 from dfcil.methods.lwf import LwF, LwFConfig
 from dfcil.methods.memory import ClassMemory, DriftConfig, features_of
@@ -116,7 +115,7 @@ def augmented_features(ctx: TaskContext) -> tuple[Tensor, Tensor]:
     """The features (N, d) and labels (N,) of every training image of the task once, with the training augmentation
     drawn from the method's stream, through the network in eval mode."""
     data, step = ctx.data, 500
-    views = TrainBatches(data.x, data.y, step, data.normalizer, ctx.rng, pad=data.pad, augment=data.augment)
+    views = data.views(step, ctx.rng)
     idx = torch.arange(len(data.x), device=data.x.device)
     feats, labels = features_of(ctx.net, (views.load(idx[i : i + step]) for i in range(0, len(idx), step)))
     return feats, labels

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from dfcil.config import MethodConfig, NonNegativeFloat, PositiveFloat, PositiveInt, TrainConfig, configclass
 from dfcil.context import Task
-from dfcil.data.device import TrainBatches
 from dfcil.losses.efc import balanced_counts, efm_penalty, empirical_feature_matrix, rotation_batch
 from dfcil.losses.prototypes import balanced_labels, sample_gaussians
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
@@ -162,7 +161,7 @@ class EFC(TeacherMethod):
             (N, d) features, (N, d) old features or None on the first task, (N, n_seen) probabilities, (N,) labels.
         """
         data = ctx.data
-        views = TrainBatches(data.x, data.y, 500, data.normalizer, ctx.rng, pad=data.pad, augment=data.augment)
+        views = data.views(500, ctx.rng)
         feats, old, probs, labels = [], [], [], []
         for i in range(0, len(data.x), 500):
             x, y = views.load(torch.arange(i, min(i + 500, len(data.x)), device=data.x.device))

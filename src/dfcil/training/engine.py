@@ -118,7 +118,7 @@ def run(
             "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "stores": loop.method.stores,
             "method_changed": changed_from_defaults(cfg.method),  # method keys away from the method's defaults
             **({"scoring": loop.method.info.scoring} if loop.method.info.scoring else {}),
-            "dataset": protocol.dataset.name,
+            "dataset": protocol.dataset.name, "augment": cfg.data.augment,
             "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
             **state.acc.summary(), "wall_time_s": round(time.perf_counter() - started, 2),
             "total_time_s": round(state.elapsed_s(), 2), "resumed": resume, "device": str(loop.runtime.device),
@@ -157,7 +157,9 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
     test = TestSet.build(protocol, cfg.data.test_per_class, normalizer, device)
     # what the engine reads of the config, resolved here once: nothing below reads the config itself
     seen = method.info.train_data == "seen"
-    batches = TaskBatches(protocol, cfg.data.train_per_class, cfg.train.batch_size, normalizer, device, seen, dist)
+    batches = TaskBatches(
+        protocol, cfg.data.train_per_class, cfg.train.batch_size, normalizer, device, seen, dist, cfg.data.augment
+    )
     return Loop(
         net=net, method=method, state=state, runtime=runtime, protocol=protocol, batches=batches,
         evaluator=Evaluator(test, cfg.train.eval_batch_size), guard=LossGuard(cfg.train.max_loss),

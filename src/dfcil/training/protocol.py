@@ -486,12 +486,13 @@ class TaskBatches:
     device: torch.device
     seen: bool = False  # every task so far (joint training), not only the task's own
     dist: Dist = Dist()  # several processes: each loads its share of every batch
+    augment: str = "cropflip"  # data.augment
 
     def __call__(self, task: int, rng: torch.Generator, batch_size: int | None = None) -> TrainBatches:
         """Task ``task``'s batches of ``batch_size`` real images (default: ``train.batch_size``), shuffled and
         augmented with ``rng`` (the run's data stream)."""
         x, y = self.protocol.train_tensors(task, self.seen, self.per_class, self.device)
-        return TrainBatches(x, y, batch_size or self.batch_size, self.normalizer, rng, self.dist)
+        return TrainBatches(x, y, batch_size or self.batch_size, self.normalizer, rng, self.dist, recipe=self.augment)
 
 
 @dataclasses.dataclass(frozen=True)

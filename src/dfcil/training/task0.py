@@ -47,6 +47,7 @@ def task0_key(cfg: RunConfig, protocol: Protocol, method: Method | None = None) 
         "train_per_class": data.train_per_class,
         "test_per_class": data.test_per_class,
         "crop_fill": data.crop_fill,
+        "augment": data.augment,
         "model": raw["model"],
         "head": method.head,
         # the phases carry epochs, lr and milestones of task 0; eval batch size never changes results
