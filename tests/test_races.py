@@ -126,7 +126,8 @@ def test_a_second_sweep_on_a_running_sweeps_directory_is_refused(tmp_path):
     """The second sweep on one --out is refused with one line while the first runs; the first finishes its runs and
     its sweep.json agrees with the run directories."""
     out = tmp_path / "sweep"
-    args = [sys.executable, "-m", "dfcil", "sweep", *TINY_RUN[:-1], "--grid", "seed=1,2", "--out", str(out)]
+    longer = [*TINY_RUN[:-1], "--train.epochs", "30"]  # seconds a run: still running when the second sweep, slow to
+    args = [sys.executable, "-m", "dfcil", "sweep", *longer, "--grid", "seed=1,2", "--out", str(out)]  # start, looks
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_until(lambda: any(r["state"] == "running" for r in _runs(out).values()), what="the first sweep's run")
