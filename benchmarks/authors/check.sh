@@ -5,7 +5,7 @@
 # or GITHUB=... pointing to a folder of OWNER/REPO clones)
 set -e
 RECIPE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-eval "$(grep -E '^(FECAM|LDC|EFC|ADAGAUSS|DPCR)_COMMIT=' "$RECIPE/common.sh")"
+eval "$(grep -E '^(FECAM|LDC|EFC|ADAGAUSS|DPCR|APR)_COMMIT=' "$RECIPE/common.sh")"
 GITHUB=${GITHUB:-https://github.com}
 T=${1:-$(mktemp -d)}
 for f in "$RECIPE"/*.sh; do bash -n "$f"; done
@@ -27,5 +27,6 @@ fresh ldc alviur/ldc $LDC_COMMIT ldc.patch ldc_diag_noaug.patch
 fresh efc simomagi/elastic_feature_consolidation $EFC_COMMIT efc.patch
 fresh adagauss grypesc/AdaGauss $ADAGAUSS_COMMIT adagauss.patch
 fresh dpcr RHe502/ICML25-DPCR $DPCR_COMMIT dpcr.patch dpcr_diag_noaug.patch
+fresh apr hirotomusiker/APR-EFCIL $APR_COMMIT apr.patch
 git -C "$T/fecam" cat-file -e $FECAM_COMMIT:convs/cifar_resnet.py && echo "found: convs/cifar_resnet.py at FeCAM ${FECAM_COMMIT:0:7}"
 echo "all checks passed ($T)"

@@ -5,8 +5,10 @@ is the nearest-mean classifier's accuracy); authors' EFC: the task-agnostic accu
 averaged over the seen tasks (every task has 500 test images, so that is the accuracy on all seen classes);
 authors' DPCR: the last 'CNN top1 curve' (its ridge head); authors' AdaGauss: FACIL's task-agnostic accuracy
 matrix (results/acc_tag-*.txt, one row per training task, one column per test task) averaged over the seen tasks;
-dfcil: summary.json's acc_per_task. Wall times: runs/wall.tsv (common.sh's `timed`). Prints a markdown table and
-writes runs/results.json. AdaGauss's runs are named by adagauss.sh's RUN (ADAGAUSS_RUN here, the same default).
+authors' APR: the log's 'Mahalanobis accuracy list' (and its 'Mahalanobis accuracy' rows: one per task, one column
+per task's classes, for old/new); dfcil: summary.json's acc_per_task. Wall times: runs/wall.tsv (common.sh's
+`timed`). Prints a markdown table and writes runs/results.json. AdaGauss's runs are named by adagauss.sh's RUN
+(ADAGAUSS_RUN here, the same default).
 Usage: W=... python benchmarks/authors/collect.py"""
 
 import glob
@@ -14,7 +16,7 @@ import json
 import os
 import re
 
-METHODS = ("fecam", "ldc", "efc", "dpcr", "adagauss")
+METHODS = ("fecam", "ldc", "efc", "dpcr", "adagauss", "apr")
 W = os.environ.get("W", os.path.expanduser("~/dfcil-authors"))
 R = os.path.join(W, "runs")
 RUNS = {"adagauss": os.environ.get("ADAGAUSS_RUN", "adagauss_ad100")}  # a method's run name, where not its own
@@ -74,6 +76,23 @@ def facil_old_new(folder):
     return [(round(100 * sum(m[t][:t]) / t, 2) if t else None, round(100 * m[t][t], 2)) for t in range(len(m))]
 
 
+def apr_rows(log):
+    """APR's A_t (%) from its last 'Mahalanobis accuracy list: a, b, ..., avg: ...' line."""
+    rows = [line for line in lines(log) if "Mahalanobis accuracy list:" in line]
+    return floats(rows[-1].split("accuracy list:", 1)[1].split("avg:", 1)[0]) if rows else None
+
+
+def apr_old_new(log):
+    """(old, new) accuracy (%) after each task from APR's 'Mahalanobis accuracy   : ...' rows (5 classes a task)."""
+    res = []
+    for line in lines(log):
+        if "Mahalanobis accuracy   :" in line:
+            row = floats(line.split(":", 3)[-1])
+            t = len(res)
+            res.append((round(sum(row[:t]) / t, 2) if t else None, row[t]))
+    return res
+
+
 def summary(d):
     p = os.path.join(d, "summary.json")
     return json.loads(read(p)) if os.path.exists(p) else None
@@ -120,6 +139,8 @@ def main():
                 a = efc_rows(f"{R}/efc_authors_s{s}")
             if m == "adagauss":
                 a = facil_rows(f"{R}/{run(m)}_authors_s{s}")
+            if m == "apr" and os.path.exists(log):
+                a = apr_rows(log)
             out[f"{m}/authors/s{s}"] = a
             out[f"{m}/dfcil/s{s}"] = dfcil_rows(f"{R}/dfcil_{run(m)}_s{s}")
     for m, key in (("fecam", "FeCAM: {"), ("ldc", "CNN: {"), ("dpcr", "CNN: {")):
@@ -129,6 +150,9 @@ def main():
     for s in (1, 2):
         if facil_tag(f"{R}/{run('adagauss')}_authors_s{s}"):
             extra[f"adagauss/authors/s{s}"] = facil_old_new(f"{R}/{run('adagauss')}_authors_s{s}")
+    for s in (1, 2):
+        if os.path.exists(f"{R}/apr_authors_s{s}.log"):
+            extra[f"apr/authors/s{s}"] = apr_old_new(f"{R}/apr_authors_s{s}.log")
     for m in METHODS:
         for s in (1, 2):
             j = summary(f"{R}/dfcil_{run(m)}_s{s}")

@@ -17,6 +17,7 @@ LDC_COMMIT=e3ea3e9f81ed698e97b3b108b814128297cb11a3     # github.com/alviur/ldc
 EFC_COMMIT=3ef91722f57b4343cc424784ad000b0e336481cb     # github.com/simomagi/elastic_feature_consolidation
 ADAGAUSS_COMMIT=2487d070e3a6159a0f21109e05d86f64514f4e7e  # github.com/grypesc/AdaGauss
 DPCR_COMMIT=6e69f60382b88bd24bc46245f61b486bec9cee8b      # github.com/RHe502/ICML25-DPCR
+APR_COMMIT=2b9d9b3b02886f37b5a9e7009060fa0a4c895648       # github.com/hirotomusiker/APR-EFCIL (MIT)
 GITHUB=${GITHUB:-https://github.com}
 PYTHON=${PYTHON:-python3.11}                             # 3.11.7 in the comparison
 TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
