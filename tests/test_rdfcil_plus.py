@@ -112,17 +112,83 @@ def test_a_run_classified_by_its_gaussians_and_dfcil_eval_agree(classifier, tmp_
     assert any("ac" in r["loss"] for r in records if r["type"] == "epoch" and r["task"] == 1)
 
 
-def test_the_bayes_scores_are_the_mahalanobis_distances_to_the_stored_gaussians():
-    _, method, net, ctx, _ = _task1_setup([("method.classifier", "bayes")], name="rdfcil_plus")
+@pytest.mark.parametrize("head", ["adagauss", "apr"])
+def test_the_bayes_scores_are_the_mahalanobis_distances_to_the_stored_gaussians(head):
+    # AdaGauss's head (γ = 3), or APR's: FeCAM's shrinkage of the off-diagonal too, the pseudo-inverse
+    shrink = {"adagauss": (3.0, 0.0, False), "apr": (24.0, 24.0, True)}[head]
+    keys = ("method.bayes_shrinkage", "method.bayes_offdiag", "method.bayes_pseudo_inverse")
+    extra = [("method.classifier", "bayes"), *((k, str(v).lower()) for k, v in zip(keys, shrink, strict=True))]
+    _, method, net, ctx, _ = _task1_setup(extra, name="rdfcil_plus")
     g = torch.Generator().manual_seed(1)
     a = torch.randn(6, 64, 64, generator=g)
     method.memory.load_state_dict({"means": torch.randn(6, 64, generator=g), "covs": a @ a.transpose(1, 2) / 64})
     method.classifier.refresh(method.memory)
     out = net(torch.randn(4, 3, 32, 32))
     f, mu = F.normalize(out.features, dim=1), F.normalize(method.memory.means, dim=1)
-    expected = bayes_log_likelihood(f, mu, bayes_precisions(method.memory.covs, 3.0, True))
+    expected = bayes_log_likelihood(f, mu, bayes_precisions(method.memory.covs, shrink[0], True, *shrink[1:]))
     assert torch.allclose(method.eval_logits(out), expected, atol=1e-4)
     assert set(method.eval_state()) == {"means", "precisions"} and "classifier" in method.components()
+
+
+def _pseudo_setup(mode, pseudo="{per_class: 4, batch_size: 5, noise: 0}"):
+    """Task 1 of rdfcil_plus with the pseudo-replay ``mode`` and three old classes' Gaussians stored, its candidates
+    drawn as a run's task start draws them."""
+    extra = [("method.pseudo_replay", mode), ("method.pseudo", pseudo), ("train.batch_size", "8")]
+    extra += [("method.inversion.steps", "0")] if mode == "only" else []
+    _, method, net, ctx, batches = _task1_setup(extra, name="rdfcil_plus")
+    assert method.pseudo is not None and not len(method.pseudo) and not method.graph_safe  # nothing stored yet
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 64, 64, generator=g)
+    method.memory.load_state_dict({"means": torch.randn(3, 64, generator=g), "covs": a @ a.transpose(1, 2) / 64})
+    method.pseudo.begin(ctx, method.teacher, method.memory.means, method.memory.covs)
+    return method, net, ctx, batches
+
+
+def _distances(method, x, labels):
+    with torch.no_grad():
+        return (method.teacher(x).features - method.memory.means[labels]).norm(dim=1)
+
+
+@pytest.mark.parametrize("mode", ["extra", "only"])
+def test_the_pseudo_replay_adds_moved_views_of_the_task_to_the_old_classes_images(mode):
+    method, net, ctx, batches = _pseudo_setup(mode)
+    p = method.pseudo
+    assert len(p) == 3 * 4 and p.labels.tolist() == [0] * 4 + [1] * 4 + [2] * 4  # 4 candidates per old class
+    pick = p.order[:5].clone()
+    views, labels = p.views.load(p.index[pick]), p.labels[pick]
+    x = method.old_inputs(8, ctx)
+    assert len(x) == {"extra": 8 + 5, "only": 5}[mode] and p.position == 5
+    moved = x[-5:]  # pushed toward their classes' means through the old model: nearer each, image by image
+    assert bool((_distances(method, moved, labels) < _distances(method, views, labels)).all())
+    x, y = next(iter(batches))  # a step counts the old images' pseudo-labels beside the real ones (CHR's weights)
+    before = method.class_counts.sum().item()
+    assert set(method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))) == {"lce", "hkd", "rkd", "ac"}
+    assert method.class_counts.sum().item() - before == len(x) + {"extra": 8 + 5, "only": 5}[mode]
+
+
+def test_the_pseudo_replay_without_steps_replays_the_fixed_views_themselves():
+    method, _, ctx, _ = _pseudo_setup("only", "{per_class: 4, batch_size: 5, noise: 0, steps: 0}")
+    p = method.pseudo
+    pick = p.order[:5].clone()
+    assert torch.equal(method.old_inputs(8, ctx), p.views.load(p.index[pick]))
+
+
+def test_pseudo_replay_only_skips_the_inversion_and_its_refusals():
+    method, _, ctx, _ = _pseudo_setup("only")
+    assert method.replay.synth.step == 0  # never inverted
+    extra, _, _, _ = _pseudo_setup("extra")
+    assert extra.replay.synth.step > 0
+    with pytest.raises(ConfigError, match="set method.inversion.steps 0"):
+        build_method(
+            tiny_config("rdfcil_plus", [("method.pseudo_replay", "only")]).method, tiny_config("rdfcil_plus").train
+        )
+    with pytest.raises(ConfigError, match="method.pseudo is .* its switch is off"):
+        build_method(
+            tiny_config("rdfcil_plus", [("method.pseudo", "{steps: 2}")]).method, tiny_config("rdfcil_plus").train
+        )
+    only_syn = [("method.pseudo_replay", "only"), ("method.inversion.steps", "0"), ("method.drift.synthetic", "true")]
+    with pytest.raises(ConfigError, match="drop method.drift.synthetic"):
+        build_method(tiny_config("rdfcil_plus", only_syn).method, tiny_config("rdfcil_plus").train)
 
 
 SWITCHES = {
@@ -131,6 +197,13 @@ SWITCHES = {
     "ridge_no_chr": [("method.classifier", "ridge"), ("method.chr_epochs", "0")],
     "dual_syn": [("method.drift", "{kind: dual, synthetic: true}")],
     "no_ac": [("method.lambda_ac", "0")],  # the term is on by default
+    "pseudo_extra": [("method.pseudo_replay", "extra"), ("method.pseudo", "{per_class: 8, batch_size: 4}")],
+    "pseudo_only": [("method.pseudo_replay", "only"), ("method.inversion.steps", "0")],
+    "mahalanobis": [
+        ("method.classifier", "bayes"),
+        ("method.bayes_offdiag", "24"),
+        ("method.bayes_pseudo_inverse", "true"),
+    ],
 }
 
 
@@ -161,7 +234,7 @@ def test_each_switch_resumes_exactly_from_inside_rrl(switch, tmp_path):
     ma, mb = (loads((tmp_path / d / "model.pt").read_bytes()) for d in "ab")
     assert all(torch.equal(ma["net"][k], mb["net"][k]) for k in ma["net"])
     sa, sb = ma.get("method_state", {}), mb.get("method_state", {})
-    assert set(sa) == set(sb) and (switch not in ("bayes", "ridge", "ridge_no_chr") or sa)
+    assert set(sa) == set(sb) and (switch not in ("bayes", "ridge", "ridge_no_chr", "mahalanobis") or sa)
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 

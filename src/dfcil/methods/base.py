@@ -72,6 +72,12 @@ class Method:
         self.classifier: NearestMeanClassifier | None = None
 
     @property
+    def graph_safe(self) -> bool:
+        """Whether this instance's steps may replay as a CUDA graph: its :attr:`info` says so, unless a switch of its
+        config makes the step do host work (R-DFCIL+'s pseudo-replay)."""
+        return self.info.graph_safe
+
+    @property
     def stores(self) -> str:
         """What this run's method keeps between tasks: its declared ``stores``, or a switch's that its config turns
         on (``method.ldc: true`` on LwF: class statistics)."""

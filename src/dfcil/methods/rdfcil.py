@@ -217,7 +217,7 @@ class RDFCIL(ReplayMethod):
         c, b, runtime = self.cfg, len(batch.x), ctx.runtime
         w_lce, w_hkd, w_rkd, w_contrast = self.term_weights  # the adaptive weights (eqs. 7-8)
         old, new = net.old_and_new(ctx.n_old)  # the old and the new classes' logits
-        x_syn = self.replay.generate_share(b, runtime.dist)  # fresh, unaugmented, as many as real images
+        x_syn = self.old_inputs(b, ctx)  # the old classes' images: fresh synthetic ones, as many as real
         need_real = phase.name == "rrl" and c.new_kd != "none"  # the teacher on real data: new-data KD only
         merge = runtime.merge_teacher
         t_real, t_syn = teacher_pass(self.teacher, batch.x if need_real else None, x_syn, merge, duplicate=True)
@@ -245,6 +245,12 @@ class RDFCIL(ReplayMethod):
         elif self.contrast is not None:  # crd, crcd: the same images' embeddings against the task's bank
             terms[c.new_kd] = w_contrast * self._contrast(s_real.features, t_real.features, batch, ctx)
         return terms | self.rrl_feature_terms(out.features)
+
+    def old_inputs(self, batch_size: int, ctx: TaskContext) -> Tensor:
+        """The step's images of the old classes, for HKD and CHR: ``batch_size`` fresh, unaugmented images of the
+        generator (this process's share of the global batch's). A subclass may add others (R-DFCIL+'s pseudo-replay).
+        """
+        return self.replay.generate_share(batch_size, ctx.runtime.dist)
 
     def rrl_feature_terms(self, features: Tensor) -> dict[str, Tensor]:
         """Further RRL terms on the student's features of the step's [real; synthetic] images (a subclass's: none

@@ -18,6 +18,7 @@ from dfcil.errors import ConfigError
 from dfcil.losses.adagauss import anti_collapse, small_batch
 from dfcil.losses.prototypes import balanced_labels, sample_gaussians
 from dfcil.methods.adapter import BayesClassifier
+from dfcil.methods.adversarial import PseudoReplay, PseudoReplayConfig
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
 from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier, check_drift_keys, linear_drift
 from dfcil.methods.projection import DualProjectionDrift, RidgeClassifier
@@ -47,6 +48,10 @@ class RDFCILPlusConfig(RDFCILConfig):
     classifier: Literal["head", "ncm", "bayes", "ridge"] = "head"
     bayes_shrinkage: NonNegativeFloat = 3.0  # bayes: Σ + γ·mean(diag Σ)·I (AdaGauss's γ = 3)
     bayes_normalize: bool = True  # bayes: L2-normalised features and means, correlation matrices (AdaGauss's)
+    # bayes as APR's Mahalanobis head: FeCAM's off-diagonal shrinkage γ₂ too, and the pseudo-inverse (APR: γ = γ₂ =
+    # 24 and true; AdaGauss: 0 and false). cifar100-mini/rdfcil_plus_mahalanobis sets APR's head
+    bayes_offdiag: NonNegativeFloat = 0.0
+    bayes_pseudo_inverse: bool = False
     ridge_gamma: PositiveFloat = 200.0  # ridge: γ of (Σ_c Φ_c + γI)⁻¹Q (DPCR's CIFAR-100 value, at d = 512)
     ridge_normalize: bool = True  # ridge: each class column L2-normalised (DPCR's)
     # AdaGauss's anti-collapse term in RRL, weight lambda_ac (0: off) and clamp ac_beta, on the covariance of the
@@ -55,22 +60,32 @@ class RDFCILPlusConfig(RDFCILConfig):
     # the one switch whose paired gain on cifar100-mini is beyond its spread (docs/rdfcil-plus.md)
     lambda_ac: NonNegativeFloat = 1.0
     ac_beta: PositiveFloat = 1.0
+    # APR's online pseudo-replay (docs/baselines.md, APR) as a source of old-class images for HKD and CHR: the task's
+    # own images nearest each old class's stored mean, moved at every step by a few gradient steps through the old
+    # model toward that mean plus noise. "extra": pseudo.batch_size of them beside the generator's images; "only": in
+    # their place (no generator is used: set method.inversion.steps 0); "off": the generator's alone
+    pseudo_replay: Literal["off", "extra", "only"] = "off"
+    pseudo: PseudoReplayConfig = dataclasses.field(default_factory=PseudoReplayConfig)
 
 
 CLASSIFIERS: dict[str, Callable[[RDFCILPlusConfig, ClassMemory], Classifier | None]] = {
     "head": lambda cfg, memory: None,  # the network's head
     "ncm": lambda cfg, memory: NearestMeanClassifier(memory),
-    "bayes": lambda cfg, memory: BayesClassifier(cfg.bayes_shrinkage, cfg.bayes_normalize),
+    "bayes": lambda cfg, memory: BayesClassifier(
+        cfg.bayes_shrinkage, cfg.bayes_normalize, cfg.bayes_offdiag, cfg.bayes_pseudo_inverse
+    ),
     "ridge": lambda cfg, memory: RidgeClassifier(cfg.ridge_gamma, cfg.ridge_normalize),
 }
 
 
+BAYES_KEYS = ("bayes_shrinkage", "bayes_normalize", "bayes_offdiag", "bayes_pseudo_inverse")
 # each switch's own keys, read only while it is on: (keys, is it on, how to turn it on)
 SWITCH_KEYS: tuple[tuple[tuple[str, ...], Callable[[RDFCILPlusConfig], bool], str], ...] = (
     (("replay_ratio", "lambda_replay"), lambda c: c.replay, "method.replay: true"),
-    (("bayes_shrinkage", "bayes_normalize"), lambda c: c.classifier == "bayes", "method.classifier: bayes"),
+    (BAYES_KEYS, lambda c: c.classifier == "bayes", "method.classifier: bayes"),
     (("ridge_gamma", "ridge_normalize"), lambda c: c.classifier == "ridge", "method.classifier: ridge"),
     (("ac_beta",), lambda c: c.lambda_ac > 0, "method.lambda_ac above 0"),
+    (("pseudo",), lambda c: c.pseudo_replay != "off", "method.pseudo_replay: extra"),
 )
 
 
@@ -114,9 +129,25 @@ class RDFCILPlus(RDFCIL):
                 "rdfcil_plus replays its class statistics in CHR, and method.chr_epochs is 0: they would never be "
                 "used. Give CHR epochs, classify by the means (method.classifier: ncm), or train rdfcil"
             )
+        if cfg.pseudo_replay == "only" and cfg.inversion.steps:
+            raise ConfigError(
+                f"method.pseudo_replay only replays pseudo-images in place of the generator's, so its inversion "
+                f"(method.inversion.steps {cfg.inversion.steps}) would be time lost: set method.inversion.steps 0, "
+                f"or method.pseudo_replay extra to use both"
+            )
+        if cfg.pseudo_replay == "only" and cfg.drift.synthetic:
+            raise ConfigError(
+                "method.drift.synthetic fits the drift on the generator's images, which method.pseudo_replay only "
+                "does not train: drop method.drift.synthetic, or set method.pseudo_replay extra"
+            )
         check_switch_keys(cfg)
         super().__init__(cfg, train)
         self.classifier = CLASSIFIERS[cfg.classifier](cfg, self.memory)
+        self.pseudo = PseudoReplay(cfg.pseudo) if cfg.pseudo_replay != "off" else None
+
+    @property
+    def graph_safe(self) -> bool:
+        return self.info.graph_safe and self.pseudo is None  # the pseudo-replay keeps its place on the host
 
     def build_memory(self, cfg: RDFCILPlusConfig) -> ClassMemory:
         d = cfg.drift
@@ -127,7 +158,9 @@ class RDFCILPlus(RDFCIL):
         return ClassMemory(drift, covariances=True, augmented=True)  # Gaussians, always
 
     def on_task_start(self, ctx: TaskContext) -> None:
-        super().on_task_start(ctx)
+        super().on_task_start(ctx)  # the old model's snapshot from the second task on
+        if self.pseudo is not None and len(self.memory):  # the stored Gaussians are in the old model's space
+            self.pseudo.begin(ctx, self.teacher, self.memory.means, self.memory.covs)
         rows, d = 2 * self.train.batch_size, ctx.net.feature_dim  # [real; synthetic]
         if self.cfg.lambda_ac > 0 and ctx.task_id == 1 and (why := small_batch(rows, d, "2 × train.batch_size")):
             log.warning("rdfcil_plus: %s", why)
@@ -136,7 +169,27 @@ class RDFCILPlus(RDFCIL):
         c = self.cfg
         return {"ac": c.lambda_ac * anti_collapse(features, c.ac_beta)} if c.lambda_ac > 0 else {}
 
+    def synthesize(self, ctx: TaskContext, on_step: Callable[[], None]) -> None:
+        if self.cfg.pseudo_replay != "only":  # only: the generator is never asked for images
+            super().synthesize(ctx, on_step)
+
+    def old_inputs(self, batch_size: int, ctx: TaskContext) -> Tensor:
+        if self.pseudo is None:
+            return super().old_inputs(batch_size, ctx)
+        if not len(self.pseudo):  # no stored class to start from (a task's start found the memory empty)
+            raise ValueError("rdfcil_plus: the pseudo-replay has no candidates: no old class has statistics")
+        pseudo = self._pseudo_images(ctx)
+        return pseudo if self.cfg.pseudo_replay == "only" else torch.cat([super().old_inputs(batch_size, ctx), pseudo])
+
+    # Outside engine.compile: step's graphs: the candidates' order is kept on the host, and the perturbation takes
+    # gradients of the old model with respect to its input
+    @torch.compiler.disable
+    def _pseudo_images(self, ctx: TaskContext) -> Tensor:
+        return self.pseudo.sample(ctx, self.teacher)
+
     def on_task_end(self, ctx: TaskContext) -> None:
+        if self.pseudo is not None:
+            self.pseudo.end()
         super().on_task_end(ctx)  # the task's classes' Gaussians, in the final feature space
         if isinstance(self.classifier, BayesClassifier):
             self.classifier.refresh(self.memory)
@@ -148,6 +201,7 @@ class RDFCILPlus(RDFCIL):
     def components(self) -> dict[str, Any]:
         # a classifier with state of its own (bayes, ridge) is checkpointed; ncm's means are the memory's
         own = {"classifier": self.classifier} if hasattr(self.classifier, "state_dict") else {}
+        own |= {"pseudo": self.pseudo} if self.pseudo is not None else {}
         return super().components() | own
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:

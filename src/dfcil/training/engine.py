@@ -147,7 +147,7 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
         torch.backends.cudnn.benchmark = cfg.engine.cudnn_benchmark
     if cfg.engine.compile not in ("none", "step"):  # step: Runtime.compiler compiles the steps instead
         net.compile_backbone(mode=None if cfg.engine.compile == "default" else cfg.engine.compile)
-    if cfg.engine.cuda_graphs == "on" and not method.info.graph_safe:
+    if cfg.engine.cuda_graphs == "on" and not method.graph_safe:
         log.warning("%s is not marked graph_safe: its steps run eagerly (try cuda_graphs: check)", method.name)
     state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
     runtime = Runtime.from_config(cfg.engine, device, make_progress(options.progress), dist, cfg.train.max_loss)
@@ -284,7 +284,7 @@ def fit_task(loop: Loop, ctx: TaskContext, phases: Sequence[Phase]) -> None:
             part.requires_grad_(False)
         fill_momentum(state.optimizer)
         step = TrainStep(method, ctx, phase, state.optimizer)
-        graphs = ctx.runtime.graphs if method.info.graph_safe or ctx.runtime.graphs == "check" else "off"
+        graphs = ctx.runtime.graphs if method.graph_safe or ctx.runtime.graphs == "check" else "off"
         if graphs != "off":  # the step body captured and replayed (on), or checked for it (check)
             loop.graph = StepGraph(step, state.optimizer, graphs, ctx.device, (ctx.rng, ctx.data.generator))
         state.position = Position(ctx.task_id, "train", index, first_epoch, start.step if index == start.phase else 0)
