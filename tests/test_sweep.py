@@ -420,3 +420,14 @@ def test_a_grid_value_that_would_name_a_run_dot_or_dot_dot_is_refused_before_any
         assert "give another value" in capsys.readouterr().err
     assert not (tmp_path / "sweep").exists()
     assert [r.name for r in plan([["configs/smoke.yaml"]], [("wandb.name", [f"{value}a", "b"])])] == [f"{value}a", "b"]
+
+
+@pytest.mark.parametrize(("cores", "jobs", "said"), [(2, 2, "CPU, 1 thread"), (4, 2, "CPU, 2 threads"), (2, 1, "CPU")])
+def test_a_cpu_run_is_told_its_share_of_the_cores_in_words(monkeypatch, tmp_path, cores, jobs, said):
+    import dfcil.sweep.local as local
+
+    monkeypatch.setattr(local, "usable_cores", lambda: cores)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    runs = local.LocalRuns(type("Sweep", (), {"out": tmp_path})(), jobs, [])
+    env, where = runs._environment(None, 0)
+    assert where == said and env.get("OMP_NUM_THREADS") == (str(cores // jobs) if jobs > 1 else None)

@@ -69,7 +69,7 @@ class LocalRuns:
         env, where = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}, "CPU"
         if self.jobs > 1:  # the cores are shared out, on a GPU machine too (its runs need few)
             env["OMP_NUM_THREADS"] = str(self.threads)
-            where = f"CPU, {self.threads} threads"
+            where = f"CPU, {self.threads} thread{'s' if self.threads > 1 else ''}"
         if self.gpus and uses_gpu(run):
             env["CUDA_VISIBLE_DEVICES"] = visible_device(self.gpus[slot])
             where = f"GPU {env['CUDA_VISIBLE_DEVICES']}"
