@@ -753,6 +753,25 @@ def test_bwt_is_a_metric_of_by_and_the_csv_with_its_sign(tmp_path, capsys):
     assert "its summary.json is not a dfcil summary (bwt is" in capsys.readouterr().err
 
 
+def test_first_acc_is_the_first_tasks_classes_after_the_last_task(tmp_path, capsys):
+    """--metric first_acc reads the accuracy matrix's bottom-left entry (the first task's classes after the last
+    task: what is left of it at the end of a long sequence), in the --by table and the CSV."""
+    data = C100_N10 | {"num_tasks": 3}
+    for order, after in enumerate((40, 30)):
+        m = AccuracyMatrix(3)
+        m.record(0, np.array([80]), np.array([100]))
+        m.record(1, np.array([60, 90]), np.array([100, 100]))
+        m.record(2, np.array([after, 70, 85]), np.array([100, 100, 100]))  # task 0: 80 → 60 → after
+        summary = m.summary() | {"task_sizes": [10, 10, 10]}
+        write_run(tmp_path / "runs", f"o{order}", data | {"class_order_seed": order}, RDFCIL, summary=summary)
+    assert main(["report", str(tmp_path / "runs"), "--by", "method,protocol", "--metric", "first_acc"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| first task: method \\ protocol | n3 |\n") and "| rdfcil | 35.00 ± 5.00 (2) |" in out
+    assert "Cells: the accuracy on the first task's classes after the last task (%)" in out
+    row = next(csv.DictReader(io.StringIO(report(find_runs([tmp_path / "runs"]), "csv"))))
+    assert (row["first_acc_mean"], row["first_acc_n"]) == ("35.0", "2")
+
+
 def test_std_sample_or_population_is_said_under_each_table_and_used_for_pairs(tmp_path, capsys):
     """--std sample: n − 1 in the denominator for a group's runs and for --against's pairs; the kind is said on its
     own line right under each table (markdown, LaTeX) or on stderr (CSV); population stays the default."""

@@ -41,6 +41,7 @@ METRICS = {
     "old_acc": "old acc",
     "new_acc": "new acc",
     "bwt": "BWT",
+    "first_acc": "first task",
 }
 # The long table's columns: all but BWT, which forgetting already shows from the other side (--by, CSV have it)
 LONG_METRICS = ("last_acc", "avg_inc_acc", "forgetting", "old_acc", "new_acc")
@@ -53,6 +54,7 @@ MEANINGS = {
     "new_acc": "new acc, the accuracy on the last task's classes after it (%)",
     "bwt": "BWT, backward transfer: the mean over the tasks before the last of their accuracy after the last task "
     "minus that just after their own (points; negative is forgetting, positive old tasks gained)",
+    "first_acc": "the accuracy on the first task's classes after the last task (%)",
 }
 PAPER_METRICS = ("last_acc", "avg_inc_acc")
 DIMENSIONS = ("method", "dataset", "protocol", "config")  # what --by may name
@@ -551,7 +553,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--by", metavar="ROWS,COLS", help=f"a table of one metric; ROWS and COLS among {DIMENSIONS}")
     p.add_argument(
         "--metric", choices=list(METRICS), default="last_acc",
-        help="the metric of --by (default last_acc); bwt is backward transfer, negative for forgetting",
+        help="the metric of --by (default last_acc); bwt is backward transfer, negative for forgetting; first_acc "
+        "the accuracy on the first task's classes after the last task",
     )  # fmt: skip
     p.add_argument(
         "--against",

@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +84,23 @@ class Run:
     summary: dict[str, Any] | None  # summary.json; None: unfinished
 
     def metric(self, key: str) -> float | None:
-        value = None if self.summary is None else self.summary.get(key)
+        if self.summary is None:
+            return None
+        if key in DERIVED:
+            return DERIVED[key](self.summary)
+        value = self.summary.get(key)
         return value[-1] if isinstance(value, list) else value  # old_acc / new_acc: the last task's
+
+
+def first_acc(summary: dict[str, Any]) -> float | None:
+    """The accuracy on the first task's classes after the last task (%), from the accuracy matrix: what is left of
+    the first task at the end of a long sequence."""
+    matrix = summary.get("accuracy_matrix") or []
+    return matrix[-1][0] if matrix and matrix[-1] else None
+
+
+# metrics a report reads from a summary's matrices rather than a key of its own
+DERIVED: dict[str, Callable[[dict[str, Any]], float | None]] = {"first_acc": first_acc}
 
 
 @dataclasses.dataclass(frozen=True)
