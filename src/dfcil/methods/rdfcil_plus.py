@@ -169,10 +169,6 @@ class RDFCILPlus(RDFCIL):
         c = self.cfg
         return {"ac": c.lambda_ac * anti_collapse(features, c.ac_beta)} if c.lambda_ac > 0 else {}
 
-    def synthesize(self, ctx: TaskContext, on_step: Callable[[], None]) -> None:
-        if self.cfg.pseudo_replay != "only":  # only: the generator is never asked for images
-            super().synthesize(ctx, on_step)
-
     def old_inputs(self, batch_size: int, ctx: TaskContext) -> Tensor:
         if self.pseudo is None:
             return super().old_inputs(batch_size, ctx)
