@@ -20,7 +20,7 @@ from dfcil.analysis.run_dirs import setting_of
 from dfcil.cli import main
 from dfcil.config import config_to_dict
 from dfcil.errors import ConfigError
-from dfcil.load import load_config
+from dfcil.load import load_config, protocol_without_method
 from dfcil.methods import METHODS, build_method
 from test_images import TINY_SUBSET, write_imagenet, write_tiny_zip
 
@@ -379,3 +379,18 @@ def test_a_preset_or_a_folder_of_them_is_copied_to_start_ones_own(capsys, tmp_pa
 def test_train_without_a_config_names_a_preset(capsys):
     assert main(["train", "--out", "x"]) == 2
     assert "try --config smoke; `dfcil presets` lists them" in capsys.readouterr().err
+
+
+def test_a_protocol_file_alone_is_told_to_take_a_method_file(capsys, tmp_path):
+    # cifar100/n10 alone trains rdfcil's defaults, whose schedule does not fit it: the refusal comes with the fix
+    assert main(["train", "--config", "cifar100/n10", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "cifar100/n10 is a protocol and names no method: rdfcil's defaults would train it" in err
+    assert "(--config cifar100/n10 --config cifar100/rdfcil; the files beside it: abd," in err
+    assert "milestones [80, 120]" in err and not (tmp_path / "run").exists()
+    assert protocol_without_method(["cifar100/n10", "cifar100/lwf"]) == ""  # a method file names it
+    assert protocol_without_method(["cifar100/n10"], [("method.name", "lwf")]) == ""  # so does --method.name
+    assert all(protocol_without_method([p]) == "" for p in ("smoke", "cifar100-mini", "cifar100-long", "own-data"))
+    assert main(["presets", "copy", "cifar100", str(tmp_path / "mine")]) == 0  # one's own copy, given by path
+    note = protocol_without_method([str(tmp_path / "mine" / "cifar100" / "n5.yaml")])
+    assert f"--config {tmp_path}/mine/cifar100/rdfcil.yaml;" in note

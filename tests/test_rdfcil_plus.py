@@ -137,6 +137,7 @@ def _pseudo_setup(mode, pseudo="{per_class: 4, batch_size: 5, noise: 0}"):
     extra += [("method.inversion.steps", "0")] if mode == "only" else []
     _, method, net, ctx, batches = _task1_setup(extra, name="rdfcil_plus")
     assert method.pseudo is not None and not len(method.pseudo) and not method.graph_safe  # nothing stored yet
+    assert method.eager_reason == f"method.pseudo_replay {mode} does host work in every step of rdfcil_plus"
     g = torch.Generator().manual_seed(1)
     a = torch.randn(3, 64, 64, generator=g)
     method.memory.load_state_dict({"means": torch.randn(3, 64, generator=g), "covs": a @ a.transpose(1, 2) / 64})

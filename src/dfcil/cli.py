@@ -570,10 +570,12 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
         raise ConfigError(
             "dfcil train needs --config FILE.yaml or a preset's name (try --config smoke; `dfcil presets` lists them)"
         )
-    from dfcil.load import check_run_records, load_config
+    from dfcil.load import check_run_records, load_config, protocol_without_method
 
     check_run_records(args.config, _consent(args))  # a received run's config.yaml: its plugin files need consent
     cfg, dropped = load_config(args.config, overrides, plugins=args.plugin)
+    if note := protocol_without_method(args.config, overrides):  # before the checks its defaults may fail
+        log.warning("%s", note)
     if dropped:
         log.warning("method switched to %r: %s%s", cfg.method.name, "; ".join(dropped), _unread_note(cfg, args.dry_run))
     if args.print_config:

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from dfcil import presets
 from dfcil.config import (
     SECTIONS,
     TOP_LEVEL_SCALARS,
@@ -211,6 +212,39 @@ def load_config(
     _refuse_keys_of_the_method_left(raw, files_method)
     raw["plugins"] = list(wanted)
     return build_config(raw), dropped
+
+
+def protocol_without_method(paths: Sequence[str | Path], overrides: Iterable[tuple[str, str]] = ()) -> str:
+    """A note for a run whose config files name no method and whose ``--config`` includes a protocol file of a
+    folder that holds method files (``cifar100/n10``, whose header asks for a method file after it): the default
+    method's defaults would train, not a recipe, and their schedule may not fit the protocol's. Empty otherwise (a
+    file or ``--method.name`` names the method)."""
+    if any(key == "method.name" for key, _ in overrides):
+        return ""
+    found = [(str(spec), presets.resolve(spec)) for spec in paths]
+    if any("method" in read_yaml(path) for _, path in found):
+        return ""
+    for given, path in found:
+        methods = sorted(p.stem for p in path.parent.glob(f"*{presets.SUFFIX}") if p != path and _names_method(p))
+        if not methods:
+            continue
+        name = "rdfcil" if "rdfcil" in methods else methods[0]
+        head, sep, _ = given.rpartition("/")
+        example = f"{head}{sep}{name}" + (presets.SUFFIX if given.endswith(presets.SUFFIX) else "")
+        return (
+            f"{given} is a protocol and names no method: {DEFAULT_METHOD}'s defaults would train it, not a paper's "
+            f"recipe. Give a method file after it (--config {given} --config {example}; the files beside it: "
+            f"{', '.join(methods)}), or --method.name NAME to train a method's defaults"
+        )
+    return ""
+
+
+def _names_method(path: Path) -> bool:
+    """Whether a YAML file beside a protocol file has a method section (one that does not parse does not count)."""
+    try:
+        return "method" in read_yaml(path)
+    except ConfigError:
+        return False
 
 
 RUN_FILES = ("meta.json", "checkpoints", "model.pt", "summary.json", "metrics.jsonl")  # what a run writes beside it

@@ -74,8 +74,15 @@ class Method:
     @property
     def graph_safe(self) -> bool:
         """Whether this instance's steps may replay as a CUDA graph: its :attr:`info` says so, unless a switch of its
-        config makes the step do host work (R-DFCIL+'s pseudo-replay)."""
-        return self.info.graph_safe
+        config makes the step do host work (R-DFCIL+'s pseudo-replay): :attr:`eager_reason` is empty."""
+        return not self.eager_reason
+
+    @property
+    def eager_reason(self) -> str:
+        """Why this instance's steps run eagerly under ``engine.cuda_graphs: on`` ("" where they may replay as
+        graphs), for the engine's warning: a method overrides it where a switch of its config makes a step do
+        host work."""
+        return "" if self.info.graph_safe else f"{self.name} is not marked graph_safe"
 
     @property
     def stores(self) -> str:

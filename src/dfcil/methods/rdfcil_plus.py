@@ -146,8 +146,10 @@ class RDFCILPlus(RDFCIL):
         self.pseudo = PseudoReplay(cfg.pseudo) if cfg.pseudo_replay != "off" else None
 
     @property
-    def graph_safe(self) -> bool:
-        return self.info.graph_safe and self.pseudo is None  # the pseudo-replay keeps its place on the host
+    def eager_reason(self) -> str:
+        if self.pseudo is not None:  # the pseudo-replay keeps its place on the host
+            return f"method.pseudo_replay {self.cfg.pseudo_replay} does host work in every step of {self.name}"
+        return super().eager_reason
 
     def build_memory(self, cfg: RDFCILPlusConfig) -> ClassMemory:
         d = cfg.drift
