@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from dfcil.checkpoint import loads
 from dfcil.errors import ConfigError
 from dfcil.losses.adagauss import bayes_log_likelihood, bayes_precisions
+from dfcil.losses.cycle import PairMoments, affine_map, cycle_losses, update_moments
 from dfcil.losses.dpcr import ridge_head
 from dfcil.methods import Batch, Phase, build_method
 from dfcil.methods.memory import ClassMemory, DriftConfig, linear_drift
@@ -200,6 +201,7 @@ SWITCHES = {
     "no_ac": [("method.lambda_ac", "0")],  # the term is on by default
     "pseudo_extra": [("method.pseudo_replay", "extra"), ("method.pseudo", "{per_class: 8, batch_size: 4}")],
     "pseudo_only": [("method.pseudo_replay", "only"), ("method.inversion.steps", "0")],
+    "cycle": [("method.cycle", "true"), ("method.cycle_multiplier", "2")],
     "mahalanobis": [
         ("method.classifier", "bayes"),
         ("method.bayes_offdiag", "24"),
@@ -239,13 +241,15 @@ def test_each_switch_resumes_exactly_from_inside_rrl(switch, tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def test_rdfcil_plus_on_the_static_head_keeps_its_graph_promise():
+@pytest.mark.parametrize("switch", [[], SWITCHES["cycle"]], ids=["default", "cycle"])
+def test_rdfcil_plus_on_the_static_head_keeps_its_graph_promise(switch):
     """With model.static_head (what engine.compile: step needs) the CUDA-graph check records and compares every
-    step, CHR's replay of the memory included, and the checked run equals the eager one bit for bit on the CPU."""
+    step, CHR's replay of the memory and the cycle switch's in-place moments included, and the checked run equals
+    the eager one bit for bit on the CPU."""
     from dfcil.training.engine import run
     from dfcil.training.loop import RunOptions
 
-    extra = [("model.static_head", "true"), ("train.epochs", "3"), ("train.milestones", "[1]")]
+    extra = [("model.static_head", "true"), ("train.epochs", "3"), ("train.milestones", "[1]"), *switch]
     eager = run(tiny_config("rdfcil_plus", extra), options=RunOptions(progress=False))
     checked = run(
         tiny_config("rdfcil_plus", [*extra, ("engine.cuda_graphs", "check")]), options=RunOptions(progress=False)
@@ -253,3 +257,82 @@ def test_rdfcil_plus_on_the_static_head_keeps_its_graph_promise():
     assert checked["accuracy_matrix"] == eager["accuracy_matrix"]
     phases = {name: p for t in checked["timings"] for name, p in t["phases"].items()}
     assert set(phases) == {"base", "rrl", "chr"} and all(p["cuda_graphs"] == "check" for p in phases.values())
+
+
+def test_the_cycle_map_is_the_centred_ridge_fit_of_the_weighted_pairs():
+    # by hand, one dimension: z° = (0, 2), z = (1, 5): means 1 and 3, variance 1, cross-covariance 2, so with ridge 1
+    # P = 2 / (1 + 1) = 1 and b = 3 - 1·1 = 2
+    m = update_moments(PairMoments.zeros(1), torch.tensor([[0.0], [2.0]]), torch.tensor([[1.0], [5.0]]), 0.99)
+    p, b = affine_map(m, 1.0)
+    assert (float(p), float(b)) == pytest.approx((1.0, 2.0), abs=1e-6)
+    # an exact affine relation is recovered; two steps weigh as rows of weights ρ : 1 (the EMA, corrected)
+    g = torch.Generator().manual_seed(0)
+    M, c = torch.randn(4, 4, generator=g), torch.randn(4, generator=g)
+    x1, x2 = torch.randn(16, 4, generator=g), torch.randn(8, 4, generator=g) + 1
+    m = update_moments(update_moments(PairMoments.zeros(4), x1, x1 @ M + c, 0.5), x2, x2 @ M + c, 0.5)
+    p, b = affine_map(m, 1e-6)
+    assert torch.allclose(p, M, atol=1e-3) and torch.allclose(b, c, atol=1e-3)
+    y1, y2 = torch.randn(16, 4, generator=g), torch.randn(8, 4, generator=g)  # not affine: the weighted ridge fit
+    m = update_moments(update_moments(PairMoments.zeros(4), x1, y1, 0.5), x2, y2, 0.5)
+    p, b = affine_map(m, 0.3)
+    x, y = torch.cat([x1, x2]).double(), torch.cat([y1, y2]).double()
+    w = torch.cat([torch.full((16,), 0.5 / 16), torch.full((8,), 1 / 8)]).double()
+    w = w / w.sum()
+    mx, my = w @ x, w @ y
+    xc, yc = x - mx, y - my
+    expected = torch.linalg.solve(
+        xc.T @ (w[:, None] * xc) + 0.3 * torch.eye(4, dtype=x.dtype), xc.T @ (w[:, None] * yc)
+    )
+    assert torch.allclose(p.double(), expected, atol=1e-5) and torch.allclose(b.double(), my - mx @ expected, atol=1e-5)
+    d, o = torch.tensor([[1.0, 2.0]]), torch.tensor([[0.0, 0.0]])  # MSE by hand: (1 + 4) / 2
+    assert [float(t) for t in cycle_losses(d, 2 * d, o)] == [2.5, 10.0]
+
+
+def test_the_cycle_switch_trains_the_distiller_and_reaches_the_backbone_through_its_distillation_alone():
+    extra = [("method.cycle", "true"), ("method.lambda_cycle_kd", "3"), ("method.lambda_cycle", "0.5")]
+    extra += [("method.cycle_momentum", "0"), ("method.lambda_ac", "0"), ("train.batch_size", "8")]
+    _, method, net, ctx, batches = _task1_setup(extra, name="rdfcil_plus")
+    d = method.cycle
+    assert d is not None and method.teacher_on_real and d.net in method.extra_modules(ctx)
+    assert [m.out_features for m in d.net if hasattr(m, "out_features")] == [32 * 64, 64]
+    x, y = next(iter(batches))
+    terms = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+    assert terms["cycle_kd"].requires_grad and terms["cycle"].requires_grad
+    backbone = [p for n, p in net.named_parameters() if not n.startswith("head")]
+    for name, reaches_backbone in (("cycle_kd", True), ("cycle", False)):
+        net.zero_grad(), d.net.zero_grad()
+        terms = method.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+        terms[name].backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in d.net.parameters())
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in backbone) == reaches_backbone
+    assert float(d.moments.weight) == pytest.approx(1.0)  # momentum 0: the last step's pairs alone
+    chr_terms = method.training_step(net, Batch(x, y), ctx, Phase("chr", 1, 0.005, trainable="head"))
+    assert not {"cycle_kd", "cycle"} & set(chr_terms)
+    method.on_task_end(ctx)
+    assert method.cycle is None
+    with pytest.raises(ConfigError, match="method.cycle_ridge is 0.5, and its switch is off"):
+        build_method(
+            tiny_config("rdfcil_plus", [("method.cycle_ridge", "0.5")]).method, tiny_config("rdfcil_plus").train
+        )
+    _, off, net, ctx, batches = _task1_setup([("method.lambda_ac", "0")], name="rdfcil_plus")
+    assert off.cycle is None and not {"cycle_kd", "cycle"} & set(
+        off.training_step(net, Batch(x, y), ctx, Phase("rrl", 1, 0.1))
+    )
+
+
+def test_the_cycle_distiller_adds_the_pairs_then_scores_d_through_the_fitted_map():
+    from dfcil.methods.cycle import CycleDistiller
+
+    part = CycleDistiller(4, 2, 0.1, 0.0, "cpu", torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    new, old = torch.randn(10, 4, generator=g, requires_grad=True), torch.randn(10, 4, generator=g)
+    distill, cycle = part.losses(new, old)
+    p, b = affine_map(update_moments(PairMoments.zeros(4), old, new, 0.0), 0.1)  # momentum 0: this step alone
+    assert torch.allclose(distill, F.mse_loss(part.net(new), old)) and torch.allclose(
+        cycle, F.mse_loss(part.net(old @ p + b), old), atol=1e-6
+    )
+    saved = part.state_dict()
+    other = CycleDistiller(4, 2, 0.1, 0.0, "cpu", None)
+    other.load_state_dict(saved)
+    assert all(torch.equal(u, v) for u, v in zip(part.moments, other.moments, strict=True))
+    assert all(torch.equal(u, v) for u, v in zip(part.net.parameters(), other.net.parameters(), strict=True))

@@ -25,7 +25,7 @@ from dfcil.losses.distillation import RelationProjector, hkd_l1, rkd_angle
 from dfcil.methods.base import Batch, Phase, Task, TaskContext, register_method
 from dfcil.methods.lifecycle import ReplayMethod
 from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier
-from dfcil.models.network import IncrementalNet
+from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.synthesis.inversion import InversionConfig
 from dfcil.synthesis.replay import frozen_student_pass, student_pass, teacher_pass
 
@@ -218,7 +218,7 @@ class RDFCIL(ReplayMethod):
         w_lce, w_hkd, w_rkd, w_contrast = self.term_weights  # the adaptive weights (eqs. 7-8)
         old, new = net.old_and_new(ctx.n_old)  # the old and the new classes' logits
         x_syn = self.old_inputs(b, ctx)  # the old classes' images: fresh synthetic ones, as many as real
-        need_real = phase.name == "rrl" and c.new_kd != "none"  # the teacher on real data: new-data KD only
+        need_real = phase.name == "rrl" and self.teacher_on_real  # the teacher on real data
         merge = runtime.merge_teacher
         t_real, t_syn = teacher_pass(self.teacher, batch.x if need_real else None, x_syn, merge, duplicate=True)
         y_syn = t_syn.logits.argmax(dim=1)  # pseudo-labels: the old model's argmax over the old classes
@@ -244,7 +244,7 @@ class RDFCIL(ReplayMethod):
             terms["hkd_new"] = w_hkd * hkd_l1(s_real.logits, t_real.logits, old)
         elif self.contrast is not None:  # crd, crcd: the same images' embeddings against the task's bank
             terms[c.new_kd] = w_contrast * self._contrast(s_real.features, t_real.features, batch, ctx)
-        return terms | self.rrl_feature_terms(out.features)
+        return terms | self.rrl_feature_terms(out.features, t_real)
 
     def old_inputs(self, batch_size: int, ctx: TaskContext) -> Tensor:
         """The step's images of the old classes, for HKD and CHR: ``batch_size`` fresh, unaugmented images of the
@@ -252,9 +252,15 @@ class RDFCIL(ReplayMethod):
         """
         return self.replay.generate_share(batch_size, ctx.runtime.dist)
 
-    def rrl_feature_terms(self, features: Tensor) -> dict[str, Tensor]:
-        """Further RRL terms on the student's features of the step's [real; synthetic] images (a subclass's: none
-        here)."""
+    @property
+    def teacher_on_real(self) -> bool:
+        """Whether RRL passes the real images through the old model: for new-data KD (a subclass may need it for
+        its own terms, :meth:`rrl_feature_terms`)."""
+        return self.cfg.new_kd != "none"
+
+    def rrl_feature_terms(self, features: Tensor, teacher_real: NetOutput | None) -> dict[str, Tensor]:
+        """Further RRL terms on the student's features of the step's [real; synthetic] images and the old model's
+        output on the real ones (None unless :attr:`teacher_on_real`); a subclass's: none here."""
         return {}
 
     def on_epoch_end(self, ctx: TaskContext, phase: Phase) -> None:

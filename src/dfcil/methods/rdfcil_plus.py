@@ -7,23 +7,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
 
-from dfcil.config import NonNegativeFloat, PositiveFloat, configclass
+from dfcil.config import NonNegativeFloat, PositiveFloat, PositiveInt, configclass
 from dfcil.errors import ConfigError
 from dfcil.losses.adagauss import anti_collapse, small_batch
 from dfcil.losses.prototypes import balanced_labels, sample_gaussians
 from dfcil.methods.adapter import BayesClassifier
 from dfcil.methods.adversarial import PseudoReplay, PseudoReplayConfig
 from dfcil.methods.base import Batch, Phase, TaskContext, register_method
+from dfcil.methods.cycle import CycleDistiller
 from dfcil.methods.memory import ClassMemory, DriftConfig, NearestMeanClassifier, check_drift_keys, linear_drift
 from dfcil.methods.projection import DualProjectionDrift, RidgeClassifier
 from dfcil.methods.rdfcil import RDFCIL, RDFCILConfig
-from dfcil.models.network import IncrementalNet
+from dfcil.models.network import IncrementalNet, NetOutput
 
 log = logging.getLogger("dfcil")
 Classifier = NearestMeanClassifier | BayesClassifier | RidgeClassifier
@@ -66,6 +68,17 @@ class RDFCILPlusConfig(RDFCILConfig):
     # their place (no generator is used: set method.inversion.steps 0); "off": the generator's alone
     pseudo_replay: Literal["off", "extra", "only"] = "off"
     pseudo: PseudoReplayConfig = dataclasses.field(default_factory=PseudoReplayConfig)
+    # BiCyc's cycle-consistent distiller in RRL (docs/rdfcil-plus.md, "The cycle switch"): a fresh MLP D per task
+    # (d → cycle_multiplier·d → d) and lambda_cycle_kd·MSE(D(z), z°) on the real images (z the student's features,
+    # z° the old model's), plus lambda_cycle·MSE(D(A(z°)), z°), A the affine old → new map fitted by centred ridge
+    # (cycle_ridge, absolute) on the steps' pairs so far, weighted cycle_momentum per step; the cycle trains D alone.
+    # BiCyc's values: 5, 2, 32, GATF's ridge 0.01
+    cycle: bool = False
+    lambda_cycle_kd: NonNegativeFloat = 5.0
+    lambda_cycle: NonNegativeFloat = 2.0
+    cycle_multiplier: PositiveInt = 32
+    cycle_ridge: PositiveFloat = 0.01
+    cycle_momentum: Annotated[NonNegativeFloat, Field(lt=1)] = 0.99
 
 
 CLASSIFIERS: dict[str, Callable[[RDFCILPlusConfig, ClassMemory], Classifier | None]] = {
@@ -78,6 +91,7 @@ CLASSIFIERS: dict[str, Callable[[RDFCILPlusConfig, ClassMemory], Classifier | No
 }
 
 
+CYCLE_KEYS = ("lambda_cycle_kd", "lambda_cycle", "cycle_multiplier", "cycle_ridge", "cycle_momentum")
 BAYES_KEYS = ("bayes_shrinkage", "bayes_normalize", "bayes_offdiag", "bayes_pseudo_inverse")
 # each switch's own keys, read only while it is on: (keys, is it on, how to turn it on)
 SWITCH_KEYS: tuple[tuple[tuple[str, ...], Callable[[RDFCILPlusConfig], bool], str], ...] = (
@@ -86,6 +100,7 @@ SWITCH_KEYS: tuple[tuple[tuple[str, ...], Callable[[RDFCILPlusConfig], bool], st
     (("ridge_gamma", "ridge_normalize"), lambda c: c.classifier == "ridge", "method.classifier: ridge"),
     (("ac_beta",), lambda c: c.lambda_ac > 0, "method.lambda_ac above 0"),
     (("pseudo",), lambda c: c.pseudo_replay != "off", "method.pseudo_replay: extra"),
+    (CYCLE_KEYS, lambda c: c.cycle, "method.cycle: true"),
 )
 
 
@@ -144,6 +159,7 @@ class RDFCILPlus(RDFCIL):
         super().__init__(cfg, train)
         self.classifier = CLASSIFIERS[cfg.classifier](cfg, self.memory)
         self.pseudo = PseudoReplay(cfg.pseudo) if cfg.pseudo_replay != "off" else None
+        self.cycle: CycleDistiller | None = None  # the task's distiller (tasks > 0, method.cycle)
 
     @property
     def eager_reason(self) -> str:
@@ -164,12 +180,30 @@ class RDFCILPlus(RDFCIL):
         if self.pseudo is not None and len(self.memory):  # the stored Gaussians are in the old model's space
             self.pseudo.begin(ctx, self.teacher, self.memory.means, self.memory.covs)
         rows, d = 2 * self.train.batch_size, ctx.net.feature_dim  # [real; synthetic]
+        if self.cfg.cycle and ctx.task_id > 0:  # a fresh distiller, drawn from the method's stream
+            self.cycle = self._cycle_distiller(d, ctx.device, ctx.rng)
         if self.cfg.lambda_ac > 0 and ctx.task_id == 1 and (why := small_batch(rows, d, "2 × train.batch_size")):
             log.warning("rdfcil_plus: %s", why)
 
-    def rrl_feature_terms(self, features: Tensor) -> dict[str, Tensor]:
+    def _cycle_distiller(self, d: int, device: torch.device, rng: torch.Generator | None) -> CycleDistiller:
         c = self.cfg
-        return {"ac": c.lambda_ac * anti_collapse(features, c.ac_beta)} if c.lambda_ac > 0 else {}
+        return CycleDistiller(d, c.cycle_multiplier, c.cycle_ridge, c.cycle_momentum, device, rng)
+
+    @property
+    def teacher_on_real(self) -> bool:
+        return super().teacher_on_real or self.cfg.cycle  # z° of the real images, for the distiller
+
+    def extra_modules(self, ctx: TaskContext) -> list[torch.nn.Module]:
+        return super().extra_modules(ctx) + ([self.cycle.net] if self.cycle is not None else [])
+
+    def rrl_feature_terms(self, features: Tensor, teacher_real: NetOutput | None) -> dict[str, Tensor]:
+        c = self.cfg
+        terms = {"ac": c.lambda_ac * anti_collapse(features, c.ac_beta)} if c.lambda_ac > 0 else {}
+        if self.cycle is not None and teacher_real is not None:
+            real = teacher_real.features
+            distill, cycle = self.cycle.losses(features[: len(real)], real)
+            terms |= {"cycle_kd": c.lambda_cycle_kd * distill, "cycle": c.lambda_cycle * cycle}
+        return terms
 
     def old_inputs(self, batch_size: int, ctx: TaskContext) -> Tensor:
         if self.pseudo is None:
@@ -186,6 +220,7 @@ class RDFCILPlus(RDFCIL):
         return self.pseudo.sample(ctx, self.teacher)
 
     def on_task_end(self, ctx: TaskContext) -> None:
+        self.cycle = None  # a fresh distiller per task (BiCyc's)
         if self.pseudo is not None:
             self.pseudo.end()
         super().on_task_end(ctx)  # the task's classes' Gaussians, in the final feature space
@@ -221,3 +256,13 @@ class RDFCILPlus(RDFCIL):
         labels = balanced_labels(ctx.n_old, n, ctx.rng, ctx.device)
         z = sample_gaussians(memory.means.to(ctx.device), memory.factors.to(ctx.device), labels, ctx.rng)
         return {"replay": c.lambda_replay * F.cross_entropy(net.head(z).float(), labels)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | ({"cycle": self.cycle.state_dict()} if self.cycle is not None else {})
+
+    def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
+        super().load_state_dict(state, ctx, static)
+        self.cycle = None
+        if "cycle" in state:  # inside a task: its distiller and moments as the checkpoint left them (nothing drawn)
+            self.cycle = self._cycle_distiller(ctx.net.feature_dim, ctx.device, None)
+            self.cycle.load_state_dict(state["cycle"])
