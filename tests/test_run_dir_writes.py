@@ -251,3 +251,35 @@ def test_wandbs_folders_are_skipped_at_any_depth_but_every_other_link_out_is_fou
     found = links_leaving(sweep, FOREIGN_DIRS)
     assert found == [(sweep / "b" / "checkpoints", str(elsewhere))]
     assert len(links_leaving(sweep)) == 3
+
+
+def test_a_hard_linked_copy_of_a_run_resumes_without_writing_into_the_original(unfinished, tmp_path, capsys):
+    """`cp -al RUN COPY` makes every file of COPY a second name of RUN's: before, resuming COPY appended its log
+    lines and records to RUN's run.log and metrics.jsonl (one inode under two names)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(unfinished, copy, copy_function=os.link)
+    assert (copy / "run.log").stat().st_nlink == 2
+    before = _snapshot(unfinished)
+    assert main(["resume", str(copy), "--no-progress"]) == 0
+    assert _snapshot(unfinished) == before  # the original, every byte
+    assert (copy / "summary.json").exists() and (copy / "run.log").stat().st_nlink == 1
+    assert (copy / "run.log").read_bytes() != before["run.log"]  # the copy's log goes on, in a file of its own
+    note = "metrics.jsonl, run.log, metrics.csv, tasks.csv had other names (hard links, as `cp -al` makes)"
+    assert note in (copy / "run.log").read_text()
+
+
+def test_own_copies_gives_a_shared_file_its_own_inode_with_its_bytes_and_modes(tmp_path):
+    from dfcil.io import own_copies
+
+    a, b, lone = tmp_path / "a.log", tmp_path / "b.log", tmp_path / "lone.log"
+    a.write_text("kept\n")
+    os.chmod(a, 0o640)
+    os.link(a, b)
+    lone.write_text("alone\n")
+    inode = lone.stat().st_ino
+    assert own_copies(tmp_path, ("b.log", "lone.log", "missing.log")) == ["b.log"]
+    with open(b, "a") as f:
+        f.write("more\n")
+    assert a.read_text() == "kept\n" and b.read_text() == "kept\nmore\n"
+    assert (a.stat().st_nlink, b.stat().st_nlink) == (1, 1) and oct(b.stat().st_mode & 0o777) == "0o640"
+    assert lone.stat().st_ino == inode  # a file with one name is left as it is

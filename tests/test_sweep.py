@@ -4,6 +4,8 @@ executor)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -431,3 +433,26 @@ def test_a_cpu_run_is_told_its_share_of_the_cores_in_words(monkeypatch, tmp_path
     runs = local.LocalRuns(type("Sweep", (), {"out": tmp_path})(), jobs, [])
     env, where = runs._environment(None, 0)
     assert where == said and env.get("OMP_NUM_THREADS") == (str(cores // jobs) if jobs > 1 else None)
+
+
+def test_a_hard_linked_copy_of_a_sweep_resumes_without_writing_into_the_original(tmp_path, capsys):
+    """`cp -al SWEEP COPY` shares every file: before, the copy's sweep appended to the original's run logs."""
+    from test_run_dir_writes import _snapshot
+
+    out, copy = tmp_path / "sweep", tmp_path / "copy"
+    tiny = [(k[2:], v) for k, v in zip(TINY[::2], TINY[1::2], strict=True)]
+    cfg, _ = load_config(["configs/smoke.yaml"], [*tiny, ("seed", "2")])
+    interrupt = Interrupt()
+    with pytest.raises(RunInterrupted):
+        train(
+            cfg,
+            out / "seed2",
+            options=RunOptions(progress=False, callbacks=[StopAfterEpochs(interrupt, 2)], interrupt=interrupt),
+        )
+    (out / "logs").mkdir()
+    (out / "logs" / "seed2.log").write_text("the original sweep's lines\n")
+    shutil.copytree(out, copy, copy_function=os.link)
+    before = _snapshot(out)
+    assert main(["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(copy), *TINY]) == 0
+    assert _records(copy)["seed2"]["state"] == "resumed" and _snapshot(out) == before
+    assert (copy / "logs" / "seed2.log").read_text().startswith("the original sweep's lines\n--- attempt 1")

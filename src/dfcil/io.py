@@ -106,6 +106,26 @@ def _leads_outside(link: Path, root: Path) -> str | None:
     return None if target == root or root in target.parents else str(target)
 
 
+def own_copies(folder: str | os.PathLike, names: tuple[str, ...]) -> list[str]:
+    """Give each file ``names`` in ``folder`` that has other names (a hard link: ``cp -al`` copies a run directory
+    that way, each file one inode under two names) an inode of its own, the same bytes and modes written beside it
+    and renamed over it, so that appending to it or cutting it back writes nothing under the other names (which keep
+    what they held). Returns the names given their own copy. Only for a folder no other process writes now (a
+    locked run's)."""
+    copied = []
+    for name in names:
+        path = Path(folder) / name
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            write_atomic(path, path.read_bytes())
+            os.chmod(path, stat.S_IMODE(info.st_mode))
+            copied.append(name)
+    return copied
+
+
 def check_stays_inside(folder: str | os.PathLike, what: str, fix: str, foreign: tuple[str, ...] = ()) -> None:
     """Raise ``ValueError`` if ``folder`` holds a link that leads outside it (:func:`links_leaving`): whatever dfcil
     writes into a directory it was given stays in it. ``what`` names the folder, ``fix`` ends the message (after

@@ -47,6 +47,7 @@ from dfcil.io import (
     FOREIGN_DIRS,
     check_creatable_dir,
     check_writable_tree,
+    own_copies,
     remove_temporaries,
     write_atomic,
     write_json,
@@ -269,7 +270,14 @@ def _start(
             has_checkpoint = Checkpointer(out).exists()
             for folder in (out, out / "checkpoints"):  # what a killed process was writing (the run is locked)
                 remove_temporaries(folder)
+            # appended to or cut back in place: files with other names (a `cp -al` copy) get an inode of their own
+            shared = own_copies(out, tuple(f for f in APPENDED_FILES if f != ".lock"))  # the lock is held now
             notes = _record_resume(out, options, data_changed)
+            if shared:
+                notes.append(
+                    f"{', '.join(shared)} had other names (hard links, as `cp -al` makes): each is now a copy of its "
+                    f"own, and what this run writes leaves the other names as they were"
+                )
             dist.barrier()  # the other processes follow from the same checkpoint (_follow)
             if not has_checkpoint:  # stopped before its first checkpoint: start over in place
                 metrics = out / "metrics.jsonl"

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from dfcil.children import die_with_parent
 from dfcil.errors import EXIT_BAD_INPUT, EXIT_BUDGET, EXIT_DIVERGED
+from dfcil.io import own_copies
 from dfcil.sweep.gpus import usable_cores, uses_gpu, visible_device
 from dfcil.sweep.plan import SweepRun, run_status
 from dfcil.sweep.state import Sweep
@@ -82,6 +83,7 @@ class LocalRuns:
         env, where = self._environment(run, slot)
         run_dir = self.sweep.out / run.name
         resumed = run_status(run_dir) == "unfinished"
+        own_copies(self.logs, (f"{run.name}.log",))  # appended to: a `cp -al` copy's other name keeps its own
         log = open(self.logs / f"{run.name}.log", "a")  # noqa: SIM115 (closed when the child ends)
         log.write(f"--- attempt {run.attempts}: dfcil {' '.join(run.argv(run_dir))}\n")
         log.flush()
