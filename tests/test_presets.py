@@ -394,3 +394,12 @@ def test_a_protocol_file_alone_is_told_to_take_a_method_file(capsys, tmp_path):
     assert main(["presets", "copy", "cifar100", str(tmp_path / "mine")]) == 0  # one's own copy, given by path
     note = protocol_without_method([str(tmp_path / "mine" / "cifar100" / "n5.yaml")])
     assert f"--config {tmp_path}/mine/cifar100/rdfcil.yaml;" in note
+
+
+def test_a_sweep_of_a_protocol_file_alone_is_told_to_take_a_method_file(tmp_path, capsys):
+    args = ["sweep", "--config", "cifar100/n10", "--grid", "seed=1,2", "--out", str(tmp_path / "s"), "--dry-run"]
+    assert main(args) == 0
+    assert capsys.readouterr().err.count("cifar100/n10 is a protocol and names no method") == 1
+    assert main([*args[:2], "cifar100/n10+cifar100/lwf", *args[3:]]) == 0
+    assert main([*args, "--method.name", "lwf"]) == 0
+    assert "is a protocol" not in capsys.readouterr().err

@@ -336,3 +336,19 @@ def test_the_cycle_distiller_adds_the_pairs_then_scores_d_through_the_fitted_map
     other.load_state_dict(saved)
     assert all(torch.equal(u, v) for u, v in zip(part.moments, other.moments, strict=True))
     assert all(torch.equal(u, v) for u, v in zip(part.net.parameters(), other.net.parameters(), strict=True))
+
+
+def test_the_cycle_map_is_fitted_in_fp32_under_a_bf16_step():
+    # features far from 0 (means 3): E[xxᵀ] − μμᵀ in bf16 loses the covariance, and the solve returns a wrong map
+    from dfcil.methods.cycle import CycleDistiller
+
+    g = torch.Generator().manual_seed(2)
+    old = torch.randn(64, 8, generator=g) * 0.3 + 3
+    new = old @ (torch.eye(8) + 0.1 * torch.randn(8, 8, generator=g)) + 0.5
+    parts = [CycleDistiller(8, 2, 0.01, 0.0, "cpu", torch.Generator().manual_seed(0)) for _ in range(2)]
+    parts[0].losses(new, old)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        parts[1].losses(new, old)
+    (p0, b0), (p1, b1) = (affine_map(part.moments, 0.01) for part in parts)
+    assert all(t.dtype == torch.float32 for t in parts[1].moments)
+    assert torch.allclose(p0, p1, atol=1e-5) and torch.allclose(b0, b1, atol=1e-5)

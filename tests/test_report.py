@@ -1096,3 +1096,22 @@ def test_overlapping_curves_keep_their_own_colour_line_style_and_a_light_edged_b
     assert legend == ["finetune (n=2)", "lwf (n=2)"]
     lwf5 = next(line for line in n5.axes[0].get_lines() if line.get_label() == "lwf (n=1)")
     assert to_rgba(lwf5.get_color()) == to_rgba(lwf.get_color())  # a method's colour is its own in every figure
+
+
+def test_an_rdfcil_plus_run_from_before_the_apr_and_cycle_switches_groups_with_one_saving_every_key(tmp_path):
+    """A run saved by today's dfcil writes every method key, the APR switches' and the cycle switch's at their
+    defaults; one saved before they existed (all of its other keys alike) is the same experiment: one group."""
+    import dataclasses
+
+    from dfcil.methods.rdfcil_plus import RDFCILPlusConfig
+
+    root, mini = tmp_path / "runs", C100_N10 | {"num_tasks": 4, "num_classes": 20}
+    today = json.loads(json.dumps(dataclasses.asdict(RDFCILPlusConfig())))
+    later = ("pseudo_replay", "pseudo", "bayes_offdiag", "bayes_pseudo_inverse", "cycle", "lambda_cycle_kd")
+    later += ("lambda_cycle", "cycle_multiplier", "cycle_ridge", "cycle_momentum")
+    before = {k: v for k, v in today.items() if k not in later}
+    write_run(root, "before", mini, before, summary=summary(40.0, 58.0))
+    write_run(root, "today", mini | {"class_order_seed": 1}, today, summary=summary(41.0, 59.0))
+    write_run(root, "cycle", mini, today | {"cycle": True}, summary=summary(42.0, 59.0))
+    groups = {g.label: len(g.finished) for g in group_runs(find_runs([root]))}
+    assert sorted(groups.values()) == [1, 2] and any("method.cycle=true" in label for label in groups), groups

@@ -283,3 +283,19 @@ def test_own_copies_gives_a_shared_file_its_own_inode_with_its_bytes_and_modes(t
     assert a.read_text() == "kept\n" and b.read_text() == "kept\nmore\n"
     assert (a.stat().st_nlink, b.stat().st_nlink) == (1, 1) and oct(b.stat().st_mode & 0o777) == "0o640"
     assert lone.stat().st_ino == inode  # a file with one name is left as it is
+
+
+def test_a_hard_linked_copy_locked_out_by_its_running_original_is_told_to_delete_its_lock(unfinished, tmp_path, capsys):
+    from filelock import FileLock
+
+    copy = tmp_path / "copy"
+    (unfinished / ".lock").touch()
+    shutil.copytree(unfinished, copy, copy_function=os.link)
+    with FileLock(unfinished / ".lock"):  # a process working in the original holds the one lock file of both
+        assert main(["resume", str(copy), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert "is also another file's name (a hard link, as `cp -al` makes)" in err
+        assert f"delete {copy / '.lock'} here and run the command again" in err and err.count("\n") == 1
+        (copy / ".lock").unlink()  # as told
+        assert main(["resume", str(copy), "--no-progress"]) == 0
+    assert (copy / "summary.json").exists() and not (unfinished / "summary.json").exists()

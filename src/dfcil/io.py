@@ -126,6 +126,21 @@ def own_copies(folder: str | os.PathLike, names: tuple[str, ...]) -> list[str]:
     return copied
 
 
+def shared_lock_note(lock: str | os.PathLike) -> str:
+    """Where a lock file that another process holds has other names (a `cp -al` copy of the directory shares it with
+    the original, whose running process then locks the copy out): the way out, to end a refusal with; else ""."""
+    try:
+        shared = Path(lock).lstat().st_nlink > 1
+    except OSError:
+        return ""
+    if not shared:
+        return ""
+    return (
+        f". {lock} is also another file's name (a hard link, as `cp -al` makes), so the process may be working in "
+        f"the directory this one was copied from: if so, delete {lock} here and run the command again"
+    )
+
+
 def check_stays_inside(folder: str | os.PathLike, what: str, fix: str, foreign: tuple[str, ...] = ()) -> None:
     """Raise ``ValueError`` if ``folder`` holds a link that leads outside it (:func:`links_leaving`): whatever dfcil
     writes into a directory it was given stays in it. ``what`` names the folder, ``fix`` ends the message (after

@@ -4,6 +4,7 @@ synthetic grids. How to read them: ``docs/diagnostics.md``."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -15,7 +16,7 @@ import numpy as np
 
 from dfcil.errors import ConfigError, MissingExtraError
 from dfcil.extras import require
-from dfcil.io import check_output, read_regular_text
+from dfcil.io import check_output, read_regular_text, write_atomic
 from dfcil.training.grid import synthetic_images_path
 
 
@@ -126,8 +127,10 @@ def plot_diagnostics(run_dir: Path, found: list[tuple[int, dict[str, Any]]], out
     fig = diagnostics_figure(run_dir.name, found, grids)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "synthetic_diagnostics.png", out_dir / "synthetic_diagnostics.pdf"]
-    for path in paths:
-        fig.savefig(path, dpi=130)
+    for path in paths:  # each written whole, as a new file: never into the file (or a hard link's other name) there
+        buf = io.BytesIO()
+        fig.savefig(buf, format=path.suffix[1:], dpi=130)
+        write_atomic(path, buf.getvalue())
     return paths
 
 

@@ -53,6 +53,17 @@ METHOD_KEYS_ADDED: dict[str, dict[str, Any]] = {
         "ridge_normalize": True,
         "lambda_ac": 0.0,
         "ac_beta": 1.0,
+        # APR's switches (pseudo-replay, its Mahalanobis head) and BiCyc's cycle-consistent distiller
+        "pseudo_replay": "off",
+        "pseudo": {"per_class": 200, "batch_size": 64, "steps": 4, "step_size": 64.0, "noise": 1.0},
+        "bayes_offdiag": 0.0,
+        "bayes_pseudo_inverse": False,
+        "cycle": False,
+        "lambda_cycle_kd": 5.0,
+        "lambda_cycle": 2.0,
+        "cycle_multiplier": 32,
+        "cycle_ridge": 0.01,
+        "cycle_momentum": 0.99,
     },
 }
 

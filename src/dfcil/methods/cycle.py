@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dfcil.compute.precision import full_precision
 from dfcil.losses.cycle import PairMoments, affine_map, cycle_losses, update_moments
 from dfcil.methods.adapter import mlp
 
@@ -37,7 +38,7 @@ class CycleDistiller:
 
     def losses(self, new: Tensor, old: Tensor) -> tuple[Tensor, Tensor]:
         """(distillation, cycle) for the step's features ``new`` = z (with grad) and ``old`` = z° (N, d)."""
-        with torch.no_grad():
+        with torch.no_grad(), full_precision(old.device.type):  # fp32 moments and solve under a bf16 step
             for kept, now in zip(self.moments, update_moments(self.moments, old, new, self.momentum), strict=True):
                 kept.copy_(now)  # in place: a CUDA graph reads and writes the same memory at every replay
             p, b = affine_map(self.moments, self.ridge)

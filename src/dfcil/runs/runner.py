@@ -49,6 +49,7 @@ from dfcil.io import (
     check_writable_tree,
     own_copies,
     remove_temporaries,
+    shared_lock_note,
     write_atomic,
     write_json,
 )
@@ -151,6 +152,7 @@ def locked(run_dir: Path) -> Iterator[None]:
     except Timeout:
         raise ConfigError(
             f"run directory {run_dir} is in use by another dfcil process; wait for it or stop it first"
+            f"{shared_lock_note(run_dir / '.lock')}"
         ) from None
     try:
         yield

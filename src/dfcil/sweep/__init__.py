@@ -22,7 +22,7 @@ from typing import Any, Literal
 from filelock import FileLock, Timeout
 
 from dfcil.errors import EXIT_BUDGET, ConfigError
-from dfcil.io import FOREIGN_DIRS, check_creatable_dir, check_writable_tree
+from dfcil.io import FOREIGN_DIRS, check_creatable_dir, check_writable_tree, shared_lock_note
 from dfcil.sweep.gpus import default_jobs, free_gpu_memory, placement, run_gib, uses_gpu
 from dfcil.sweep.local import run_local
 from dfcil.sweep.mps import MpsSetting, mps
@@ -88,7 +88,7 @@ def sweep(spec: SweepSpec, gpus: Callable[[], list[tuple[int, float]]] = free_gp
     except Timeout:
         raise ConfigError(
             f"sweep directory {out} is in use by another dfcil sweep; wait for it to end (or stop it) and run the "
-            f"command again"
+            f"command again{shared_lock_note(out / '.sweep.lock')}"
         ) from None
     try:
         return _run(spec, out, runs, gpus, budget)

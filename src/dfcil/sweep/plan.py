@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ from dfcil.analysis.paper import DATASETS
 from dfcil.config import RunConfig, changed_keys, config_to_dict, dump_config, with_absolute_paths
 from dfcil.errors import ConfigError
 from dfcil.io import read_regular_text, write_atomic
+
+log = logging.getLogger("dfcil")
 
 RESERVED = frozenset({"logs", "slurm"})  # the sweep's own folders
 PATH_KEYS = frozenset({"data.root", "data.cache", "task0_cache"})
@@ -214,6 +217,16 @@ def _config_labels(groups: Sequence[Sequence[str]]) -> list[str]:
     return [_slug(label) for label in labels]
 
 
+def _say_missing_methods(config_groups: Sequence[Sequence[str]], overrides: Sequence[tuple[str, str]]) -> None:
+    """A protocol file with no method file after it (:func:`dfcil.load.protocol_without_method`), said once per
+    group as ``dfcil train`` says it; a grid over ``method.name`` names the method too."""
+    from dfcil.load import protocol_without_method
+
+    for files in config_groups:
+        if note := protocol_without_method(files, overrides):
+            log.warning("%s", note)
+
+
 def plan(
     config_groups: Sequence[Sequence[str]],
     grid: Sequence[tuple[str, Sequence[str]]] = (),
@@ -231,6 +244,7 @@ def plan(
     from dfcil.plugins import Consent
 
     plugins = plugin_specs(plugins)  # files' paths absolute: the runs need not start where the sweep did
+    _say_missing_methods(config_groups, [*fixed, *((key, values[0]) for key, values in grid if values)])
     # a preset's name (cifar100/n10) as its file: the runs are started from the files' paths
     config_groups = [[str(presets.resolve(f)) for f in files] for files in config_groups]
     check_run_records([f for files in config_groups for f in files], Consent(tuple(plugins), trust_plugins))

@@ -148,7 +148,8 @@ def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None)
     if cfg.engine.compile not in ("none", "step"):  # step: Runtime.compiler compiles the steps instead
         net.compile_backbone(mode=None if cfg.engine.compile == "default" else cfg.engine.compile)
     if cfg.engine.cuda_graphs == "on" and not method.graph_safe:
-        log.warning("%s: its steps run eagerly (try cuda_graphs: check)", method.eager_reason)
+        why = method.eager_reason or f"{method.name} is not graph_safe"  # a method that overrides graph_safe alone
+        log.warning("%s: its steps run eagerly (try cuda_graphs: check)", why)
     state = RunState.new(protocol.split.num_tasks, cfg.seed, device)
     runtime = Runtime.from_config(cfg.engine, device, make_progress(options.progress), dist, cfg.train.max_loss)
     normalizer = Normalizer(
