@@ -3,6 +3,7 @@ the feature analysis of dfcil inspect --features: its numbers on hand-made featu
 
 import json
 import math
+import os
 import shutil
 
 import numpy as np
@@ -388,3 +389,14 @@ def test_the_numbers_under_a_picture_are_short_lines_that_two_side_by_side_pictu
         "mean of 14 classes (6 with too few images to test)",
     ]
     assert max(map(len, text.splitlines())) <= 72  # the caption of a joint panel, about 6 inches at 9 pt
+
+
+def test_inspect_synthetic_replaces_its_figures_whole_and_never_writes_through_a_hard_link(smoke_run, tmp_path):
+    # an output folder copied with `cp -al` shares its old figures with the original: they are replaced, not rewritten
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere.png"
+    out.mkdir()
+    elsewhere.write_bytes(b"the original's figure")
+    os.link(elsewhere, out / "synthetic_diagnostics.png")
+    assert main(["inspect", str(smoke_run), "--synthetic", "--out", str(out)]) == 0
+    assert elsewhere.read_bytes() == b"the original's figure"
+    assert (out / "synthetic_diagnostics.png").read_bytes().startswith(b"\x89PNG")
