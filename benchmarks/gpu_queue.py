@@ -48,12 +48,12 @@ STEP_MS = {
     "compiled": {"base": 261 / 78, "inversion": 3.2, "rrl": 555 / 78, "chr": 168 / 78},
 }
 # A phase's step by its name. "base" is the first task's plain cross-entropy step. The prototype methods' plain steps
-# (DPCR's "train", AdaGauss's "train" and "detached") were never timed alone: they count as base steps, and a
-# distilling method's later tasks (DISTILLING) add a frozen teacher's forward, FORWARD_SHARE of a step more.
+# (DPCR's "train", AdaGauss's "train" and "detached", EFC's "efc") were never timed alone: they count as base steps,
+# and a distilling method's later tasks (DISTILLING) add a frozen teacher's forward, FORWARD_SHARE of a step more.
 # R-DFCIL+'s RRL and CHR steps (anti-collapse, replayed features) count as R-DFCIL's: the calibration shows what that
 # misses.
-PHASE_KIND = {"base": "base", "rrl": "rrl", "chr": "chr", "train": "base", "detached": "base"}
-DISTILLING = {"dpcr", "adagauss", "lwf"}  # methods whose later-task steps run the old network forward too
+PHASE_KIND = {"base": "base", "rrl": "rrl", "chr": "chr", "train": "base", "detached": "base", "efc": "base"}
+DISTILLING = {"dpcr", "adagauss", "lwf", "efc"}  # methods whose later-task steps run the old network forward too
 FORWARD_SHARE = 1 / 3  # a forward's share of a training step (docs/reference.md, "Compute per step": training is
 # about 3x a forward), an assumption; AdaGauss's adapter passes (forward only) are counted with it too
 STEP_IMAGES = 128  # a step of B images counts B / 128 measured steps: an upper bound where, as for ResNet-32 on a
@@ -110,7 +110,9 @@ def run_costs(row: str, overrides: dict[str, Any], order: int, compiled: bool) -
     from dfcil.methods import build_method
 
     cfg, _ = load_config([REPO / f for f in row.split("+")], [(k, str(v)) for k, v in overrides.items()])
-    if cfg.data.name not in DATASET or cfg.model.backbone not in BACKBONE_COST:
+    # auto: the reference's ResNet-32 at CIFAR's 32 pixels (dfcil.models.network.backbone_for)
+    backbone = "resnet32" if cfg.model.backbone == "auto" and cfg.data.name == "cifar100" else cfg.model.backbone
+    if cfg.data.name not in DATASET or backbone not in BACKBONE_COST:
         raise SystemExit(f"queue: no step times for {cfg.data.name} with {cfg.model.backbone} ({row})")
     classes, per_class = DATASET[cfg.data.name]
     sizes = task_sizes(cfg.data.num_classes or classes, cfg.data.num_tasks, cfg.data.base_classes)
@@ -132,10 +134,10 @@ def run_costs(row: str, overrides: dict[str, Any], order: int, compiled: bool) -
             work_ms += inversion.steps * ms["inversion"] * (inversion.batch_size or batch) / STEP_IMAGES
         if t >= 1 and adapter is not None and getattr(m, "adapt", False):  # old and new network over the images
             work_ms += adapter.passes * 2 * images / STEP_IMAGES * FORWARD_SHARE * ms["base"]
-        tasks.append(TASK_EXTRA_S + work_ms * BACKBONE_COST[cfg.model.backbone] / 1e3)
+        tasks.append(TASK_EXTRA_S + work_ms * BACKBONE_COST[backbone] / 1e3)
         seen += n_new
     name = f"{Path(row.split('+')[-1]).stem}-order{order}"
-    return Run(name, tuple(tasks), compiled, cfg.model.backbone not in MEASURED_BACKBONES)
+    return Run(name, tuple(tasks), compiled, backbone not in MEASURED_BACKBONES)
 
 
 def compile_extra(run: Run, task: int) -> float:
