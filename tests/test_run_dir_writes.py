@@ -283,6 +283,14 @@ def test_own_copies_gives_a_shared_file_its_own_inode_with_its_bytes_and_modes(t
     assert a.read_text() == "kept\n" and b.read_text() == "kept\nmore\n"
     assert (a.stat().st_nlink, b.stat().st_nlink) == (1, 1) and oct(b.stat().st_mode & 0o777) == "0o640"
     assert lone.stat().st_ino == inode  # a file with one name is left as it is
+    # a link inside the folder to a shared file: the file it names gets its own inode, the link stays
+    os.link(a, tmp_path / "c.log")
+    (tmp_path / "link.log").symlink_to("c.log")
+    assert own_copies(tmp_path, ("link.log",)) == ["link.log"]
+    assert (tmp_path / "link.log").is_symlink() and (tmp_path / "c.log").stat().st_nlink == 1
+    with open(tmp_path / "link.log", "a") as f:
+        f.write("more\n")
+    assert a.read_text() == "kept\n"
 
 
 def test_a_hard_linked_copy_locked_out_by_its_running_original_is_told_to_delete_its_lock(unfinished, tmp_path, capsys):

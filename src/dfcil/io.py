@@ -116,8 +116,9 @@ def own_copies(folder: str | os.PathLike, names: tuple[str, ...]) -> list[str]:
     for name in names:
         path = Path(folder) / name
         try:
-            info = path.lstat()
-        except FileNotFoundError:
+            path = path.resolve(strict=True)  # a link inside the folder: the file it names (links out are refused)
+            info = path.stat()
+        except (FileNotFoundError, RuntimeError):
             continue
         if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
             write_atomic(path, path.read_bytes())
