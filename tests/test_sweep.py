@@ -111,9 +111,8 @@ def _records(out: Path) -> dict[str, dict]:
     return {r["name"]: r for r in json.loads((out / "sweep.json").read_text())["runs"]}
 
 
-def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
-    out = tmp_path / "sweep"
-    # seed 2's run is left unfinished by an interrupt: the sweep must resume it, not start it over
+def _interrupted_seed2(out: Path) -> None:
+    """The sweep's seed-2 run in ``out``, stopped after its second epoch: unfinished, for a sweep to resume."""
     tiny = [(k[2:], v) for k, v in zip(TINY[::2], TINY[1::2], strict=True)]
     cfg, _ = load_config(["configs/smoke.yaml"], [*tiny, ("seed", "2")])
     interrupt = Interrupt()
@@ -123,6 +122,12 @@ def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
             out / "seed2",
             options=RunOptions(progress=False, callbacks=[StopAfterEpochs(interrupt, 2)], interrupt=interrupt),
         )
+
+
+def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    # seed 2's run is left unfinished by an interrupt: the sweep must resume it, not start it over
+    _interrupted_seed2(out)
     assert not (out / "seed2" / "summary.json").exists()
 
     args = ["sweep", "--config", "configs/smoke.yaml", "--grid", "seed=1,2", "--out", str(out), *TINY]
@@ -440,15 +445,7 @@ def test_a_hard_linked_copy_of_a_sweep_resumes_without_writing_into_the_original
     from test_run_dir_writes import _snapshot
 
     out, copy = tmp_path / "sweep", tmp_path / "copy"
-    tiny = [(k[2:], v) for k, v in zip(TINY[::2], TINY[1::2], strict=True)]
-    cfg, _ = load_config(["configs/smoke.yaml"], [*tiny, ("seed", "2")])
-    interrupt = Interrupt()
-    with pytest.raises(RunInterrupted):
-        train(
-            cfg,
-            out / "seed2",
-            options=RunOptions(progress=False, callbacks=[StopAfterEpochs(interrupt, 2)], interrupt=interrupt),
-        )
+    _interrupted_seed2(out)
     (out / "logs").mkdir()
     (out / "logs" / "seed2.log").write_text("the original sweep's lines\n")
     shutil.copytree(out, copy, copy_function=os.link)
