@@ -53,7 +53,10 @@ class Carried:
 def _with_static(checkpoint: Path) -> list[Path]:
     """``checkpoint`` and the static state file it refers to (none at most task boundaries)."""
     static = peek(checkpoint.read_bytes(), str(checkpoint)).get("static")
-    return [checkpoint] + ([checkpoint.parent / f"task{static['task']}-static.pt"] if static else [])
+    if not static:
+        return [checkpoint]
+    files = Checkpointer(checkpoint.parent.parent)
+    return [checkpoint, files.static_file(static["task"], static["digest"]) or files.static_path(static["task"])]
 
 
 def runs_of(root: Path) -> list[Path]:

@@ -199,7 +199,13 @@ SWITCHES = {
     "ridge_no_chr": [("method.classifier", "ridge"), ("method.chr_epochs", "0")],
     "dual_syn": [("method.drift", "{kind: dual, synthetic: true}")],
     "no_ac": [("method.lambda_ac", "0")],  # the term is on by default
-    "pseudo_extra": [("method.pseudo_replay", "extra"), ("method.pseudo", "{per_class: 8, batch_size: 4}")],
+    # checkpointed at every setup step, as a long inversion is: the views are static state from the task's start,
+    # the generator only after the inversion, and the checkpoint in RRL must find both
+    "pseudo_extra": [
+        ("method.pseudo_replay", "extra"),
+        ("method.pseudo", "{per_class: 8, batch_size: 4}"),
+        ("checkpoint_interval_s", "0"),
+    ],
     "pseudo_only": [("method.pseudo_replay", "only"), ("method.inversion.steps", "0")],
     "cycle": [("method.cycle", "true"), ("method.cycle_multiplier", "2")],
     "mahalanobis": [
@@ -221,7 +227,8 @@ def test_each_switch_resumes_exactly_from_inside_rrl(switch, tmp_path):
     from dfcil.training.loop import RunOptions
     from dfcil.training.state import Interrupt
 
-    cfg = tiny_config("rdfcil_plus", [("method.inversion.zdim", "32"), ("train.epochs", "3"), *SWITCHES[switch]])
+    extra = [("method.inversion.zdim", "32"), ("train.epochs", "3"), *SWITCHES[switch]]
+    cfg = tiny_config("rdfcil_plus", extra)
     train(cfg, tmp_path / "a", options=RunOptions(progress=False))
     interrupt = Interrupt()
     task0 = Task(task_id=0, n_old=0, n_new=3, num_tasks=2)

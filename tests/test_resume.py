@@ -16,7 +16,7 @@ import torch
 from filelock import FileLock
 
 from conftest import CONFIGS, StopAfterEpochs
-from dfcil.checkpoint import FORMAT, MAGIC, Checkpointer, dumps, loads, peek_position
+from dfcil.checkpoint import FORMAT, MAGIC, Checkpointer, dumps, loads, peek_position, static_parts
 from dfcil.cli import main
 from dfcil.errors import CheckpointError, RunInterrupted
 from dfcil.load import load_config
@@ -693,6 +693,23 @@ def test_a_missing_or_foreign_static_file_is_reported_and_the_previous_checkpoin
         ck.load_latest()
     static.write_bytes(data)
     assert ck.load_latest()["position"]["task"] == 1
+
+
+def test_a_static_state_written_again_keeps_the_file_the_previous_checkpoint_refers_to(tmp_path):
+    """A part's static state can appear after another's (the pseudo-replay's views at a task's start, the
+    generator after the inversion): the file is written again, and a checkpoint written before, still referring
+    to the older file by its digest, still loads (a crash between the two writes, or prev.pt)."""
+    ck = Checkpointer(tmp_path)
+    first = ck.save_static(1, {"pseudo": {"index": torch.arange(3)}})
+    grown = {"pseudo": {"index": torch.arange(3)}, "replay": {"generator": {"w": torch.ones(2)}}}
+    second = ck.save_static(1, grown)
+    assert first != second and ck.static_prev_path(1).exists()
+    assert set(ck.load_static(1, second)) == {"format", "pseudo", "replay"}
+    assert set(ck.load_static(1, first)) == {"format", "pseudo"}
+    assert ck.static_file(1, first) == ck.static_prev_path(1) and ck.static_file(1, "0" * 64) is None
+    with pytest.raises(CheckpointError, match="task1-static.pt does not match the checkpoint that refers to it"):
+        ck.load_static(1, "0" * 64)
+    assert static_parts(grown) == {"pseudo": ["index"], "replay": ["generator"]}
 
 
 def test_random_streams_of_another_run_are_refused():

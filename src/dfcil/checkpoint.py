@@ -7,10 +7,12 @@ Loading checks the magic and the digest (truncation, bit rot, tampering) and the
 tensor index is checked against the block.
 
 Layout of ``<run>/checkpoints``: ``last.pt`` (newest), ``prev.pt`` (the one before, the fallback), and
-``task<t>-static.pt`` (per-task state that never changes after the task's setup: frozen teacher and generator),
-written once and referenced by digest so that per-epoch checkpoints stay small. What a checkpoint holds is
-:meth:`dfcil.training.loop.Loop.snapshot` plus the static file's reference and ``metrics.jsonl``'s length
-(:class:`dfcil.training.callbacks.Checkpointing`).
+``task<t>-static.pt`` (per-task state that never changes once written: frozen teacher, trained generator, fixed
+views), referenced by digest so that per-epoch checkpoints stay small. A part's static state can appear later in the
+task than another's (R-DFCIL+'s pseudo-replay views at the task's start, the generator after the inversion): the
+file is then written again, whole, and the one it replaces kept as ``task<t>-static.prev.pt`` for the checkpoints
+that still refer to it. What a checkpoint holds is :meth:`dfcil.training.loop.Loop.snapshot` plus the static file's
+reference and ``metrics.jsonl``'s length (:class:`dfcil.training.callbacks.Checkpointing`).
 """
 
 from __future__ import annotations
@@ -192,6 +194,12 @@ def digest_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def static_parts(static: dict[str, Any]) -> dict[str, list[str]]:
+    """What a method's static state holds: each part's name and its keys. A checkpoint's reference to the static
+    file keeps it, so that a part whose static state appears later in the task has the file written again."""
+    return {name: sorted(part) if isinstance(part, dict) else [] for name, part in sorted(static.items())}
+
+
 class Checkpointer:
     """Writes and finds the checkpoints of one run directory."""
 
@@ -233,21 +241,38 @@ class Checkpointer:
         if boundary:
             write_atomic(self.boundary, data)
 
+    def static_path(self, task: int) -> Path:
+        return self.dir / f"task{task}-static.pt"
+
+    def static_prev_path(self, task: int) -> Path:
+        return self.dir / f"task{task}-static.prev.pt"
+
     def save_static(self, task: int, payload: dict[str, Any]) -> str:
-        """Write task ``task``'s static state once; returns its digest for the per-epoch checkpoints."""
+        """Write task ``task``'s static state; returns its digest for the per-epoch checkpoints. Written again when
+        the state grew, the older file becomes :meth:`static_prev_path`, which the checkpoints written before
+        still find by their digest (:meth:`load_static`)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / f"task{task}-static.pt"
+        path = self.static_path(task)
+        if path.exists():
+            os.replace(path, self.static_prev_path(task))
         write_atomic(path, dumps({"format": FORMAT, **payload}))
         return digest_of(path)
 
+    def static_file(self, task: int, digest: str) -> Path | None:
+        """The file of task ``task``'s static state whose digest is ``digest``; None where neither file is it."""
+        for path in (self.static_path(task), self.static_prev_path(task)):
+            if path.exists() and digest_of(path) == digest:
+                return path
+        return None
+
     def load_static(self, task: int, digest: str) -> dict[str, Any]:
-        path = self.dir / f"task{task}-static.pt"
-        if not path.exists():
-            raise CheckpointError(f"{path} is missing")
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != digest:
+        path = self.static_file(task, digest)
+        if path is None:
+            path = self.static_path(task)
+            if not path.exists():
+                raise CheckpointError(f"{path} is missing")
             raise CheckpointError(f"{path} does not match the checkpoint that refers to it")
-        return loads(data, str(path))
+        return loads(path.read_bytes(), str(path))
 
     def load_latest(self) -> dict[str, Any]:
         """The newest usable checkpoint: ``last.pt``, else ``prev.pt`` (with a warning saying why)."""

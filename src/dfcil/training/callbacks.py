@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dfcil.checkpoint import Checkpointer
+from dfcil.checkpoint import Checkpointer, static_parts
 from dfcil.compute.graphs import StepGraph
 from dfcil.compute.runtime import peak_memory_mb
 from dfcil.config import check_unchanged, config_to_dict
@@ -412,10 +412,12 @@ class Checkpointing(Callback):
 
     def save(self, boundary: bool = False) -> None:
         payload = self.loop.snapshot() | {"config": self.config}
-        static = self.loop.method.static_state_dict()  # frozen teacher, trained generator: written once per task
-        task = self.loop.state.position.task
-        if static and (self.static_ref is None or self.static_ref["task"] != task):
-            self.static_ref = {"task": task, "digest": self.files.save_static(task, static)}
+        static = self.loop.method.static_state_dict()  # frozen teacher, trained generator: written once per task,
+        task = self.loop.state.position.task  # and again where a part's appeared since (a generator after views)
+        parts = static_parts(static)
+        ref = self.static_ref
+        if static and (ref is None or ref["task"] != task or ref.get("parts") != parts):
+            self.static_ref = {"task": task, "digest": self.files.save_static(task, static), "parts": parts}
         payload["static"] = self.static_ref if static else None
         payload["metrics_bytes"] = self.metrics.stat().st_size if self.metrics.exists() else 0
         self.files.save(payload, boundary)
