@@ -844,6 +844,11 @@ def test_timing_gives_each_tasks_seconds_and_extrapolates_an_unfinished_run(tmp_
     assert "| 1 | measured | 10.0 | rrl 20.0, chr 5.0 | 1.0 | 6.0 | 36.0 | 70.00 |" in out
     assert "| 3 | estimated (tasks 1..2, less compile) | | | | | 33.0 | |" in out  # mean of 36 - 6 and 36
     assert "extrapolated total: 136 s (2.3 min) over 4 tasks" in out
+    # a sweep's run set up a moment ago has no metrics.jsonl yet: said, and the other runs' tables still printed
+    write_run(tmp_path, "new", C100_N10 | {"num_tasks": 4}, RDFCIL)
+    assert main(["report", str(tmp_path), "--timing"]) == 0
+    out = capsys.readouterr().out
+    assert "new: no finished task yet (no metrics.jsonl" in out and "| 1 | measured |" in out
 
 
 def test_a_folder_of_links_to_runs_is_read_through_them_each_real_run_once(runs_root, tmp_path):

@@ -27,6 +27,8 @@ def task_seconds(timing: dict[str, Any]) -> dict[str, float]:
 
 def timing_table(run_dir: Path, num_tasks: int) -> str:
     """The markdown table of ``run_dir``'s tasks (measured, or estimated from the finished ones) and its total."""
+    if not (run_dir / "metrics.jsonl").exists():  # a sweep's run set up a moment ago: nothing logged yet
+        return f"{run_dir}: no finished task yet (no metrics.jsonl: the run has not logged anything)"
     try:
         lines = read_regular_text(run_dir / "metrics.jsonl").splitlines()
         tasks = {r["task"]: r for r in map(json.loads, filter(str.strip, lines)) if r.get("type") == "task"}
