@@ -633,7 +633,7 @@ def test_against_a_method_of_several_groups_takes_the_one_at_its_defaults(tmp_pa
             write_run(root, f"{name}/o{order}", data, method, summary=summary(last, 60.0) | {"method_changed": changed})
     recs = {r["group"]: r for r in records(group_runs(find_runs([root])), against="rdfcil")}
     hkd = recs["rdfcil · cifar100 · n10 · method.lambda_hkd=5.0"]
-    assert hkd["vs"] == "rdfcil · cifar100 · n10 · method.lambda_hkd=0.15"
+    assert hkd["vs"] == "rdfcil · cifar100 · n10 · method defaults"
     assert hkd["last_acc_vs_mean"] == pytest.approx(4 / 3)  # 1, 3, 0
 
     again = tmp_path / "again"  # both groups changed lambda_hkd: neither is the method as it comes
@@ -643,6 +643,41 @@ def test_against_a_method_of_several_groups_takes_the_one_at_its_defaults(tmp_pa
     with pytest.raises(ReportError, match=r"matches 2 groups.*none of them alone at the method's defaults"):
         records(group_runs(find_runs([again])), against="rdfcil")
     assert records(group_runs(find_runs([again])), against="rdfcil · cifar100 · n10 · method.lambda_hkd=5.0")
+
+
+def test_a_switchs_group_is_labelled_by_the_keys_it_changed_not_by_every_key_another_changed(tmp_path):
+    """An ablation of two switches beside the method as it comes, with AutoAugment for one of them: each group's
+    label names the keys outside the method that differ and the method keys its runs changed (method_changed),
+    not the keys only another group changed; a group of runs that do not say what they changed keeps every key."""
+    root = tmp_path / "runs"
+    head, bayes, pseudo = (
+        {"classifier": "head", "pseudo_replay": "off"},
+        {"classifier": "bayes"},
+        {"pseudo_replay": "extra"},
+    )
+    groups = [
+        ("default", head, [], "cropflip"),
+        ("aa", head, [], "autoaugment"),
+        ("bayes", head | bayes, ["classifier"], "cropflip"),
+        ("pseudo", head | pseudo, ["pseudo_replay"], "cropflip"),
+    ]
+    for name, method, changed, augment in groups:
+        config = C100_N10 | {"augment": augment}
+        write_run(root, name, config, RDFCIL | method, summary=summary(40.0, 60.0) | {"method_changed": changed})
+    labels = sorted(g.config_label for g in group_runs(find_runs([root])))
+    assert labels == [
+        'data.augment="autoaugment"',
+        'data.augment="cropflip"',
+        'data.augment="cropflip", method.classifier="bayes"',
+        'data.augment="cropflip", method.pseudo_replay="extra"',
+    ]
+    assert records(group_runs(find_runs([root])), against='rdfcil · cifar100 · n10 · data.augment="cropflip"')
+    # a run saved before summary.json said what it changed: its group names every key in which the groups differ
+    ncm = RDFCIL | {"classifier": "ncm", "pseudo_replay": "off"}
+    write_run(root, "legacy", C100_N10 | {"augment": "cropflip"}, ncm, summary=summary(40.0, 60.0))
+    labels = {g.runs[0].name: g.config_label for g in group_runs(find_runs([root]))}
+    assert labels["runs/legacy"] == 'data.augment="cropflip", method.classifier="ncm", method.pseudo_replay="off"'
+    assert labels["runs/bayes"] == 'data.augment="cropflip", method.classifier="bayes"'
 
 
 def test_against_pairs_by_training_seed_and_counts_each_metric_own_pairs(tmp_path):

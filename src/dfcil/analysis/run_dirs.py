@@ -421,9 +421,36 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     for same in by_setting.values():  # label what tells apart groups of one setting
         keys = sorted({k for g in same for k in g.config})
         differ = [k for k in keys if len({g.config.get(k) for g in same}) > 1]
-        for g in same:
-            g.config_label = ", ".join(f"{k}={g.config.get(k, 'unset')}" for k in differ)
+        labels = [_config_label(g, told_keys(g, differ), differ) for g in same]
+        if len(set(labels)) < len(same):  # the short labels do not tell the groups apart: every differing key
+            labels = [_config_label(g, differ, differ) for g in same]
+        for g, label in zip(same, labels, strict=True):
+            g.config_label = label
     return sorted(groups.values(), key=_order)
+
+
+def told_keys(group: Group, differ: Sequence[str]) -> list[str]:
+    """Of the keys ``differ`` in which groups of one method and setting differ, those that tell ``group`` apart:
+    every key outside the method section, and the method keys its runs changed from the method's defaults
+    (``method_changed`` of each finished run's ``summary.json``), so that a switch's group is labelled by the
+    switch and not by every key another group changed; all of ``differ`` where a run does not say (unfinished,
+    or saved before ``method_changed`` existed)."""
+    changed = [r.summary.get("method_changed") for r in group.finished]
+    if not changed or not all(isinstance(c, list) for c in changed):
+        return list(differ)
+    moved = {str(k) for c in changed for k in c}
+
+    def changed_key(key: str) -> bool:
+        key = key.removeprefix("method.")
+        return any(key == m or key.startswith(m + ".") for m in moved)
+
+    return [k for k in differ if not k.startswith("method.") or changed_key(k)]
+
+
+def _config_label(group: Group, keys: Sequence[str], differ: Sequence[str]) -> str:
+    if not keys and differ:
+        return "method defaults"
+    return ", ".join(f"{k}={group.config.get(k, 'unset')}" for k in keys)
 
 
 def at_defaults(candidates: Sequence[Group]) -> Group | None:
