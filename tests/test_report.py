@@ -871,14 +871,16 @@ def test_timing_gives_each_tasks_seconds_and_extrapolates_an_unfinished_run(tmp_
     first = {"phases": {"base": {"time_s": 30.0}}, "eval_s": 1.0}
     records = [{"type": "task", "task": 0, "acc": 90.0, "timing": first},
                {"type": "task", "task": 1, "acc": 70.0, "timing": timing | {"compile_s": 6.0}},
-               {"type": "task", "task": 2, "acc": 60.0, "timing": timing}]  # fmt: skip
+               {"type": "task", "task": 2, "acc": 60.0, "timing": timing | {"drift_s": 4.0}}]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert main(["report", str(run), "--timing"]) == 0
     out = capsys.readouterr().out
-    assert "| 0 | measured | 0.0 | base 30.0 | 1.0 | 0.0 | 31.0 | 90.00 |" in out
-    assert "| 1 | measured | 10.0 | rrl 20.0, chr 5.0 | 1.0 | 6.0 | 36.0 | 70.00 |" in out
-    assert "| 3 | estimated (tasks 1..2, less compile) | | | | | 33.0 | |" in out  # mean of 36 - 6 and 36
-    assert "extrapolated total: 136 s (2.3 min) over 4 tasks" in out
+    assert "| 0 | measured | 0.0 | base 30.0 | 0.0 | 1.0 | 0.0 | 31.0 | 90.00 |" in out
+    assert "| 1 | measured | 10.0 | rrl 20.0, chr 5.0 | 0.0 | 1.0 | 6.0 | 36.0 | 70.00 |" in out
+    # the method's own work at the task's end (APR's ADC, LDC's drift) is a part of the task's time
+    assert "| 2 | measured | 10.0 | rrl 20.0, chr 5.0 | drift 4.0 | 1.0 | 0.0 | 40.0 | 60.00 |" in out
+    assert "| 3 | estimated (tasks 1..2, less compile) | | | | | | 35.0 | |" in out  # mean of 36 - 6 and 40
+    assert "extrapolated total: 142 s (2.4 min) over 4 tasks" in out
     # a sweep's run set up a moment ago has no metrics.jsonl yet: said, and the other runs' tables still printed
     write_run(tmp_path, "new", C100_N10 | {"num_tasks": 4}, RDFCIL)
     assert main(["report", str(tmp_path), "--timing"]) == 0

@@ -17,11 +17,21 @@ from typing import Any
 from dfcil.errors import ReportError
 from dfcil.io import read_regular_text
 
+OWN = ("setup_s", "eval_s", "compile_s")  # a task record's timing keys with a column of their own
+
+
+def end_parts(timing: dict[str, Any]) -> dict[str, float]:
+    """A task record's work outside its setup, phases and evaluation, by name: each other ``<name>_s`` key (the
+    method's at the task's end: ``drift_s``, APR's ADC)."""
+    return {k.removesuffix("_s"): float(v) for k, v in timing.items() if k.endswith("_s") and k not in OWN}
+
 
 def task_seconds(timing: dict[str, Any]) -> dict[str, float]:
-    """A task record's timing as seconds: setup (inversion), each phase, evaluation, of which compiling, and total."""
+    """A task record's timing as seconds: setup (inversion), each phase, the task's end work (:func:`end_parts`,
+    summed as ``end``), evaluation, of which compiling, and total."""
     phases = {name: p.get("time_s", 0.0) for name, p in timing.get("phases", {}).items()}
-    parts = {"setup": timing.get("setup_s", 0.0), **phases, "eval": timing.get("eval_s", 0.0)}
+    end = sum(end_parts(timing).values())
+    parts = {"setup": timing.get("setup_s", 0.0), **phases, "end": end, "eval": timing.get("eval_s", 0.0)}
     return parts | {"compile": timing.get("compile_s", 0.0), "total": sum(parts.values())}
 
 
@@ -38,22 +48,25 @@ def timing_table(run_dir: Path, num_tasks: int) -> str:
         return f"{run_dir}: no finished task yet"
     rows = {t: task_seconds(r.get("timing") or {}) for t, r in sorted(tasks.items())}
     later = [r["total"] - r["compile"] for t, r in rows.items() if t > 0]
-    out = [f"{run_dir}", "", "| task | how | setup s | phases s | eval s | of which compile s | total s | acc |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    head = "| task | how | setup s | phases s | task end s | eval s | of which compile s | total s | acc |"
+    out = [f"{run_dir}", "", head, "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     total = 0.0
     for t in range(num_tasks):
         if t in rows:
             r = rows[t]
-            phases = ", ".join(f"{k} {v:.1f}" for k, v in r.items() if k not in ("setup", "eval", "compile", "total"))
-            out.append(f"| {t} | measured | {r['setup']:.1f} | {phases} | {r['eval']:.1f} | {r['compile']:.1f} | "
-                       f"{r['total']:.1f} | {tasks[t]['acc']:.2f} |")  # fmt: skip
+            skip = ("setup", "end", "eval", "compile", "total")
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in r.items() if k not in skip)
+            ends = end_parts(tasks[t].get("timing") or {})
+            end = ", ".join(f"{k} {v:.1f}" for k, v in ends.items()) if ends else "0.0"
+            out.append(f"| {t} | measured | {r['setup']:.1f} | {phases} | {end} | {r['eval']:.1f} | "
+                       f"{r['compile']:.1f} | {r['total']:.1f} | {tasks[t]['acc']:.2f} |")  # fmt: skip
             total += r["total"]
         elif later:
             est = statistics.mean(later)
-            out.append(f"| {t} | estimated (tasks 1..{max(rows)}, less compile) | | | | | {est:.1f} | |")
+            out.append(f"| {t} | estimated (tasks 1..{max(rows)}, less compile) | | | | | | {est:.1f} | |")
             total += est
         else:
-            out.append(f"| {t} | not estimated (no task after the first finished) | | | | | | |")
+            out.append(f"| {t} | not estimated (no task after the first finished) | | | | | | | |")
     how = "measured" if len(rows) == num_tasks else "extrapolated"
     out.append(f"\n{how} total: {total:.0f} s ({total / 60:.1f} min) over {num_tasks} tasks")
     return "\n".join(out)
