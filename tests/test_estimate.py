@@ -114,6 +114,31 @@ def test_a_resumed_run_takes_the_seconds_of_its_earlier_processes_tasks():
     assert clock.left(1, "evaluation") == (pytest.approx(7.1), True)
 
 
+def test_end_work_per_old_class_is_estimated_per_old_class():
+    """APR's ADC attacks every old class's images: its end work grows with the old classes (measured on a
+    cifar100-mini run: 55, 173 and 306 s with 5, 10 and 15 old classes), where the other methods' is the same in
+    every task. The plan counts APR's task end in old classes, so task 1's 50 s over 5 old classes predict 150 s for
+    task 3 (15 old classes), not 50 s; a method of constant end work keeps one step a task."""
+    from dfcil.context import Task
+    from dfcil.training.estimate import END, plan
+
+    apr_cfg, protocol, loop = _smoke("apr")
+    tasks = [Task(task_id=t, n_old=3 * t, n_new=3, num_tasks=4) for t in range(4)]
+    assert [loop.method.end_units(t) for t in tasks] == [1, 3, 6, 9]
+    ends = [s.steps for s in plan(loop) if s.part == END]
+    split = protocol.split
+    assert ends == [max(1, split.offsets[t]) for t in range(split.num_tasks)] and ends[-1] > 1
+    clock = RunClock(plan(loop))
+    clock.load_timings([{"task": 1, "setup_s": 0.0, "drift_s": 50.0, "phases": {}}], batch_size=lambda task: 4)
+    per_class = 50.0 / ends[1]
+    assert clock.step_s()["task end"] == pytest.approx(per_class)
+    last = [s for s in plan(loop) if s.part == END][-1]
+    assert last.steps * clock.step_s()["task end"] == pytest.approx(50.0 * ends[-1] / ends[1])
+    off = _smoke("apr", [("method.adc", "false")])[2]
+    assert {s.steps for s in plan(off) if s.part == END} == {1}
+    assert {s.steps for s in plan(_smoke()[2]) if s.part == END} == {1}  # R-DFCIL: the same end in every task
+
+
 def _smoke(method="rdfcil", overrides=()):
     cfg, _ = load_config(smoke_configs(method), [("method.name", method), *overrides])
     protocol = prepare(cfg)

@@ -88,6 +88,9 @@ class APR(TeacherMethod):
         first = self.cfg.first
         return first.batch_size if task == 0 and first is not None and first.batch_size else self.train.batch_size
 
+    def end_units(self, task: Task) -> int:
+        return max(1, task.n_old) if self.cfg.adc else 1  # ADC attacks every old class's images
+
     def on_task_start(self, ctx: TaskContext) -> None:
         super().on_task_start(ctx)  # the frozen old model, from the second task on
         if self.replay is not None and self.teacher.net is not None:

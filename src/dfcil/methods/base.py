@@ -105,6 +105,13 @@ class Method:
         """Real images per training step in task ``task``, for the whole task; default: ``train.batch_size``."""
         return self.train.batch_size
 
+    def end_units(self, task: Task) -> int:
+        """How the method's work at the end of task ``task`` (its phases' and the task's: statistics, drift) grows
+        over a run, for the time estimates (:mod:`dfcil.training.estimate`), which time it in the first incremental
+        task: the same in every task (1, the default), or in proportion to what this returns (APR's ADC attacks
+        each old class: its old classes' count)."""
+        return 1
+
     def check_image_size(self, size: int) -> None:
         """Raise ValueError (the message naming the sizes it takes) for an image size this method cannot train; the
         protocol calls it before any training, so the error comes before task 0, not after it."""

@@ -59,17 +59,19 @@ class Stretch:
 
 
 def task_plan(
-    task: int, phases: Sequence[Phase], batches: int, inversion_steps: int, test_images: int
+    task: int, phases: Sequence[Phase], batches: int, inversion_steps: int, test_images: int, end_units: int = 1
 ) -> list[Stretch]:
     """Task ``task``'s stretches in run order: its start (the method's ``on_task_start``: one step; part of the
     inversion where the task inverts), its ``inversion_steps``, each phase's epochs × ``batches`` steps, the method's
-    work at the phases' and the task's end (one step), and the evaluation of ``test_images`` (every seen class's)."""
+    work at the phases' and the task's end (``end_units`` steps: :meth:`~dfcil.methods.Method.end_units`), and the
+    evaluation of ``test_images`` (every seen class's)."""
     setup = INVERSION if inversion_steps else SETUP
     plan = [Stretch(task, setup, kind_of(task, SETUP), 1)]
     if inversion_steps:
         plan.append(Stretch(task, INVERSION, kind_of(task, INVERSION), inversion_steps))
     plan += [Stretch(task, p.name, kind_of(task, p.name), p.epochs * batches) for p in phases]
-    return [*plan, Stretch(task, END, kind_of(task, END), 1), Stretch(task, EVALUATION, EVALUATION, test_images)]
+    end = Stretch(task, END, kind_of(task, END), end_units)
+    return [*plan, end, Stretch(task, EVALUATION, EVALUATION, test_images)]
 
 
 def plan(loop: Loop) -> list[Stretch]:
@@ -83,8 +85,13 @@ def plan(loop: Loop) -> list[Stretch]:
         n = sum(images[: t + 1]) if loop.batches.seen else images[t]  # joint: every task's images so far
         inversion = replay.cfg.steps if replay is not None and t > 0 else 0
         test = int(loop.evaluator.test.seen[t])
-        out += task_plan(t, method.phases(task), n // method.batch_size(t), inversion, test)
+        out += task_plan(t, method.phases(task), n // method.batch_size(t), inversion, test, method.end_units(task))
     return out
+
+
+def end_units(plan: Sequence[Stretch], task: int) -> int:
+    """The steps of task ``task``'s end in ``plan``: what its seconds of end work are divided by."""
+    return next((s.steps for s in plan if s.task == task and s.part == END), 1)
 
 
 def seconds_by_part(plan: Sequence[Stretch], step_s: Mapping[str, float]) -> dict[str, float]:
@@ -261,7 +268,7 @@ def measure(
                 end += watch.elapsed()
         watch.start()
         method.on_task_end(ctx)
-        samples[kind_of(t, END)] = (end + watch.elapsed(),)
+        samples[kind_of(t, END)] = ((end + watch.elapsed()) / method.end_units(ctx),)
     samples[EVALUATION] = _evaluation(loop, watch)
     return samples
 
@@ -397,7 +404,7 @@ class RunClock(Callback):
                 if phase.get("images"):
                     self.record(kind_of(t, name), phase["images"] // batch_size(t), float(phase["time_s"]))
             end = sum(float(v) for k, v in timing.items() if k.endswith("_s") and k not in own)
-            self.record(kind_of(t, END), 1, end)
+            self.record(kind_of(t, END), end_units(self.plan, t), end)
             if "eval_s" in timing and steps.get(EVALUATION):
                 self.record(EVALUATION, steps[EVALUATION], float(timing["eval_s"]))
 
@@ -447,7 +454,7 @@ class RunClock(Callback):
     def on_eval_start(self) -> None:
         seconds = self._lap()
         if self.ending:  # the last phase's end and the method's at the task's end
-            self.record(kind_of(self.task, END), 1, self.end_s + seconds)
+            self.record(kind_of(self.task, END), end_units(self.plan, self.task), self.end_s + seconds)
         self.ending = False
 
     def on_eval_end(self) -> None:
