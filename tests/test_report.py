@@ -680,6 +680,55 @@ def test_a_switchs_group_is_labelled_by_the_keys_it_changed_not_by_every_key_ano
     assert labels["runs/bayes"] == 'data.augment="cropflip", method.classifier="bayes"'
 
 
+def test_groups_are_labelled_and_compared_at_their_own_augmentation(tmp_path, capsys):
+    """APR with and without AutoAugment, R-DFCIL+ with it only, LwF without it and with a recipe of its own (train
+    keys): R-DFCIL+'s label says AutoAugment though it is its method's only group (a comparison with APR's crop and
+    flip would otherwise read as like for like), the recipes' train keys stay out of the labels, and --against apr
+    pairs each group with APR at its own augmentation."""
+    root = tmp_path / "runs"
+    cases = [("apr", "autoaugment", {}, 30.0), ("apr", "cropflip", {}, 40.0), ("rdfcil_plus", "autoaugment", {}, 35.0),
+             ("lwf", "cropflip", {"epochs": 50}, 20.0)]  # fmt: skip
+    for order in (0, 1):
+        for name, augment, train, last in cases:
+            data = C100_N10 | {"augment": augment, "class_order_seed": order}
+            done = summary(last + order, 60.0) | {"method_changed": []}
+            run = write_run(root, f"{name}-{augment}/o{order}", data, {"name": name}, summary=done)
+            if train:
+                config = yaml.safe_load((run / "config.yaml").read_text())
+                (run / "config.yaml").write_text(yaml.safe_dump(config | {"train": config["train"] | train}))
+    groups = group_runs(find_runs([root]))
+    labels = {(g.setting.method, g.config_label) for g in groups}
+    assert labels == {("apr", 'data.augment="autoaugment"'), ("apr", 'data.augment="cropflip"'),
+                      ("rdfcil_plus", 'data.augment="autoaugment"'), ("lwf", 'data.augment="cropflip"')}  # fmt: skip
+    recs = {(r["method"], r["config"]): r for r in records(groups, against="apr")}
+    plus, lwf = recs[("rdfcil_plus", 'data.augment="autoaugment"')], recs[("lwf", 'data.augment="cropflip"')]
+    assert plus["vs_short"] == 'apr · data.augment="autoaugment"' and plus["last_acc_vs_mean"] == 5.0
+    assert lwf["vs_short"] == 'apr · data.augment="cropflip"' and lwf["last_acc_vs_mean"] == -20.0
+    # R-DFCIL+ as the reference: it was not run with crop and flip, so those groups are compared with none
+    recs = {(r["method"], r["config"]): r for r in records(groups, against="rdfcil_plus")}
+    assert recs[("apr", 'data.augment="autoaugment"')]["last_acc_vs_mean"] == -5.0
+    assert recs[("apr", 'data.augment="cropflip"')]["vs"] == "" and recs[("lwf", 'data.augment="cropflip"')]["vs"] == ""
+    # a full label names one reference for every group, across augmentations
+    full = 'apr · cifar100 · n10 · data.augment="cropflip"'
+    recs = {(r["method"], r["config"]): r for r in records(groups, against=full)}
+    assert recs[("rdfcil_plus", 'data.augment="autoaugment"')]["last_acc_vs_mean"] == -5.0
+    # two APR groups with crop and flip, neither at the defaults: said, and the other augmentation still compared
+    for name, kd in (("apr-cropflip", 7.0), ("apr-other", 3.0)):
+        for order in (0, 1):
+            data = C100_N10 | {"augment": "cropflip", "class_order_seed": order}
+            done = summary(40.0, 60.0) | {"method_changed": ["lambda_kd"]}
+            write_run(root / "kd", f"{name}/o{order}", data, {"name": "apr", "lambda_kd": kd}, summary=done)
+    for run in (root / "apr-autoaugment").iterdir():
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        (run / "config.yaml").write_text(yaml.safe_dump(config | {"method": {"name": "apr", "lambda_kd": 10.0}}))
+    for kept in ("apr-autoaugment", "rdfcil_plus-autoaugment"):
+        (root / kept).rename(root / "kd" / kept)
+    root = root / "kd"
+    recs = {(r["method"], r["config"]): r for r in records(group_runs(find_runs([root])), against="apr")}
+    assert "compared with none" in capsys.readouterr().err
+    assert recs[("rdfcil_plus", 'data.augment="autoaugment"')]["last_acc_vs_mean"] == 5.0
+
+
 def test_against_pairs_by_training_seed_and_counts_each_metric_own_pairs(tmp_path):
     """Runs of one class order and two training seeds pair seed with seed; a reference run without forgetting
     leaves that metric one pair short, which its cell says; Δ forgetting is run − reference (more is worse)."""

@@ -117,29 +117,48 @@ def pairing_key(run: Run) -> str:
     return f"class order {order}, seed {run.config.get('seed', 1)}"
 
 
-def references(groups: Sequence[Group], against: str) -> dict[tuple[str, ...], Group]:
+def references(groups: Sequence[Group], against: str) -> dict[tuple[Any, ...], Group]:
     """The reference group of each dataset and protocol that has one (:attr:`Group.comparable`): the group whose
-    label is ``against``, or else whose method (``rdfcil``, ``lwf[ldc]``) is. Of several groups of that method in
-    one setting (the method under several configs, an ablation), the one at the method's defaults
+    label is ``against``, or else whose method (``rdfcil``, ``lwf[ldc]``) is, one for each of the conditions its
+    groups were run under (:attr:`Group.conditions`: a method with and without AutoAugment), so that a group is
+    compared at its own conditions (:func:`reference_of`). Of several groups of that method in one setting and
+    conditions (the method under several configs, an ablation), the one at the method's defaults
     (:func:`at_defaults`); where none or several are, an error lists their labels to choose from."""
-    by_setting: dict[tuple[str, ...], list[Group]] = {}
+    by_setting: dict[tuple[Any, ...], list[Group]] = {}
     exact = [g for g in groups if g.label == against]
-    for g in exact or [g for g in groups if g.setting.method_label == against]:
+    for g in exact:  # one group named: every group of its dataset and protocol is compared with it
         by_setting.setdefault(g.comparable, []).append(g)
+    for g in [] if exact else [g for g in groups if g.setting.method_label == against]:
+        by_setting.setdefault((g.comparable, g.conditions), []).append(g)
     if not by_setting:
         methods = sorted({g.setting.method_label for g in groups})
         raise ReportError(
             f"--against {against!r} names no group: give a method ({', '.join(methods)}) or a group's full label"
         )
-    out: dict[tuple[str, ...], Group] = {}
+    out: dict[tuple[Any, ...], Group] = {}
+    unclear = []
     for key, candidates in by_setting.items():
         chosen = candidates[0] if len(candidates) == 1 else at_defaults(candidates)
         if chosen is None:
             labels = "; ".join(repr(g.label) for g in candidates)
-            raise ReportError(f"--against {against!r} matches {len(candidates)} groups of one setting ({labels}), "
-                              f"none of them alone at the method's defaults: give one of these labels")  # fmt: skip
-        out[key] = chosen
+            unclear.append((candidates[0].comparable, f"--against {against!r} matches {len(candidates)} groups of one "
+                            f"setting ({labels}), none of them alone at the method's defaults"))  # fmt: skip
+        else:
+            out[key] = chosen
+    settled = {g.comparable for g in out.values()}
+    for comparable, line in unclear:  # a dataset and protocol without any reference: the user must choose
+        if comparable not in settled:
+            raise ReportError(f"{line}: give one of these labels")
+    for _, line in unclear:  # other conditions of the same protocol have theirs: these groups are left without one
+        print(printable(f"dfcil report: warning: {line}: the groups under these conditions are compared with none "
+                        f"(give one of these labels to compare every group with it)"), file=sys.stderr)  # fmt: skip
     return out
+
+
+def reference_of(refs: dict[tuple[Any, ...], Group], group: Group) -> Group | None:
+    """``group``'s reference among :func:`references`: the one named by its label, else its method's at the
+    group's own conditions; None where there is none (the reference method was not run under them)."""
+    return refs.get(group.comparable) or refs.get((group.comparable, group.conditions))
 
 
 def _finished_by_pair(group: Group) -> dict[str, list[Run]]:
@@ -206,7 +225,7 @@ def records(groups: Sequence[Group], against: str | None = None, std: str = "pop
     the pairs, with a warning on stderr (:func:`ambiguous_pairs`)."""
     out = []
     refs = references(groups, against) if against is not None else {}
-    for warning in (w for g in groups if g.comparable in refs for w in ambiguous_pairs(g)):
+    for warning in (w for g in groups if reference_of(refs, g) is not None for w in ambiguous_pairs(g)):
         print(warning, file=sys.stderr)
     for g in groups:
         s, row = g.setting, g.setting.paper_row()
@@ -230,7 +249,7 @@ def records(groups: Sequence[Group], against: str | None = None, std: str = "pop
         rec["paper_row"] = f"{row.label} ({row.source})" + (" †" if row.own_protocol else "") if row else ""
         rec["paper_protocol"] = row.own_protocol if row else ""
         if against is not None:
-            rec |= _versus(g, refs.get(g.comparable), std)
+            rec |= _versus(g, reference_of(refs, g), std)
         out.append(rec)
     if against is not None and not any(rec["vs"] for rec in out):
         raise ReportError(f"--against {against!r}: no other group shares a dataset and protocol with it")

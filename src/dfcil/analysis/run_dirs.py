@@ -184,6 +184,9 @@ class Group:
     config: dict[str, str]  # the flat config its runs share (SAME_EXPERIMENT keys left out)
     runs: list[Run]
     config_label: str = ""  # the keys that tell it apart from other groups of the same setting
+    # the keys outside the method's recipe (method, train) in which the groups of its dataset and protocol differ,
+    # with its values (data.augment: "autoaugment"): --against pairs it with the reference of the same conditions
+    conditions: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:
@@ -418,15 +421,27 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     by_setting: dict[Setting, list[Group]] = {}
     for group in groups.values():
         by_setting.setdefault(group.setting, []).append(group)
+    # what the methods compared on one dataset and protocol differ in besides their recipes (the method and train
+    # sections, which their presets set): data.augment, the model, the precision... every group's label says it
+    by_protocol: dict[tuple[str, str, str, str], list[Group]] = {}
+    for group in groups.values():
+        by_protocol.setdefault(group.comparable, []).append(group)
+    across = {c: _differing(same, lambda k: not k.startswith(("method.", "train."))) for c, same in by_protocol.items()}
     for same in by_setting.values():  # label what tells apart groups of one setting
-        keys = sorted({k for g in same for k in g.config})
-        differ = [k for k in keys if len({g.config.get(k) for g in same}) > 1]
+        differ = sorted(set(_differing(same)) | set(across[same[0].comparable]))
         labels = [_config_label(g, told_keys(g, differ), differ) for g in same]
         if len(set(labels)) < len(same):  # the short labels do not tell the groups apart: every differing key
             labels = [_config_label(g, differ, differ) for g in same]
         for g, label in zip(same, labels, strict=True):
             g.config_label = label
+            g.conditions = tuple((k, g.config.get(k, "unset")) for k in across[g.comparable])
     return sorted(groups.values(), key=_order)
+
+
+def _differing(groups: Sequence[Group], keep: Callable[[str], bool] = lambda key: True) -> list[str]:
+    """The keys (those ``keep`` takes) whose values differ among ``groups``."""
+    keys = sorted({k for g in groups for k in g.config if keep(k)})
+    return [k for k in keys if len({g.config.get(k) for g in groups}) > 1]
 
 
 def told_keys(group: Group, differ: Sequence[str]) -> list[str]:
