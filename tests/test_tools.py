@@ -477,6 +477,26 @@ def test_eval_of_chosen_classes_or_tasks(finished, capsys):
     assert ": 1 class, 16 test images\n" in capsys.readouterr().out
 
 
+def test_eval_refuses_other_data_than_the_run_was_trained_on_and_says_changed_pixels(finished, tmp_path, capsys):
+    """As dfcil resume: meta.json records what the run trained on; eval with a --data.root holding other classes or
+    another image count is refused (it scored 25.83 % on such data, silently), other pixels are said on stderr."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    meta = json.loads((run / "meta.json").read_text())
+    saved = dict(meta["data"])
+    meta["data"]["train_images"] += 1  # as if --data.root held another dataset
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "was trained on other data than" in err and "(its train_images differ)" in err and "--data.root" in err
+    meta["data"] = saved | {"images": "0" * 64}  # the same classes and count, other pixels
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert main(["eval", str(run)]) == 0
+    assert "warning: the data's images differ from what" in capsys.readouterr().err
+
+
 def test_a_mistake_on_eval_prints_evals_usage(finished, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["eval", str(finished), "--clases", "3"])

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import json
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from dfcil.models.network import IncrementalNet, NetOutput
 from dfcil.plugins import Consent
 from dfcil.progress import make_progress
 from dfcil.registry import Registry
-from dfcil.training.protocol import Protocol, TestSet, load_protocol, validate
+from dfcil.training.protocol import IDENTITY_KEYS, Protocol, TestSet, load_protocol, validate
 from dfcil.version import __version__
 
 CARD_FORMAT = 2  # the exported JSON's layout; raise it when a key changes (2: class_names by raw id, output_names)
@@ -108,7 +109,33 @@ class FinishedRun:
                 f"the data ({protocol.dataset.source}) gives the class order {order}, the run was trained on "
                 f"{saved}: point --data.root at the data the run was trained on"
             )
+        self.check_data(protocol)
         return protocol
+
+    def check_data(self, protocol: Protocol) -> None:
+        """Refuse data other than the run was trained on (its classes, image size or image count differ from
+        ``meta.json``'s record, as ``dfcil resume`` refuses them); say on stderr where only the pixels or the
+        normalisation do (images changed in place, or decoded by another Pillow). A run without the record (from a
+        dfcil before it) is not checked."""
+        try:
+            saved = json.loads(read_regular_text(self.dir / "meta.json")).get("data")
+        except (OSError, ValueError, AttributeError):
+            return
+        if not saved:
+            return
+        now = protocol.data_identity(self.cfg.data.train_per_class)
+        differ = [key for key in now if now[key] != saved.get(key)]
+        if any(key in IDENTITY_KEYS for key in differ):
+            raise ConfigError(
+                f"{self.dir} was trained on other data than {protocol.dataset.source} holds (its "
+                f"{', '.join(differ)} differ): point --data.root at the data the run was trained on"
+            )
+        if differ:
+            print(
+                f"dfcil: warning: the data's {', '.join(differ)} differ from what {self.dir} was trained on (the "
+                f"same classes and image count: images changed in place, or decoded by another version of Pillow?)",
+                file=sys.stderr,
+            )
 
     def description(self) -> dict[str, Any]:
         """What the final model's inputs and outputs are: image size, normalisation, the raw class of each output

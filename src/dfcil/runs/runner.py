@@ -66,7 +66,7 @@ from dfcil.training.engine import run
 from dfcil.training.grid import SyntheticGrid
 from dfcil.training.loggers import LOGGERS, LoggerSettings, build_loggers
 from dfcil.training.loop import RunOptions
-from dfcil.training.protocol import Protocol, prepare
+from dfcil.training.protocol import IDENTITY_KEYS, Protocol, prepare
 from dfcil.version import __version__, git, source_revision
 
 log = logging.getLogger("dfcil")
@@ -309,12 +309,6 @@ def _start(
 def data_of(cfg: RunConfig, protocol: Protocol) -> dict[str, Any]:
     """What the run trains on, wherever it lies (:meth:`Protocol.data_identity`), recorded in ``meta.json``."""
     return protocol.data_identity(cfg.data.train_per_class)
-
-
-# What identifies a run's data whatever decodes it: a run continues only on the same classes, image size and image
-# count. Decoded pixels (and the normalisation computed from them) may differ by a decoder's rounding on another
-# machine, so a change there is said, not refused.
-IDENTITY_KEYS = ("classes", "image_size", "train_images")
 
 
 def check_same_data(out: Path, cfg: RunConfig, protocol: Protocol) -> list[str]:

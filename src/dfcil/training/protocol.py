@@ -81,6 +81,12 @@ class Protocol:
         }  # fmt: skip
 
 
+# What identifies a run's data whatever decodes it: a run continues, and is evaluated, only on the same classes,
+# image size and image count (Protocol.data_identity). Decoded pixels (and the normalisation computed from them) may
+# differ by a decoder's rounding on another machine, so a change there is said, not refused.
+IDENTITY_KEYS = ("classes", "image_size", "train_images")
+
+
 # What a check raises for input it refuses: prepare collects them into one refusal, each with its fix
 REFUSALS = (ConfigError, SplitError, DatasetError, RegistryError)
 T = TypeVar("T")
