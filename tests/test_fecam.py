@@ -134,7 +134,8 @@ def test_a_run_trains_task_0_only_and_classifies_by_mahalanobis_distance(tmp_pat
     shipped = build_network(card["backbone"], card["head"])
     for size in card["head_sizes"]:
         shipped.expand(size)
-    shipped.load_state_dict({k: v for k, v in state.items() if not k.startswith("method.")})
+    assert "net.load_state_dict({k: v for k, v in state.items() if not k.startswith('method.')})" in card["build"]
+    shipped.load_state_dict({k: v for k, v in state.items() if not k.startswith("method.")})  # as the card says
     with torch.no_grad():
         feats = shipped.eval()(test.normalizer(test.x[:n])).features
         z = torch.nn.functional.normalize(tukey(feats, 0.5, "relu"), dim=1)

@@ -383,7 +383,8 @@ def model_card(run: FinishedRun, weights: str) -> dict[str, Any]:
         "output": "logits (B, num_classes); output k is raw class class_order[k], named output_names[k] "
         "(= class_names[class_order[k]])",
         "build": "net = dfcil.models.network.build_network(backbone, head); net.expand(n) for n in head_sizes; "
-        "net.load_state_dict(safetensors.torch.load_file(weights)); net(x).logits",
+        "state = safetensors.torch.load_file(weights); "
+        "net.load_state_dict({k: v for k, v in state.items() if not k.startswith('method.')}); net(x).logits",
         "last_acc": (run.summary or {}).get("last_acc"),
         **method_card(run),
     }  # fmt: skip
