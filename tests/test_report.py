@@ -935,6 +935,12 @@ def test_timing_gives_each_tasks_seconds_and_extrapolates_an_unfinished_run(tmp_
     assert main(["report", str(tmp_path), "--timing"]) == 0
     out = capsys.readouterr().out
     assert "new: no finished task yet (no metrics.jsonl" in out and "| 1 | measured |" in out
+    # only the first task finished: no extrapolation, and the total says it is a floor (it said "extrapolated")
+    first_only = write_run(tmp_path, "first", C100_N10 | {"num_tasks": 4}, RDFCIL)
+    (first_only / "metrics.jsonl").write_text(json.dumps(records[0]) + "\n")
+    assert main(["report", str(first_only), "--timing"]) == 0
+    out = capsys.readouterr().out
+    assert "no total yet: at least 31 s (0.5 min) over 4 tasks" in out and "extrapolated" not in out
 
 
 def test_a_folder_of_links_to_runs_is_read_through_them_each_real_run_once(runs_root, tmp_path):

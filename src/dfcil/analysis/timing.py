@@ -67,6 +67,11 @@ def timing_table(run_dir: Path, num_tasks: int) -> str:
             total += est
         else:
             out.append(f"| {t} | not estimated (no task after the first finished) | | | | | | | |")
-    how = "measured" if len(rows) == num_tasks else "extrapolated"
-    out.append(f"\n{how} total: {total:.0f} s ({total / 60:.1f} min) over {num_tasks} tasks")
+    if len(rows) == num_tasks:
+        out.append(f"\nmeasured total: {total:.0f} s ({total / 60:.1f} min) over {num_tasks} tasks")
+    elif later:
+        out.append(f"\nextrapolated total: {total:.0f} s ({total / 60:.1f} min) over {num_tasks} tasks")
+    else:  # only the first task finished: the later ones, which cost more, are not counted
+        out.append(f"\nno total yet: at least {total:.0f} s ({total / 60:.1f} min) over {num_tasks} tasks, the "
+                   f"tasks after the first not counted until one of them has finished")  # fmt: skip
     return "\n".join(out)
