@@ -441,6 +441,22 @@ def test_unknown_loggers_and_missing_extras_are_refused_before_a_run_directory_e
     assert not out.exists()
 
 
+def test_wandb_without_a_login_is_one_clear_error_and_leaves_no_run_directory(tmp_path, capsys, monkeypatch):
+    """Online wandb without an API key raised wandb's UsageError through a 50-line traceback (a new-user probe)."""
+    wandb = pytest.importorskip("wandb")
+
+    def no_key(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", no_key)
+    hooks = sys.exit, sys.excepthook
+    out = tmp_path / "run"
+    assert main(["train", "--config", SMOKE, "--out", str(out), "--log", "wandb", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--log wandb: No API key configured" in err and "WANDB_MODE=offline" in err and "Traceback" not in err
+    assert not out.exists() and (sys.exit, sys.excepthook) == hooks
+
+
 # ------------------------------------------------------------------------------------------------------- eval
 
 

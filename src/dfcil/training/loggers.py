@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from dfcil.config import WandbConfig
+from dfcil.errors import ConfigError
 from dfcil.extras import require
 from dfcil.io import write_atomic, write_json
 from dfcil.registry import Registry
@@ -373,10 +374,17 @@ class WandbLogger(Callback):
         # wandb.init replaces sys.exit and sys.excepthook with its own hooks for as long as the process lives; the
         # process's own are put back when the wandb run ends (_finish), so nothing else in it sees wandb's frames
         self.process_hooks = (sys.exit, sys.excepthook)
-        self.run = self.wandb.init(
-            id=self.run_id, resume="allow", dir=str(self.run_dir), project=s.project, entity=s.entity,
-            name=s.name or os.environ.get("WANDB_NAME") or self.run_dir.name, group=s.group, config=self.config,
-        )  # fmt: skip
+        try:
+            self.run = self.wandb.init(
+                id=self.run_id, resume="allow", dir=str(self.run_dir), project=s.project, entity=s.entity,
+                name=s.name or os.environ.get("WANDB_NAME") or self.run_dir.name, group=s.group, config=self.config,
+            )  # fmt: skip
+        except self.wandb.errors.UsageError as err:  # no API key, a bad entity...: wandb's words, and the ways on
+            sys.exit, sys.excepthook = self.process_hooks
+            raise ConfigError(
+                f"--log wandb: {err} (log in with `wandb login` or set WANDB_API_KEY; or set WANDB_MODE=offline to "
+                f"keep the records in {self.run_dir / 'wandb'} for a later `wandb sync`)"
+            ) from None
         # the last step the wandb run holds, and the first one this process computes (what comes before it and
         # after the held one is sent again, from the run directory, before the first step this process logs)
         self.sent = max(int(state.get("held_step", -1)), self.run.step - 1, self._offline_held())
