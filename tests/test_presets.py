@@ -344,6 +344,9 @@ def test_presets_are_listed_with_their_paper_numbers_and_found_by_name(capsys, t
     out = capsys.readouterr().out
     assert "cifar100/rdfcil       R-DFCIL (Tables 1 and 2) on CIFAR-100  (paper A_N: n5 50.47 ± 0.43, n10 42.37" in out
     assert "cifar100/rdfcil_plus  R-DFCIL+" in out and "2 presets in " in out
+    # a header line ending its sentence after the number: the full stop is not the number's
+    abd = presets.paper_numbers(presets.preset_file("cifar100/abd_faithful"))
+    assert abd == {"n5": "43.90 ± 0.90", "n10": "33.70 ± 1.20", "n20": "20.00 ± 1.40"}
     cfg, _ = load_config(["cifar100/n10", "cifar100/rdfcil.yaml"])  # with or without the suffix
     assert (cfg.data.num_tasks, cfg.method.name) == (10, "rdfcil")
     (tmp_path / "smoke").mkdir()  # a path that exists wins over the name: here a folder, refused as one

@@ -82,7 +82,7 @@ def _before_colon(text: str) -> str:
 
 
 # a header line of a method file's paper block: "  n10 (10 equal tasks of 10 classes): A_N = 42.37 ± 0.72, ..."
-PAPER_LINE = re.compile(r"^(\w+) \([^)]*\): A_N = ([\d.]+(?: ± [\d.]+)?)")
+PAPER_LINE = re.compile(r"^(\w+) \([^)]*\): A_N = (\d+(?:\.\d+)?(?: ± \d+(?:\.\d+)?)?)")  # not a full stop after
 
 
 def paper_numbers(path: Path) -> dict[str, str]:
