@@ -160,6 +160,9 @@ def test_print_config(capsys):
     assert main(["train", "--config", SMOKE, "--print-config", "--train.epochs=4", "--device", "cpu"]) == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["train"]["epochs"] == 4 and cfg["device"] == "cpu" and cfg["method"]["name"] == "rdfcil"
+    # a config that cannot run is refused as --dry-run refuses it, not printed as if it could (a new-user probe)
+    assert main(["train", "--config", SMOKE, "--print-config", "--device", "cdua"]) == 2
+    assert "device: 'cdua' is not a device" in capsys.readouterr().err
 
 
 def test_an_image_size_a_method_cannot_train_is_refused_before_task_0(tmp_path, capsys):

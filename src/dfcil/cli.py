@@ -578,7 +578,10 @@ def _train(args: argparse.Namespace, unknown: Sequence[str], argv: Sequence[str]
         log.warning("%s", note)
     if dropped:
         log.warning("method switched to %r: %s%s", cfg.method.name, "; ".join(dropped), _unread_note(cfg, args.dry_run))
-    if args.print_config:
+    if args.print_config:  # a config that cannot run is refused as --dry-run refuses it (no data read)
+        from dfcil.training.protocol import validate
+
+        validate(cfg)
         print(dump_config(cfg), end="")
         return 0
     if args.dry_run:
