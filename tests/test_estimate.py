@@ -139,6 +139,22 @@ def test_end_work_per_old_class_is_estimated_per_old_class():
     assert {s.steps for s in plan(_smoke()[2]) if s.part == END} == {1}  # R-DFCIL: the same end in every task
 
 
+def test_a_busy_cpu_is_said_beside_the_estimate():
+    """Timed beside a sweep's other runs, the estimate holds only while they run (a new-user probe read 5.2 h for a
+    run of one hour, timed niced under a two-run sweep): the lines say the machine was busy."""
+    from dfcil.training.estimate import busy_note
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert busy_note(cpu, lambda: 0.3, 2) is None and busy_note(cuda, lambda: 5.0, 2) is None
+    note = busy_note(cpu, lambda: 2.1, 2)
+    assert note == "timed while the machine was busy (load average 2.1 on 2 cores): it holds while that load lasts"
+
+    def unknown():
+        raise OSError
+
+    assert busy_note(cpu, unknown, 2) is None
+
+
 def _smoke(method="rdfcil", overrides=()):
     cfg, _ = load_config(smoke_configs(method), [("method.name", method), *overrides])
     protocol = prepare(cfg)

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -326,11 +327,30 @@ def estimate_run(
     kind took ``budget_s`` seconds. The process's random streams are as before afterwards."""
     started = time.perf_counter()
     stretches = tuple(plan(loop))
+    busy = busy_note(loop.runtime.device)  # before this process's own timing adds to the load
     with process_state_kept(), quiet():
         samples = measure(loop, fit_task, task_context, steps, budget_s)
     return RunEstimate(
-        device_name(loop.runtime.device), stretches, samples, steps, time.perf_counter() - started, tuple(notes)
-    )
+        device_name(loop.runtime.device), stretches, samples, steps, time.perf_counter() - started,
+        (*notes, *([busy] if busy else [])),
+    )  # fmt: skip
+
+
+def busy_note(device: torch.device, load: Callable[[], float] | None = None, cores: int | None = None) -> str | None:
+    """On a CPU that other processes keep busy (a 1-minute load average of one core or more), a note that the
+    steps were timed under that load: the estimate holds while it lasts, and is off by as much as it changes (a
+    sweep's other runs starting or ending). None on a card, an idle CPU, or where the load is not known."""
+    if device.type != "cpu":
+        return None
+    try:
+        average = load() if load is not None else os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on this platform
+        return None
+    cores = cores or os.cpu_count() or 1
+    if average < 1.0:
+        return None
+    said = f"load average {average:.1f} on {cores} cores"
+    return f"timed while the machine was busy ({said}): it holds while that load lasts"
 
 
 class RunClock(Callback):
