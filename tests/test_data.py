@@ -208,6 +208,28 @@ def test_official_python_folder(tmp_path):
     assert d.train.y.tolist() == labels
 
 
+def test_cifar100_says_what_its_classes_are_for_people_and_records_them_as_before(tmp_path):
+    """CIFAR-100's names (the prepared archive's fine_names, the official meta's fine_label_names) are shown
+    (dry run, eval --classes cloud) but stay out of what runs record and caches key on (ImageDataset.classes), so
+    that runs and caches made before still resume and hit (a new-user probe: eval --classes cloud was refused)."""
+    names = [f"name{i}" for i in range(100)]
+    _write_npz(tmp_path / "npz" / "cifar100")
+    path = tmp_path / "npz" / "cifar100" / "train.npz"
+    with np.load(path) as data:
+        arrays = dict(data)
+    np.savez(path, **arrays, fine_names=np.array(names))
+    d = build_dataset(DataConfig(root=str(tmp_path / "npz")))
+    assert d.words == tuple(names) and d.classes == () and d.class_label(23) == "name23"
+    folder, _ = _official_folder(tmp_path / "official")
+    (folder / "meta").write_bytes(pickle.dumps({"fine_label_names": names, "coarse_label_names": []}, protocol=2))
+    assert build_dataset(DataConfig(root=str(tmp_path / "official"))).words == tuple(names)
+    (folder / "meta").write_bytes(b"not a pickle")  # names are for people: a bad meta file loses them, no more
+    assert build_dataset(DataConfig(root=str(tmp_path / "official"))).words == ()
+    _write_npz(tmp_path / "plain" / "cifar100")  # an archive without names
+    plain = build_dataset(DataConfig(root=str(tmp_path / "plain")))
+    assert plain.words == () and plain.class_label(23) == "class 23"
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, ("touch pwned",))

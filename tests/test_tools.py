@@ -513,6 +513,27 @@ def test_eval_refuses_other_data_than_the_run_was_trained_on_and_says_changed_pi
     assert "warning: the data's images differ from what" in capsys.readouterr().err
 
 
+def test_eval_takes_the_classes_by_what_they_are_where_the_dataset_names_them_so(finished, capsys):
+    """CIFAR-100 has no class names that runs record, but says what each class is (fine_names): eval --classes
+    takes those words (a new-user probe: --classes cloud,bicycle was refused)."""
+    import dataclasses
+
+    from dfcil.analysis.tools import evaluate_run
+    from dfcil.data.datasets import DATASETS
+
+    fake = DATASETS.get("fake")
+
+    def worded(*args, **kwargs):
+        ds = fake(*args, **kwargs)
+        return dataclasses.replace(ds, words=tuple(f"thing{i}" for i in range(ds.num_classes)))
+
+    summary = json.loads((finished / "summary.json").read_text())
+    first = summary["tasks"][0][0]
+    with DATASETS.replaced("fake", worded):
+        by_word = evaluate_run(finished, classes=[f"thing{first}"])
+    assert by_word == evaluate_run(finished, classes=[str(first)]) and by_word["count"] == 16
+
+
 def test_a_mistake_on_eval_prints_evals_usage(finished, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["eval", str(finished), "--clases", "3"])

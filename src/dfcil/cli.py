@@ -533,7 +533,8 @@ def _print_protocol(cfg: RunConfig, estimate: bool = True) -> None:
     for t, classes in enumerate(split.tasks):
         task = Task(task_id=t, n_old=split.offsets[t], n_new=len(classes), num_tasks=split.num_tasks)
         phases = "; ".join(p.describe() for p in method.phases(task)) or "no training"
-        named = f" ({', '.join(map(ds.class_label, classes[:5]))}{', ...' * (len(classes) > 5)})" if ds.classes else ""
+        shown = f"{', '.join(map(ds.class_label, classes[:5]))}{', ...' * (len(classes) > 5)}"
+        named = f" ({shown})" if ds.classes or ds.words else ""
         count = f"{len(classes)} class{'es' * (len(classes) != 1)}"
         print(
             f"  task {t}: {count}, {protocol.train_images[t]} train / {protocol.test_images[t]} test "

@@ -318,7 +318,8 @@ def evaluate_run(
         raise ConfigError("give classes or tasks, not both")
     run = FinishedRun.open(run_dir, consent, **{"data.root": data_root, "device": device})
     protocol, cfg = run.protocol(), run.cfg
-    labels = selected_labels(protocol.split, protocol.dataset.classes, classes, tasks)
+    ds = protocol.dataset  # classes by name: the dataset's names, else what its classes are (CIFAR-100's)
+    labels = selected_labels(protocol.split, ds.classes or ds.words, classes, tasks)
     device_ = resolve_device(cfg.device)
     runtime = Runtime.from_config(cfg.engine, device_, make_progress(False))
     normalizer = Normalizer(protocol.dataset.mean, protocol.dataset.std, device_, cfg.engine.channels_last)

@@ -48,10 +48,12 @@ class ImageDataset:
 
     def class_label(self, label: int) -> str:
         """Raw class ``label`` as shown to a person: its name and what it is where known (``n01443537
-        (goldfish)``), its name alone otherwise, ``class <label>`` where the dataset names no classes."""
-        name = self.classes[label] if self.classes else f"class {label}"
+        (goldfish)``), its name alone otherwise; where the dataset names no classes, what the class is (CIFAR-100's
+        ``cloud``), else ``class <label>``."""
         word = self.words[label] if label < len(self.words) else ""
-        return f"{name} ({word})" if word else name
+        if not self.classes:  # unnamed classes: what they are (CIFAR-100's "cloud"), else their label
+            return word or f"class {label}"
+        return f"{self.classes[label]} ({word})" if word else self.classes[label]
 
     def normalised_by(self, cfg: DataConfig) -> ImageDataset:
         """This dataset with the configured normalisation constants, where the config gives them."""
@@ -201,6 +203,22 @@ def read_cifar100_python(folder: Path, split: str) -> ImageArrays:
         raise DatasetError(f"{err}. {fix}") from None
 
 
+def cifar100_words(prepared: Path, official: Path) -> tuple[str, ...]:
+    """CIFAR-100's class names by raw label (``apple``, ``aquarium_fish``, ...): ``fine_names`` of the prepared
+    ``train.npz`` where it holds them, else ``fine_label_names`` of the official ``meta``; () where neither does.
+    For people only (``ImageDataset.words``): what runs record and caches key on stays as it was."""
+    try:
+        if (prepared / "train.npz").exists():
+            with np.load(prepared / "train.npz", allow_pickle=False) as data:
+                names = [str(n) for n in data["fine_names"]] if "fine_names" in data.files else []
+        else:
+            with open(official / "meta", "rb") as f:
+                names = [str(n) for n in _ArrayUnpickler(f, encoding="latin1").load()["fine_label_names"]]
+    except (OSError, ValueError, KeyError, TypeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile):
+        return ()
+    return tuple(names) if len(names) == 100 else ()
+
+
 @DATASETS.register("cifar100")
 def cifar100(root: Path, cfg: DataConfig, downloader: Downloader | None = None, **_: Any) -> ImageDataset:
     """CIFAR-100: 100 classes of 32×32 images, from the data root or its official download.
@@ -236,7 +254,8 @@ def cifar100(root: Path, cfg: DataConfig, downloader: Downloader | None = None, 
         train, test = (read_cifar100_python(official, s) for s in ("train", "test"))
         source = str(official)
     check_image_size(cfg, 32, "cifar100")
-    return ImageDataset("cifar100", 100, 32, CIFAR100_MEAN, CIFAR100_STD, train, test, source)
+    words = cifar100_words(prepared, official)
+    return ImageDataset("cifar100", 100, 32, CIFAR100_MEAN, CIFAR100_STD, train, test, source, words=words)
 
 
 def check_image_size(cfg: DataConfig, size: int, name: str) -> None:
