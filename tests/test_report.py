@@ -415,6 +415,29 @@ def test_stability_points_are_each_groups_last_old_and_new_accuracy_mean_and_std
     assert all(f.stat().st_size > 1000 for f in files)
 
 
+def test_long_group_labels_are_wrapped_in_the_figures_without_a_layout_warning(tmp_path):
+    """An ablation's labels of several config keys ran across the curves and off the figure, with matplotlib's
+    'constrained_layout not applied' on the console (a new-user probe): they are wrapped, and the figure saved."""
+    import warnings
+
+    pytest.importorskip("matplotlib")
+    from dfcil.analysis.plots import plot_curves, wrapped
+
+    long = {f"switch_{k}": f"value_{k}" for k in range(6)}
+    for order in (0, 1):
+        data = C100_N10 | {"class_order_seed": order}
+        write_run(tmp_path, f"a/o{order}", data, RDFCIL, summary=summary(40.0, 50.0))
+        write_run(tmp_path, f"b/o{order}", data, RDFCIL | long, summary=summary(42.0, 50.0))
+    groups = group_runs(find_runs([tmp_path]))
+    assert max(len(g.config_label) for g in groups) > 100
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        files = plot_curves(groups, tmp_path / "plots")
+    assert len(files) == 2 and all(f.stat().st_size > 1000 for f in files)
+    text = wrapped("rdfcil · " + max((g.config_label for g in groups), key=len) + " (n=2)")
+    assert "\n" in text and max(len(line) for line in text.splitlines()) <= 56
+
+
 @pytest.mark.slow
 def test_every_plot_from_a_real_smoke_run(tmp_path, capsys):
     """The smoke preset, trained for real (seconds), then `dfcil report --plots`: every kind of figure."""

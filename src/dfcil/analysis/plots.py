@@ -23,6 +23,8 @@ import hashlib
 import io
 import os
 import re
+import textwrap
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,9 +68,17 @@ def _save(fig: Any, path: Path) -> list[Path]:
     _literal(fig)
     for f in files:
         buf = io.BytesIO()
-        fig.savefig(buf, format=f.suffix[1:], dpi=120, bbox_inches="tight")
+        with warnings.catch_warnings():  # a legend too big for the layout: saved whole (bbox_inches), not said
+            warnings.filterwarnings("ignore", message="constrained_layout not applied")
+            fig.savefig(buf, format=f.suffix[1:], dpi=120, bbox_inches="tight")
         write_atomic(f, buf.getvalue())
     return files
+
+
+def wrapped(text: str, width: int = 56) -> str:
+    """``text`` on lines of at most ``width`` characters where it has spaces to break at: a group's label of
+    several config keys stays inside its legend or beside its point."""
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 STEM_LENGTH = 100  # characters of a name kept in its file's name; well below the file systems' 255 bytes
@@ -168,7 +178,9 @@ def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
             x = np.cumsum(g.finished[0].summary["task_sizes"])[:n_tasks]
             y = np.array(curves, dtype=float)
             mean, std = y.mean(0), y.std(0)  # population std, as the report's tables
-            label = " · ".join(p for p in (g.setting.method_label, g.config_label) if p) + f" (n={len(curves)})"
+            label = wrapped(
+                " · ".join(p for p in (g.setting.method_label, g.config_label) if p) + f" (n={len(curves)})"
+            )
             style = styles[(g.setting.method_label, g.config_label)]
             (line,) = ax.plot(x, mean, color=style.colour, linestyle=style.linestyle, marker=style.marker,
                               markersize=4, linewidth=1.6, label=label, zorder=3)  # fmt: skip
@@ -254,7 +266,7 @@ def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
                         label=f"{method} (n={runs})")  # fmt: skip
             for j, p in enumerate(same):  # a sweep's neighbouring labels alternate above and below their points
                 if p.variant:
-                    ax.annotate(p.variant, (p.new_mean, p.old_mean), textcoords="offset points",
+                    ax.annotate(wrapped(p.variant, 32), (p.new_mean, p.old_mean), textcoords="offset points",
                                 xytext=(4, 4 if j % 2 == 0 else -11), fontsize=7, color=f"C{i % 10}")  # fmt: skip
         ax.set(xlabel="new classes: accuracy on the last task's classes (%)",
                ylabel="old classes: accuracy on the earlier tasks' classes (%)",
