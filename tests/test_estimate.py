@@ -95,6 +95,7 @@ def test_a_duration_says_two_figures_at_most():
         "0.0s", "9.9s", "42s", "4.5 min", "12 min", "2.3 h", "?"
     ]  # fmt: skip
     assert run_left(720, True) == "run: about 12 min left" and run_left(40, False) == "run: over 40s left"
+    assert run_left(0.0, False) == "run: time left not known yet" and run_left(0.0, True) == "run: about 0.0s left"
 
 
 def test_a_resumed_run_takes_the_seconds_of_its_earlier_processes_tasks():

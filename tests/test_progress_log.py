@@ -178,7 +178,7 @@ def test_the_lines_give_the_run_time_left_from_the_steps_timed_so_far(caplog):
     assert lines[0].startswith("run: 50 training and 4 inversion steps in 2 tasks")
     left = [re.search(r"run: (.*) left", line).group(1) for line in lines if "run: " in line[5:]]
     assert left == [
-        "over 1.0s", "over 0.0s",  # task 0: base's second epoch; the evaluation not timed yet
+        "over 1.0s", "time",  # task 0: base's second epoch ("time left not known yet": the evaluation not timed)
         "over 0.2s",  # after task 0: task 1's evaluation (20 images)
         "over 0.2s",  # task 1's inversion line ("task 1 inversion: 4 steps in 2.0s")
         "over 2.2s", "over 0.2s",  # RRL: its second epoch and the evaluation; CHR not timed yet

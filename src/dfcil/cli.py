@@ -147,8 +147,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     train.add_argument(
         "--no-estimate", dest="estimate", action="store_false",
-        help="skip the expected time that a dry run prints and a new run logs first (it times a few steps of each "
-        "kind: seconds)",
+        help="skip the expected time that a dry run prints and a new run of 100 steps or more logs first (it times "
+        "a few steps of each kind: seconds)",
     )  # fmt: skip
     train.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
     train.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)

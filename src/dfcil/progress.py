@@ -129,7 +129,11 @@ def rough_duration(seconds: float) -> str:
 
 def run_left(seconds: float, complete: bool) -> str:
     """A run's time left for a log line: ``run: about 12 min left``, or where some kinds of its steps are not timed
-    yet (``complete`` False: ``seconds`` counts only the timed ones) ``run: over 40s left``."""
+    yet (``complete`` False: ``seconds`` counts only the timed ones) ``run: over 40s left``, and where none of what
+    is left is timed yet (a short run without an estimate, at its first task's end) ``run: time left not known
+    yet``."""
+    if not complete and seconds < 0.05:  # "over 0.0s" would say nothing
+        return "run: time left not known yet"
     return f"run: {'about' if complete else 'over'} {rough_duration(seconds)} left"
 
 
