@@ -77,7 +77,9 @@ def _fake_loop(steps, start=0, epochs=1, task=1, phases=None):
     ctx = SimpleNamespace(task_id=task, data=range(steps))
     state = SimpleNamespace(position=Position(task, "train", 0, 0, start), epoch=ep)
     phases = phases or (lambda t: [Phase("rrl" if t else "base", epochs, 0.1)])
-    method = SimpleNamespace(phases=lambda t: phases(t.task_id), batch_size=lambda t: 1, synthesizer=lambda: None)
+    method = SimpleNamespace(
+        phases=lambda t: phases(t.task_id), batch_size=lambda t: 1, synthesizer=lambda: None, end_units=lambda t: 1
+    )
     split = SimpleNamespace(num_tasks=2, offsets=[0, 5, 10], task_sizes=[5, 5])
     return SimpleNamespace(
         state=state, ctx=ctx, protocol=SimpleNamespace(split=split, train_images=(steps, steps)), method=method,
