@@ -147,6 +147,7 @@ def test_a_busy_cpu_is_said_beside_the_estimate():
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert busy_note(cpu, lambda: 0.3, 2) is None and busy_note(cuda, lambda: 5.0, 2) is None
+    assert busy_note(cpu, lambda: 2.1, 16) is None and busy_note(cpu, lambda: 8.0, 16) is not None  # half the cores
     note = busy_note(cpu, lambda: 2.1, 2)
     assert note == "timed while the machine was busy (load average 2.1 on 2 cores): it holds while that load lasts"
 

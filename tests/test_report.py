@@ -752,6 +752,55 @@ def test_groups_are_labelled_and_compared_at_their_own_augmentation(tmp_path, ca
     assert recs[("rdfcil_plus", 'data.augment="autoaugment"')]["last_acc_vs_mean"] == 5.0
 
 
+def test_conditions_are_not_the_recipes_and_groups_left_uncompared_are_said(tmp_path, capsys):
+    """The review of the conditions: a backbone a method's preset sets (AdaGauss's on ImageNet-100) is its recipe,
+    not a condition, so it is still compared; a group the reference was not run under is said on stderr, and where
+    none is compared the error says why; 'method defaults' only where the runs changed nothing; on own data, every
+    folder's conditions label the method's groups."""
+    root = tmp_path / "recipes"
+    for order in (0, 1):
+        data = C100_N10 | {"class_order_seed": order}
+        for name, backbone, last in (("rdfcil", "resnet18", 40.0), ("adagauss", "resnet18_b64", 43.0)):
+            run = write_run(root, f"{name}/o{order}", data, {"name": name}, summary=summary(last, 60.0))
+            config = yaml.safe_load((run / "config.yaml").read_text())
+            (run / "config.yaml").write_text(yaml.safe_dump(config | {"model": {"backbone": backbone}}))
+    recs = {r["method"]: r for r in records(group_runs(find_runs([root])), against="rdfcil")}
+    assert recs["adagauss"]["config"] == "" and recs["adagauss"]["last_acc_vs_mean"] == 3.0
+
+    root = tmp_path / "conditions"
+    for order in (0, 1):
+        for name, augment in (("rdfcil", "autoaugment"), ("lwf", "cropflip")):
+            data = C100_N10 | {"class_order_seed": order, "augment": augment}
+            write_run(root, f"{name}/o{order}", data, {"name": name}, summary=summary(40.0, 60.0))
+    with pytest.raises(ReportError, match="no other group was run under the conditions of rdfcil's groups"):
+        records(group_runs(find_runs([root])), against="rdfcil")
+    assert "'lwf · cifar100 · n10 · data.augment=\"cropflip\"' is compared with none" in capsys.readouterr().err
+
+    root = tmp_path / "defaults"
+    cases = [
+        ("a", {"lambda_hkd": 5.0}, ["lambda_hkd"]),
+        ("b", {"lambda_hkd": 5.0, "lambda_rkd": 2.0}, ["lambda_hkd", "lambda_rkd"]),
+    ]
+    for name, method, changed in cases:
+        write_run(root, name, C100_N10, RDFCIL | method, summary=summary(40.0, 60.0) | {"method_changed": changed})
+    labels = sorted(g.config_label for g in group_runs(find_runs([root])))
+    assert "method defaults" not in labels and labels == ["method.lambda_rkd=2.0", "method.lambda_rkd=unset"]
+
+    root = tmp_path / "own"
+    folder = {"name": "folder", "num_tasks": 2}
+    cases = [
+        ("r-a", "rdfcil", "/d/A", "autoaugment"),
+        ("r-b", "rdfcil", "/d/B", "autoaugment"),
+        ("apr-b", "apr", "/d/B", "cropflip"),
+    ]
+    for name, method, where, augment in cases:
+        write_run(
+            root, name, folder | {"root": where, "augment": augment}, {"name": method}, summary=summary(40.0, 60.0)
+        )
+    labels = {g.runs[0].name: g.config_label for g in group_runs(find_runs([root]))}
+    assert 'data.augment="autoaugment"' in labels["own/r-b"] and 'data.augment="cropflip"' in labels["own/apr-b"]
+
+
 def test_against_pairs_by_training_seed_and_counts_each_metric_own_pairs(tmp_path):
     """Runs of one class order and two training seeds pair seed with seed; a reference run without forgetting
     leaves that metric one pair short, which its cell says; Δ forgetting is run − reference (more is worse)."""

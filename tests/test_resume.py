@@ -702,7 +702,7 @@ def test_a_static_state_written_again_keeps_the_file_the_previous_checkpoint_ref
     ck = Checkpointer(tmp_path)
     first = ck.save_static(1, {"pseudo": {"index": torch.arange(3)}})
     grown = {"pseudo": {"index": torch.arange(3)}, "replay": {"generator": {"w": torch.ones(2)}}}
-    second = ck.save_static(1, grown)
+    second = ck.save_static(1, grown, referred=first)
     assert first != second and ck.static_prev_path(1).exists()
     assert set(ck.load_static(1, second)) == {"format", "pseudo", "replay"}
     assert set(ck.load_static(1, first)) == {"format", "pseudo"}
@@ -710,6 +710,12 @@ def test_a_static_state_written_again_keeps_the_file_the_previous_checkpoint_ref
     with pytest.raises(CheckpointError, match="task1-static.pt does not match the checkpoint that refers to it"):
         ck.load_static(1, "0" * 64)
     assert static_parts(grown) == {"pseudo": ["index"], "replay": ["generator"]}
+    # killed between the grown file and the checkpoint that would refer to it: the checkpoints refer to `first`
+    # (now .prev); the resumed process writes its grown state again, over the file nothing refers to, and keeps
+    # .prev, so that a second kill before its next checkpoint still finds `first` (the review's double crash)
+    third = ck.save_static(1, grown | {"replay": {"generator": {"w": torch.zeros(2)}}}, referred=first)
+    assert ck.static_file(1, first) == ck.static_prev_path(1) and ck.static_file(1, third) == ck.static_path(1)
+    assert ck.static_file(1, second) is None  # the file no checkpoint referred to, replaced
 
 
 def test_random_streams_of_another_run_are_refused():

@@ -247,13 +247,15 @@ class Checkpointer:
     def static_prev_path(self, task: int) -> Path:
         return self.dir / f"task{task}-static.prev.pt"
 
-    def save_static(self, task: int, payload: dict[str, Any]) -> str:
-        """Write task ``task``'s static state; returns its digest for the per-epoch checkpoints. Written again when
-        the state grew, the older file becomes :meth:`static_prev_path`, which the checkpoints written before
-        still find by their digest (:meth:`load_static`)."""
+    def save_static(self, task: int, payload: dict[str, Any], referred: str | None = None) -> str:
+        """Write task ``task``'s static state; returns its digest for the per-epoch checkpoints. ``referred``: the
+        digest of the static file the newest checkpoint refers to, if any. Written again when a part's state
+        appeared, that file becomes :meth:`static_prev_path`, which the checkpoints written before still find by
+        their digest (:meth:`load_static`); a file no checkpoint refers to (left by a process killed between its
+        two writes) is replaced, and ``.prev`` (which one may) kept."""
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.static_path(task)
-        if path.exists():
+        if path.exists() and referred is not None and digest_of(path) == referred:
             os.replace(path, self.static_prev_path(task))
         write_atomic(path, dumps({"format": FORMAT, **payload}))
         return digest_of(path)

@@ -418,6 +418,8 @@ def inspect_features(
         )
     out = inspect_dir(runs[0].dir, out_dir)  # refused before the features are computed, not after
     protocol = runs[0].protocol()
+    for other in runs[1:]:  # the second run is drawn on the first's data: which must be the data it trained on
+        other.check_data(protocol)
     device_ = resolve_device(runs[0].cfg.device)
     x_real, y_real = real_images(protocol, per_class, device_)
     parts = [run_features(r, x_real, y_real, device_, options) for r in runs]

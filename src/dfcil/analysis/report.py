@@ -227,6 +227,9 @@ def records(groups: Sequence[Group], against: str | None = None, std: str = "pop
     refs = references(groups, against) if against is not None else {}
     for warning in (w for g in groups if reference_of(refs, g) is not None for w in ambiguous_pairs(g)):
         print(warning, file=sys.stderr)
+    unmatched = not_compared(refs, groups, against) if against is not None else []
+    for line in unmatched:
+        print(line, file=sys.stderr)
     for g in groups:
         s, row = g.setting, g.setting.paper_row()
         rec: dict[str, Any] = {
@@ -252,8 +255,32 @@ def records(groups: Sequence[Group], against: str | None = None, std: str = "pop
             rec |= _versus(g, reference_of(refs, g), std)
         out.append(rec)
     if against is not None and not any(rec["vs"] for rec in out):
+        if unmatched:
+            raise ReportError(
+                f"--against {against!r}: no other group was run under the conditions of {against}'s groups (the "
+                f"lines above say which differ); give a group's full label to compare every group with it"
+            )
         raise ReportError(f"--against {against!r}: no other group shares a dataset and protocol with it")
     return out
+
+
+def not_compared(refs: dict[tuple[Any, ...], Group], groups: Sequence[Group], against: str) -> list[str]:
+    """A note for each group left without a reference because ``against``'s groups on its dataset and protocol
+    were run under other conditions (:attr:`Group.conditions`): which, and how to compare it anyway."""
+    notes = []
+    for g in groups:
+        if reference_of(refs, g) is not None or g.setting.method_label == against:
+            continue
+        others = [ref for key, ref in refs.items() if len(key) == 2 and key[0] == g.comparable]
+        if others:
+            mine = ", ".join(f"{k}={v}" for k, v in g.conditions)
+            theirs = "; ".join(", ".join(f"{k}={v}" for k, v in ref.conditions) for ref in others)
+            notes.append(printable(
+                f"dfcil report: note: --against {against!r}: {g.label!r} is compared with none: {against} was run "
+                f"under {theirs}, not under {mine}; give a full label ({others[0].label!r}) to compare every group "
+                f"with one group"
+            ))  # fmt: skip
+    return notes
 
 
 def _versus(group: Group, ref: Group | None, std: str) -> dict[str, Any]:

@@ -421,14 +421,15 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     by_setting: dict[Setting, list[Group]] = {}
     for group in groups.values():
         by_setting.setdefault(group.setting, []).append(group)
-    # what the methods compared on one dataset and protocol differ in besides their recipes (the method and train
-    # sections, which their presets set): data.augment, the model, the precision... every group's label says it
+    # what the methods compared on one dataset and protocol differ in besides their recipes (the method, train and
+    # model sections, which their presets set): data.augment, the precision... every group's label says it
     by_protocol: dict[tuple[str, str, str, str], list[Group]] = {}
     for group in groups.values():
         by_protocol.setdefault(group.comparable, []).append(group)
-    across = {c: _differing(same, lambda k: not k.startswith(("method.", "train."))) for c, same in by_protocol.items()}
+    across = {c: _differing(same, is_condition) for c, same in by_protocol.items()}
     for same in by_setting.values():  # label what tells apart groups of one setting
-        differ = sorted(set(_differing(same)) | set(across[same[0].comparable]))
+        conditions = set().union(*(across[g.comparable] for g in same))  # own data: a setting spans folders
+        differ = sorted(set(_differing(same)) | conditions)
         labels = [_config_label(g, told_keys(g, differ), differ) for g in same]
         if len(set(labels)) < len(same):  # the short labels do not tell the groups apart: every differing key
             labels = [_config_label(g, differ, differ) for g in same]
@@ -436,6 +437,13 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
             g.config_label = label
             g.conditions = tuple((k, g.config.get(k, "unset")) for k in across[g.comparable])
     return sorted(groups.values(), key=_order)
+
+
+def is_condition(key: str) -> bool:
+    """Whether ``key`` is one of the conditions runs are made under (``data.augment``, ``engine.precision``), not
+    a method's recipe: the method, train and model sections, which each method's presets set its own way (AdaGauss's
+    ResNet-18 of 64 channels on ImageNet-100)."""
+    return not key.startswith(("method.", "train.", "model."))
 
 
 def _differing(groups: Sequence[Group], keep: Callable[[str], bool] = lambda key: True) -> list[str]:
@@ -463,8 +471,11 @@ def told_keys(group: Group, differ: Sequence[str]) -> list[str]:
 
 
 def _config_label(group: Group, keys: Sequence[str], differ: Sequence[str]) -> str:
-    if not keys and differ:
-        return "method defaults"
+    if not keys and differ:  # "method defaults" only where its runs changed nothing; else what it differs in
+        changed = [r.summary.get("method_changed") for r in group.finished]
+        if changed and all(c == [] for c in changed):
+            return "method defaults"
+        keys = differ
     return ", ".join(f"{k}={group.config.get(k, 'unset')}" for k in keys)
 
 

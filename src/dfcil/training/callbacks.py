@@ -417,7 +417,9 @@ class Checkpointing(Callback):
         parts = static_parts(static)
         ref = self.static_ref
         if static and (ref is None or ref["task"] != task or ref.get("parts") != parts):
-            self.static_ref = {"task": task, "digest": self.files.save_static(task, static), "parts": parts}
+            referred = ref["digest"] if ref is not None and ref["task"] == task else None
+            digest = self.files.save_static(task, static, referred)
+            self.static_ref = {"task": task, "digest": digest, "parts": parts}
         payload["static"] = self.static_ref if static else None
         payload["metrics_bytes"] = self.metrics.stat().st_size if self.metrics.exists() else 0
         self.files.save(payload, boundary)

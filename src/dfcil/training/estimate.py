@@ -337,9 +337,9 @@ def estimate_run(
 
 
 def busy_note(device: torch.device, load: Callable[[], float] | None = None, cores: int | None = None) -> str | None:
-    """On a CPU that other processes keep busy (a 1-minute load average of one core or more), a note that the
-    steps were timed under that load: the estimate holds while it lasts, and is off by as much as it changes (a
-    sweep's other runs starting or ending). None on a card, an idle CPU, or where the load is not known."""
+    """On a CPU that other processes keep busy (a 1-minute load average of half its cores or more, one at least), a
+    note that the steps were timed under that load: the estimate holds while it lasts, and is off by as much as it
+    changes (a sweep's other runs starting or ending). None on a card, an idle CPU, or where the load is not known."""
     if device.type != "cpu":
         return None
     try:
@@ -347,7 +347,7 @@ def busy_note(device: torch.device, load: Callable[[], float] | None = None, cor
     except (OSError, AttributeError):  # no load average on this platform
         return None
     cores = cores or os.cpu_count() or 1
-    if average < 1.0:
+    if average < max(1.0, cores / 2):  # a core's worth of other work on 2 cores; half the cores on many
         return None
     said = f"load average {average:.1f} on {cores} cores"
     return f"timed while the machine was busy ({said}): it holds while that load lasts"
@@ -399,8 +399,9 @@ class RunClock(Callback):
     def left(self, task: int, part: str, done: int | None = None) -> tuple[float, bool]:
         """Seconds left from ``done`` steps into task ``task``'s ``part`` (None: all of it done), and whether every
         kind of step left is timed (else the seconds count only the timed ones: a lower bound). The method's work at
-        a task's start and end counts once it has run, without making the time a lower bound before: it is small
-        beside the steps, and a run times it only at the end of its first incremental task."""
+        a task's start and end counts once it has run, without making the time a lower bound before: a run times it
+        only at the end of its first incremental task (it is mostly small beside the steps; APR's ADC is not, and the
+        line before it may read low)."""
         step_s = self.step_s()
         at, done = (self.index(task, part, last=True) + 1, 0) if done is None else (self.index(task, part), done)
         minor = {kind_of(t, w) for t in (0, 1) for w in (SETUP, END)}
