@@ -241,6 +241,8 @@ def test_each_switch_resumes_exactly_from_inside_rrl(switch, tmp_path):
     resume(tmp_path / "b", options=RunOptions(progress=False))
     a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
     assert a["correct_matrix"] == b["correct_matrix"]
+    # a static file replaced inside a task (pseudo_extra's: views, then the generator) is gone after the task's end
+    assert not [p.name for d in "ab" for p in (tmp_path / d / "checkpoints").glob("*.prev.pt")]
     ma, mb = (loads((tmp_path / d / "model.pt").read_bytes()) for d in "ab")
     assert all(torch.equal(ma["net"][k], mb["net"][k]) for k in ma["net"])
     sa, sb = ma.get("method_state", {}), mb.get("method_state", {})

@@ -260,6 +260,15 @@ class Checkpointer:
         write_atomic(path, dumps({"format": FORMAT, **payload}))
         return digest_of(path)
 
+    def drop_replaced_static(self, before: int) -> None:
+        """Delete the replaced static files (:meth:`static_prev_path`) of the tasks before ``before``: at a task's
+        boundary checkpoint, which refers to no static file, and the checkpoint before it, which refers to the
+        task's newest one, neither refers to them."""
+        for path in self.dir.glob("task*-static.prev.pt"):
+            task = path.name.removeprefix("task").removesuffix("-static.prev.pt")
+            if task.isdigit() and int(task) < before:
+                path.unlink(missing_ok=True)
+
     def static_file(self, task: int, digest: str) -> Path | None:
         """The file of task ``task``'s static state whose digest is ``digest``; None where neither file is it."""
         for path in (self.static_path(task), self.static_prev_path(task)):

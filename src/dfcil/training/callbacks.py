@@ -423,6 +423,8 @@ class Checkpointing(Callback):
         payload["static"] = self.static_ref if static else None
         payload["metrics_bytes"] = self.metrics.stat().st_size if self.metrics.exists() else 0
         self.files.save(payload, boundary)
+        if boundary and not static:  # a task's end: neither checkpoint refers to an earlier task's replaced static file
+            self.files.drop_replaced_static(task)
         self.last_save = time.monotonic()
 
     def _due(self, every: float) -> bool:
