@@ -231,8 +231,9 @@ def test_the_public_api_trains_and_resumes_a_run_directory(tmp_path):
     cfg, _ = dfcil.load_config([CONFIGS / "smoke.yaml"], [("train.epochs", "2"), ("train.milestones", "[]")])
     summary = dfcil.train(cfg, tmp_path / "run")
     assert len(summary["acc_per_task"]) == 2 and (tmp_path / "run" / "summary.json").exists()
-    with pytest.raises(ConfigError, match="is complete"):
-        dfcil.resume(tmp_path / "run")
+    assert dfcil.resume(tmp_path / "run") == summary  # finished: nothing to resume, its summary as it is
+    with pytest.raises(ConfigError, match="not a dfcil run directory"):
+        dfcil.resume(tmp_path)
     assert "rdfcil" in dfcil.list_methods()
     net = dfcil.load_model(tmp_path / "run" / "model.pt")
     assert not net.training and net.head.out_features == 10  # the smoke preset's 10 classes

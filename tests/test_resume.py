@@ -346,8 +346,11 @@ def test_resume_takes_every_runtime_key_and_refuses_the_others(reference, tmp_pa
 
 
 def test_resume_refuses_finished_and_foreign_directories(reference, tmp_path, capsys):
-    assert main(["resume", str(reference)]) == 2
-    assert "is complete" in capsys.readouterr().err
+    # a finished run: nothing to resume, and no error, as `dfcil train` of it (a loop `until dfcil resume RUN` ends)
+    summary = (reference / "summary.json").read_bytes()
+    assert main(["resume", str(reference)]) == 0
+    assert "holds this run, finished" in capsys.readouterr().err
+    assert (reference / "summary.json").read_bytes() == summary
     assert main(["train", "--config", SMOKE, "--out", str(reference), "--no-progress", *ARGS, "--seed", "5"]) == 2
     err = capsys.readouterr().err  # a finished run is not offered for resuming
     assert "holds a finished run with a different config (seed); choose another --out" in err and "resume" not in err

@@ -214,8 +214,8 @@ def _finished(out: Path) -> dict[str, Any]:
             f"{out} holds this run, finished, but its summary.json cannot be read; give another --out to train it again"
         ) from None
     log.warning(
-        "%s holds this run, finished (summary.json exists, %s): nothing to train; evaluate it with `dfcil eval %s`, "
-        "or give another --out to train it again", out, acc, out,
+        "%s holds this run, finished (summary.json exists, %s): nothing to train or resume; evaluate it with "
+        "`dfcil eval %s`, or give another --out to train it again", out, acc, out,
     )  # fmt: skip
     return summary
 
@@ -235,8 +235,8 @@ def resume(
     run_dir, options = Path(run_dir), options or RunOptions()
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} is not a dfcil run directory (no config.yaml)")
-    if (run_dir / "summary.json").exists():
-        raise ConfigError(f"the run in {run_dir} is complete (summary.json exists); nothing to resume")
+    if (run_dir / "summary.json").exists():  # as `dfcil train` of it: nothing to do, no error (a retry loop ends)
+        return _finished(run_dir)
     check_writable_run_dir(run_dir)
     saved = load_run_config(run_dir, consent=consent)
     cfg = load_run_config(run_dir, [(k, json.dumps(v)) for k, v in (overrides or {}).items()], consent)
@@ -268,7 +268,7 @@ def _start(
         data_changed = check_same_data(out, cfg, protocol)
         with locked(out):
             if (out / "summary.json").exists():  # finished by another process since resume() looked
-                raise ConfigError(f"the run in {out} is complete (summary.json exists); nothing to resume")
+                return _finished(out)
             has_checkpoint = Checkpointer(out).exists()
             for folder in (out, out / "checkpoints"):  # what a killed process was writing (the run is locked)
                 remove_temporaries(folder)
