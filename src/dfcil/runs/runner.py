@@ -226,7 +226,8 @@ def resume(
     options: RunOptions | None = None,
     consent: Consent = Consent(),  # noqa: B008 - frozen
 ) -> dict[str, Any]:
-    """Continue the unfinished run in ``run_dir`` from its newest usable checkpoint.
+    """Continue the unfinished run in ``run_dir`` from its newest usable checkpoint (a finished run: its summary,
+    nothing trained, as :func:`train` of it).
 
     Only runtime keys (``device``, ``engine.cuda_graphs``, ...: ``config.RUNTIME_KEYS``) may be overridden; a
     change to anything that shapes the protocol or the model is refused. The plugin code the run names is imported
