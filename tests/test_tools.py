@@ -886,7 +886,9 @@ def test_a_finished_run_evaluates_where_its_training_only_paths_cannot_be_create
     assert main(["eval", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["acc"] == summary["last_acc"]
     assert main(["export", str(run), "--out", str(tmp_path / "m.safetensors")]) == 0
-    assert main(["resume", str(run)]) == 2  # training is refused: finished (and its caches could not be made)
+    capsys.readouterr()
+    assert main(["resume", str(run)]) == 0  # finished: nothing to train, so no cache to make
+    assert "holds this run, finished" in capsys.readouterr().err
     assert not (blocker.parent / "task0").exists()
 
 
