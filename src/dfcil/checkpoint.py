@@ -269,21 +269,27 @@ class Checkpointer:
             if task.isdigit() and int(task) < before:
                 path.unlink(missing_ok=True)
 
-    def static_file(self, task: int, digest: str) -> Path | None:
-        """The file of task ``task``'s static state whose digest is ``digest``; None where neither file is it."""
+    def _static_bytes(self, task: int, digest: str) -> tuple[Path, bytes] | None:
+        """The file of task ``task``'s static state whose digest is ``digest``, and its bytes (read once)."""
         for path in (self.static_path(task), self.static_prev_path(task)):
-            if path.exists() and digest_of(path) == digest:
-                return path
+            if path.exists() and hashlib.sha256(data := path.read_bytes()).hexdigest() == digest:
+                return path, data
         return None
 
+    def static_file(self, task: int, digest: str) -> Path | None:
+        """The file of task ``task``'s static state whose digest is ``digest``; None where neither file is it."""
+        found = self._static_bytes(task, digest)
+        return found[0] if found else None
+
     def load_static(self, task: int, digest: str) -> dict[str, Any]:
-        path = self.static_file(task, digest)
-        if path is None:
+        found = self._static_bytes(task, digest)
+        if found is None:
             path = self.static_path(task)
             if not path.exists():
                 raise CheckpointError(f"{path} is missing")
             raise CheckpointError(f"{path} does not match the checkpoint that refers to it")
-        return loads(path.read_bytes(), str(path))
+        path, data = found
+        return loads(data, str(path))
 
     def load_latest(self) -> dict[str, Any]:
         """The newest usable checkpoint: ``last.pt``, else ``prev.pt`` (with a warning saying why)."""

@@ -452,14 +452,21 @@ def _differing(groups: Sequence[Group], keep: Callable[[str], bool] = lambda key
     return [k for k in keys if len({g.config.get(k) for g in groups}) > 1]
 
 
+def method_changes(group: Group) -> list[list[Any]] | None:
+    """Each finished run's ``method_changed`` (the method keys its config moved from the method's defaults); None
+    where the group has no finished run or one does not say (saved by a dfcil before it did)."""
+    changed = [r.summary.get("method_changed") for r in group.finished]
+    return changed if changed and all(isinstance(c, list) for c in changed) else None
+
+
 def told_keys(group: Group, differ: Sequence[str]) -> list[str]:
     """Of the keys ``differ`` in which groups of one method and setting differ, those that tell ``group`` apart:
     every key outside the method section, and the method keys its runs changed from the method's defaults
     (``method_changed`` of each finished run's ``summary.json``), so that a switch's group is labelled by the
     switch and not by every key another group changed; all of ``differ`` where a run does not say (unfinished,
     or saved before ``method_changed`` existed)."""
-    changed = [r.summary.get("method_changed") for r in group.finished]
-    if not changed or not all(isinstance(c, list) for c in changed):
+    changed = method_changes(group)
+    if changed is None:
         return list(differ)
     moved = {str(k) for c in changed for k in c}
 
@@ -472,8 +479,8 @@ def told_keys(group: Group, differ: Sequence[str]) -> list[str]:
 
 def _config_label(group: Group, keys: Sequence[str], differ: Sequence[str]) -> str:
     if not keys and differ:  # "method defaults" only where its runs changed nothing; else what it differs in
-        changed = [r.summary.get("method_changed") for r in group.finished]
-        if changed and all(c == [] for c in changed):
+        changed = method_changes(group)
+        if changed is not None and not any(changed):
             return "method defaults"
         keys = differ
     return ", ".join(f"{k}={group.config.get(k, 'unset')}" for k in keys)
@@ -490,8 +497,8 @@ def at_defaults(candidates: Sequence[Group]) -> Group | None:
     other = [k for k in differ if k not in own]
 
     def is_default(group: Group) -> bool:
-        changed = [r.summary.get("method_changed") for r in group.finished]
-        if not changed or not all(isinstance(c, list) for c in changed):
+        changed = method_changes(group)
+        if changed is None:
             return False
         moved = {f"method.{k}" for c in changed for k in c}
         return not moved.intersection(own) and all(group.config.get(k) == defaults.get(k) for k in other)

@@ -16,21 +16,14 @@ from typing import Any
 
 from dfcil.errors import ReportError
 from dfcil.io import read_regular_text
-
-OWN = ("setup_s", "eval_s", "compile_s")  # a task record's timing keys with a column of their own
-
-
-def end_parts(timing: dict[str, Any]) -> dict[str, float]:
-    """A task record's work outside its setup, phases and evaluation, by name: each other ``<name>_s`` key (the
-    method's at the task's end: ``drift_s``, APR's ADC)."""
-    return {k.removesuffix("_s"): float(v) for k, v in timing.items() if k.endswith("_s") and k not in OWN}
+from dfcil.training.budget import end_work
 
 
 def task_seconds(timing: dict[str, Any]) -> dict[str, float]:
-    """A task record's timing as seconds: setup (inversion), each phase, the task's end work (:func:`end_parts`,
-    summed as ``end``), evaluation, of which compiling, and total."""
+    """A task record's timing as seconds: setup (inversion), each phase, the method's own work at the task's end
+    (:func:`~dfcil.training.budget.end_work`, summed as ``end``), evaluation, of which compiling, and total."""
     phases = {name: p.get("time_s", 0.0) for name, p in timing.get("phases", {}).items()}
-    end = sum(end_parts(timing).values())
+    end = sum(end_work(timing).values())
     parts = {"setup": timing.get("setup_s", 0.0), **phases, "end": end, "eval": timing.get("eval_s", 0.0)}
     return parts | {"compile": timing.get("compile_s", 0.0), "total": sum(parts.values())}
 
@@ -56,7 +49,7 @@ def timing_table(run_dir: Path, num_tasks: int) -> str:
             r = rows[t]
             skip = ("setup", "end", "eval", "compile", "total")
             phases = ", ".join(f"{k} {v:.1f}" for k, v in r.items() if k not in skip)
-            ends = end_parts(tasks[t].get("timing") or {})
+            ends = end_work(tasks[t].get("timing") or {})
             end = ", ".join(f"{k} {v:.1f}" for k, v in ends.items()) if ends else "0.0"
             out.append(f"| {t} | measured | {r['setup']:.1f} | {phases} | {end} | {r['eval']:.1f} | "
                        f"{r['compile']:.1f} | {r['total']:.1f} | {tasks[t]['acc']:.2f} |")  # fmt: skip

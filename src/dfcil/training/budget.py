@@ -13,14 +13,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-# timing entries that are not seconds of work of the task (compile_s is inside the phases' and setup's seconds)
-NOT_WORK = frozenset({"compile_s"})
+# a task's timing entries of their own (compile_s is inside the phases' and setup's seconds); every other
+# ``<name>_s`` is the method's own work at a phase's or the task's end (LDC's drift_s, APR's ADC)
+SETUP_EVAL_COMPILE = frozenset({"setup_s", "eval_s", "compile_s"})
+
+
+def end_work(timing: Mapping[str, Any]) -> dict[str, float]:
+    """A finished task's seconds of the method's own work besides its setup, phases and evaluation, by name
+    (``{"drift": 55.0}``): the one reading of a task's timing that the log, the report, the estimates and the
+    budget share."""
+    return {k[:-2]: float(v) for k, v in timing.items() if k.endswith("_s") and k not in SETUP_EVAL_COMPILE}
 
 
 def task_seconds(timing: Mapping[str, Any]) -> float:
     """A finished task's seconds (one entry of a run's ``timings``): its setup, phases, evaluation and the method's
-    own work at a phase's end (LDC's ``drift_s``)."""
-    own = sum(float(v) for k, v in timing.items() if k.endswith("_s") and k not in NOT_WORK)
+    own work at a phase's end (:func:`end_work`)."""
+    own = float(timing.get("setup_s", 0.0)) + float(timing.get("eval_s", 0.0)) + sum(end_work(timing).values())
     return own + sum(float(p.get("time_s", 0.0)) for p in timing.get("phases", {}).values())
 
 

@@ -25,6 +25,7 @@ from dfcil.load import build_config
 from dfcil.model_file import save_model
 from dfcil.models.network import backbone_for
 from dfcil.progress import ProgressLog, run_left
+from dfcil.training.budget import end_work
 from dfcil.training.estimate import END, EVALUATION, INVERSION, SETUP, RunClock, kind_of
 from dfcil.training.loop import Callback, Loop
 
@@ -179,8 +180,7 @@ class ConsoleLogger(Callback):
         )
         t = record["timing"]
         phases = ", ".join(f"{k} {v['time_s']:.1f}s ({v['images_per_s']:.0f} img/s)" for k, v in t["phases"].items())
-        own = {"setup_s", "eval_s", "compile_s"}  # the method's own work besides: LDC's drift_s
-        phases += "".join(f", {k[:-2]} {v:.1f}s" for k, v in t.items() if k.endswith("_s") and k not in own)
+        phases += "".join(f", {k} {v:.1f}s" for k, v in end_work(t).items())  # the method's own: LDC's drift
         last = record["task"] + 1 == self.loop.protocol.split.num_tasks
         log.info(
             "task %d time: setup %.1fs, %s, eval %.1fs; peak memory %.0f MB%s",

@@ -33,6 +33,7 @@ from dfcil.compute.runtime import process_state_kept
 from dfcil.config import RunConfig
 from dfcil.context import Phase, Task, TaskContext
 from dfcil.progress import rough_duration
+from dfcil.training.budget import end_work
 from dfcil.training.loop import Callback, Loop
 from dfcil.training.state import Position
 
@@ -410,7 +411,6 @@ class RunClock(Callback):
     def load_timings(self, timings: Sequence[Mapping[str, Any]], batch_size: Callable[[int], int]) -> None:
         """:meth:`record` the finished tasks' ``timings`` of the processes that ran the run before this one (the
         :class:`~dfcil.training.callbacks.Timer`'s), ``batch_size(task)`` the task's real images per step."""
-        own = {"setup_s", "eval_s", "compile_s"}
         for timing in timings:
             t = int(timing["task"])
             steps = {s.kind: s.steps for s in self.plan if s.task == t}
@@ -424,8 +424,7 @@ class RunClock(Callback):
             for name, phase in timing.get("phases", {}).items():
                 if phase.get("images"):
                     self.record(kind_of(t, name), phase["images"] // batch_size(t), float(phase["time_s"]))
-            end = sum(float(v) for k, v in timing.items() if k.endswith("_s") and k not in own)
-            self.record(kind_of(t, END), end_units(self.plan, t), end)
+            self.record(kind_of(t, END), end_units(self.plan, t), sum(end_work(timing).values()))
             if "eval_s" in timing and steps.get(EVALUATION):
                 self.record(EVALUATION, steps[EVALUATION], float(timing["eval_s"]))
 
