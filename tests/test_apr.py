@@ -279,6 +279,8 @@ def test_a_smoke_run_with_method_name_apr_trains_and_classifies_by_mahalanobis_d
     assert main([*argv, "--method.drift.map_epochs", "2", "--no-progress"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["acc_per_task"]) == 2 and summary["stores"] == "class statistics"
+    # each task records how its end work grows (ADC per old class), what the report's and budget's estimates scale by
+    assert [t["end_units"] for t in summary["timings"]] == [1, 5]
     model = loads((out / "model.pt").read_bytes())
     assert set(model["method_state"]) == {"means", "precisions"} and model["method_state"]["means"].shape[0] == 10
     assert main(["eval", str(out)]) == 0  # dfcil eval scores with the stored statistics

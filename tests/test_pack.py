@@ -77,6 +77,13 @@ def test_a_tasks_seconds_and_the_next_ones_estimate_by_hand():
     assert next_task_seconds([t0, t1], 2, False) == 58.0  # a new process compiles (or loads) them again
     t2 = t1 | {"task": 2, "setup_s": 24.0, "compile_s": 0.0}
     assert next_task_seconds([t0, t1, t2], 3, True) == 62.0  # the latest task, its compile time 0
+    # a method whose end work grows (APR's ADC per old class): task 2 recorded 4 units, task 3 has 6
+    grows = t2 | {"drift_s": 4.0, "end_units": 4}
+    assert next_task_seconds([t0, t1, grows], 3, True, units=6) == 66.0  # 60 + drift 4 s x 6/4
+    assert next_task_seconds([t0, t1, t2], 3, True, units=6) == 62.0  # a task that did not record its units
+    assert Budget(100.0, lambda: 40.0, trained=1).refuses([t0, t1, grows], 3, units=6) == (
+        "task 3 would take about 66 s, and 60 s of --budget-s are left"
+    )
     budget = Budget(deadline=100.0, clock=lambda: 45.0)
     assert budget.refuses([t0, t1], 2) == "task 2 would take about 58 s, and 55 s of --budget-s are left"
     budget.trained = 1  # this process trained task 1: its steps are compiled

@@ -1015,6 +1015,24 @@ def test_timing_gives_each_tasks_seconds_and_extrapolates_an_unfinished_run(tmp_
     assert "no total yet: at least 31 s (0.5 min) over 4 tasks" in out and "extrapolated" not in out
 
 
+def test_timing_scales_a_growing_end_work_by_the_units_each_task_recorded(tmp_path, capsys):
+    """APR's ADC attacks each old class: a task records its end units (5, 10 old classes), and a task not yet done
+    gets the seconds per unit times its units, extrapolated (15, 20); it was the flat mean of the finished tasks."""
+    run = write_run(tmp_path, "run", C100_N10 | {"num_tasks": 5}, RDFCIL)
+    timing = {"setup_s": 10.0, "phases": {"rrl": {"time_s": 20.0}, "chr": {"time_s": 5.0}}, "eval_s": 1.0}
+    adc = [{"adc_s": 50.0, "end_units": 5}, {"adc_s": 100.0, "end_units": 10}]
+    records = [{"type": "task", "task": 0, "acc": 90.0, "timing": {"phases": {"base": {"time_s": 30.0}}}},
+               {"type": "task", "task": 1, "acc": 70.0, "timing": timing | adc[0]},
+               {"type": "task", "task": 2, "acc": 60.0, "timing": timing | adc[1]}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", str(run), "--timing"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | measured | 10.0 | rrl 20.0, chr 5.0 | adc 100.0 | 1.0 | 0.0 | 136.0 | 60.00 |" in out
+    assert "| 3 | estimated (tasks 1..2, less compile) | | | | | | 186.0 | |" in out  # 36 + 10 s x 15 units
+    assert "| 4 | estimated (tasks 1..2, less compile) | | | | | | 236.0 | |" in out  # 36 + 10 s x 20 units
+    assert "extrapolated total: 674 s (11.2 min) over 5 tasks" in out  # 30 + 86 + 136 + 186 + 236
+
+
 def test_a_folder_of_links_to_runs_is_read_through_them_each_real_run_once(runs_root, tmp_path):
     picked = tmp_path / "picked"
     picked.mkdir()

@@ -4,7 +4,11 @@ has not finished, its total extrapolated from the tasks it did.
 Tasks after the first share one schedule (inversion, then the same phases on as many images), so a task not yet
 done is estimated as the mean of the finished tasks after the first, less their compile time (with ``engine.compile:
 step`` and a static head only the first of them compiles); evaluation, which grows with the classes seen, is a small
-part. The table says which tasks were measured and which estimated. Pure reading, as the rest of the report.
+part. The method's own work at a task's end can grow over a run (APR's ADC attacks each old class): a task records
+how many units of it it did (``end_units``, :meth:`~dfcil.methods.Method.end_units`), and a task not yet done gets
+the finished tasks' mean seconds per unit times its units, extrapolated from the last two finished tasks' (equal
+tasks add as many old classes each). The table says which tasks were measured and which estimated. Pure reading, as
+the rest of the report.
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ def task_seconds(timing: dict[str, Any]) -> dict[str, float]:
     return parts | {"compile": timing.get("compile_s", 0.0), "total": sum(parts.values())}
 
 
+def units_at(units: dict[int, float], task: int) -> float:
+    """The end units of a task not yet done, from the finished later tasks' (``units``, task -> units): the last
+    one's plus the last step between two of them per task on (equal tasks: as many old classes more each)."""
+    done = sorted(units)
+    step = (units[done[-1]] - units[done[-2]]) / (done[-1] - done[-2]) if len(done) > 1 else 0.0
+    return units[done[-1]] + step * (task - done[-1])
+
+
 def timing_table(run_dir: Path, num_tasks: int) -> str:
     """The markdown table of ``run_dir``'s tasks (measured, or estimated from the finished ones) and its total."""
     if not (run_dir / "metrics.jsonl").exists():  # a sweep's run set up a moment ago: nothing logged yet
@@ -40,7 +52,9 @@ def timing_table(run_dir: Path, num_tasks: int) -> str:
     if not tasks:
         return f"{run_dir}: no finished task yet"
     rows = {t: task_seconds(r.get("timing") or {}) for t, r in sorted(tasks.items())}
-    later = [r["total"] - r["compile"] for t, r in rows.items() if t > 0]
+    later = [r["total"] - r["compile"] - r["end"] for t, r in rows.items() if t > 0]
+    units = {t: (tasks[t].get("timing") or {}).get("end_units") or 1 for t in rows if t > 0}
+    per_unit = statistics.mean(rows[t]["end"] / units[t] for t in units) if units else 0.0
     head = "| task | how | setup s | phases s | task end s | eval s | of which compile s | total s | acc |"
     out = [f"{run_dir}", "", head, "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     total = 0.0
@@ -55,7 +69,7 @@ def timing_table(run_dir: Path, num_tasks: int) -> str:
                        f"{r['compile']:.1f} | {r['total']:.1f} | {tasks[t]['acc']:.2f} |")  # fmt: skip
             total += r["total"]
         elif later:
-            est = statistics.mean(later)
+            est = statistics.mean(later) + per_unit * units_at(units, t)
             out.append(f"| {t} | estimated (tasks 1..{max(rows)}, less compile) | | | | | | {est:.1f} | |")
             total += est
         else:

@@ -32,18 +32,31 @@ def task_seconds(timing: Mapping[str, Any]) -> float:
     return own + sum(float(p.get("time_s", 0.0)) for p in timing.get("phases", {}).values())
 
 
-def next_task_seconds(timings: Sequence[Mapping[str, Any]], task: int, compiled_here: bool) -> float | None:
+def next_task_seconds(
+    timings: Sequence[Mapping[str, Any]], task: int, compiled_here: bool, units: int | None = None
+) -> float | None:
     """The seconds task ``task`` is expected to take, from the run's finished tasks' ``timings``: the latest task
     after the first (they share their schedule and size in the paper's protocols, the base task of a 50%-base one
     excepted) without its compiling, plus the longest compiling of such a task where this process has not trained
     one yet (``compiled_here`` False: it compiles their steps again, or loads them from the compile cache).
-    None for the first task, or when no task after the first is timed yet: nothing to judge by."""
+    ``units``: the method's :meth:`~dfcil.methods.Method.end_units` for task ``task``; the latest task's own work at
+    its end is scaled by it against that task's recorded ``end_units`` (APR's ADC grows per old class). None for the
+    first task, or when no task after the first is timed yet: nothing to judge by."""
     later = [t for t in timings if int(t.get("task", 0)) >= 1]
     if task < 1 or not later:
         return None
     last = later[-1]
     compiling = 0.0 if compiled_here else max(float(t.get("compile_s", 0.0)) for t in later)
-    return task_seconds(last) - float(last.get("compile_s", 0.0)) + compiling
+    end = sum(end_work(last).values())
+    scaled = end * scale(last, units)
+    return task_seconds(last) - end + scaled - float(last.get("compile_s", 0.0)) + compiling
+
+
+def scale(timing: Mapping[str, Any], units: float | None) -> float:
+    """The factor from a finished task's own end work to that of a task of ``units`` end units (1 where either is
+    not known: a run written before tasks recorded their ``end_units``)."""
+    recorded = timing.get("end_units")
+    return 1.0 if units is None or not recorded else units / float(recorded)
 
 
 @dataclasses.dataclass
@@ -62,10 +75,10 @@ class Budget:
     def left(self) -> float:
         return self.deadline - self.clock()
 
-    def refuses(self, timings: Sequence[Mapping[str, Any]], task: int) -> str | None:
+    def refuses(self, timings: Sequence[Mapping[str, Any]], task: int, units: int | None = None) -> str | None:
         """Why task ``task`` should not start with the time left (its estimate and the time left, in words), or
-        None: it fits, or nothing can tell."""
-        need = next_task_seconds(timings, task, self.trained > 0)
+        None: it fits, or nothing can tell. ``units``: as :func:`next_task_seconds`'s."""
+        need = next_task_seconds(timings, task, self.trained > 0, units)
         left = self.left()
         if need is None or need <= left:
             return None

@@ -359,6 +359,9 @@ class Timer(Callback):
 
     def on_eval_end(self) -> None:
         self.timing["eval_s"] = round(time.perf_counter() - self.eval_started, 3)
+        # how the method's own work at the task's end grows (Method.end_units): what the report's and the budget's
+        # estimates of later tasks scale that work by (APR's ADC: per old class)
+        self.timing["end_units"] = self.loop.method.end_units(self.loop.ctx)
         self._note_memory()
         self.timings.append(self.timing)
         self.timing = {}

@@ -46,7 +46,7 @@ from dfcil.training.callbacks import Checkpointing, Timer
 from dfcil.training.estimate import END, EVALUATION, SETUP, RunEstimate, estimate_run, plan, timed_config
 from dfcil.training.guard import LossGuard
 from dfcil.training.loop import Loop, RunOptions
-from dfcil.training.protocol import Evaluator, Protocol, TaskBatches, TestSet, prepare
+from dfcil.training.protocol import Evaluator, Protocol, TaskBatches, TestSet, prepare, tasks_of
 from dfcil.training.state import EpochProgress, Position, RunState
 from dfcil.training.task0 import Task0Cache
 from dfcil.version import __version__
@@ -258,7 +258,8 @@ def check_budget(loop: Loop, task: int) -> None:
     if budget is None:
         return
     budget.trained += task >= 1
-    why = budget.refuses(loop.fields("summary_fields").get("timings", []), task + 1)
+    units = loop.method.end_units(tasks_of(loop.protocol.split)[task + 1])
+    why = budget.refuses(loop.fields("summary_fields").get("timings", []), task + 1, units)
     if loop.runtime.dist.flag(why is not None):
         raise BudgetSpent(f"stopped after task {task} at its checkpoint: {why or 'another process is out of time'}")
 
