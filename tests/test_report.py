@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -703,6 +704,49 @@ def test_a_switchs_group_is_labelled_by_the_keys_it_changed_not_by_every_key_ano
     assert labels["runs/bayes"] == 'data.augment="cropflip", method.classifier="bayes"'
 
 
+def test_a_method_key_every_group_moved_is_the_protocols_and_labels_only_the_groups_apart(tmp_path):
+    """cifar100-mini sets R-DFCIL+'s inversion to 80 steps, one switch to 0: the 80 is the protocol's, so the
+    default's AutoAugment group reads as APR's does (`--by method,config` put them in two columns: the label said
+    method.inversion.steps=80), and only the switch that differs says its steps."""
+    root = tmp_path / "runs"
+    plus = {"name": "rdfcil_plus", "inversion": {"steps": 80}}
+    cases = [
+        ("plus-aa", "autoaugment", plus, ["inversion"]),
+        ("plus-cf", "cropflip", plus, ["inversion"]),
+        ("maha", "cropflip", plus | {"classifier": "mahalanobis"}, ["inversion", "classifier"]),
+        (
+            "only",
+            "cropflip",
+            plus | {"inversion": {"steps": 0}, "pseudo_replay": "only"},
+            ["inversion", "pseudo_replay"],
+        ),
+        ("apr-aa", "autoaugment", {"name": "apr"}, []),
+    ]
+    for name, augment, method, changed in cases:
+        for order in (0, 1):
+            data = C100_N10 | {"augment": augment, "class_order_seed": order}
+            done = summary(40.0 + order, 60.0) | {"method_changed": changed}
+            write_run(root, f"{name}/o{order}", data, method, summary=done)
+    labels = {g.runs[0].name.split("/")[1]: g.config_label for g in group_runs(find_runs([root]))}
+    assert labels == {
+        "plus-aa": 'data.augment="autoaugment"',
+        "plus-cf": 'data.augment="cropflip"',
+        "maha": 'data.augment="cropflip", method.classifier="mahalanobis"',
+        "only": 'data.augment="cropflip", method.inversion.steps=0, method.pseudo_replay="only"',
+        "apr-aa": 'data.augment="autoaugment"',
+    }
+    # a key that one group kept at the method's default is a switch: every group that moved it says so
+    (root / "plus-cf").rename(tmp_path / "away")
+    for order in (0, 1):
+        data = C100_N10 | {"augment": "cropflip", "class_order_seed": order}
+        write_run(
+            root, f"plain/o{order}", data, {"name": "rdfcil_plus"}, summary=summary(40.0, 60.0) | {"method_changed": []}
+        )
+    labels = {g.runs[0].name.split("/")[1]: g.config_label for g in group_runs(find_runs([root]))}
+    assert labels["plus-aa"] == 'data.augment="autoaugment", method.inversion.steps=80'
+    assert labels["maha"] == 'data.augment="cropflip", method.classifier="mahalanobis", method.inversion.steps=80'
+
+
 def test_groups_are_labelled_and_compared_at_their_own_augmentation(tmp_path, capsys):
     """APR with and without AutoAugment, R-DFCIL+ with it only, LwF without it and with a recipe of its own (train
     keys): R-DFCIL+'s label says AutoAugment though it is its method's only group (a comparison with APR's crop and
@@ -747,9 +791,21 @@ def test_groups_are_labelled_and_compared_at_their_own_augmentation(tmp_path, ca
     for kept in ("apr-autoaugment", "rdfcil_plus-autoaugment"):
         (root / kept).rename(root / "kd" / kept)
     root = root / "kd"
+    capsys.readouterr()
     recs = {(r["method"], r["config"]): r for r in records(group_runs(find_runs([root])), against="apr")}
-    assert "compared with none" in capsys.readouterr().err
+    assert "matches 2 groups of one setting" in capsys.readouterr().err
     assert recs[("rdfcil_plus", 'data.augment="autoaugment"')]["last_acc_vs_mean"] == 5.0
+    # LwF with crop and flip: compared with none because APR has two groups there, not because APR was never run
+    # with crop and flip (the note said so); and where no group is compared at all, the error says why
+    shutil.rmtree(root / "rdfcil_plus-autoaugment")
+    for order in (0, 1):
+        data = C100_N10 | {"augment": "cropflip", "class_order_seed": order}
+        write_run(root, f"lwf/o{order}", data, {"name": "lwf"}, summary=summary(30.0, 60.0))
+    with pytest.raises(ReportError, match="no group could be compared with one of apr's"):
+        records(group_runs(find_runs([root])), against="apr")
+    err = capsys.readouterr().err
+    assert 'is compared with none: apr has several groups under data.augment="cropflip", none of them' in err
+    assert "not under" not in err
 
 
 def test_conditions_are_not_the_recipes_and_groups_left_uncompared_are_said(tmp_path, capsys):
@@ -772,7 +828,7 @@ def test_conditions_are_not_the_recipes_and_groups_left_uncompared_are_said(tmp_
         for name, augment in (("rdfcil", "autoaugment"), ("lwf", "cropflip")):
             data = C100_N10 | {"class_order_seed": order, "augment": augment}
             write_run(root, f"{name}/o{order}", data, {"name": name}, summary=summary(40.0, 60.0))
-    with pytest.raises(ReportError, match="no other group was run under the conditions of rdfcil's groups"):
+    with pytest.raises(ReportError, match="no group could be compared with one of rdfcil's"):
         records(group_runs(find_runs([root])), against="rdfcil")
     assert "'lwf · cifar100 · n10 · data.augment=\"cropflip\"' is compared with none" in capsys.readouterr().err
 

@@ -117,13 +117,14 @@ def pairing_key(run: Run) -> str:
     return f"class order {order}, seed {run.config.get('seed', 1)}"
 
 
-def references(groups: Sequence[Group], against: str) -> dict[tuple[Any, ...], Group]:
+def references(groups: Sequence[Group], against: str) -> dict[tuple[Any, ...], Group | None]:
     """The reference group of each dataset and protocol that has one (:attr:`Group.comparable`): the group whose
     label is ``against``, or else whose method (``rdfcil``, ``lwf[ldc]``) is, one for each of the conditions its
     groups were run under (:attr:`Group.conditions`: a method with and without AutoAugment), so that a group is
     compared at its own conditions (:func:`reference_of`). Of several groups of that method in one setting and
     conditions (the method under several configs, an ablation), the one at the method's defaults
-    (:func:`at_defaults`); where none or several are, an error lists their labels to choose from."""
+    (:func:`at_defaults`); where none or several are, an error lists their labels to choose from, or (where other
+    conditions of the protocol have a reference) a warning, and the conditions map to None."""
     by_setting: dict[tuple[Any, ...], list[Group]] = {}
     exact = [g for g in groups if g.label == against]
     for g in exact:  # one group named: every group of its dataset and protocol is compared with it
@@ -135,7 +136,7 @@ def references(groups: Sequence[Group], against: str) -> dict[tuple[Any, ...], G
         raise ReportError(
             f"--against {against!r} names no group: give a method ({', '.join(methods)}) or a group's full label"
         )
-    out: dict[tuple[Any, ...], Group] = {}
+    out: dict[tuple[Any, ...], Group | None] = {}
     unclear = []
     for key, candidates in by_setting.items():
         chosen = candidates[0] if len(candidates) == 1 else at_defaults(candidates)
@@ -143,9 +144,8 @@ def references(groups: Sequence[Group], against: str) -> dict[tuple[Any, ...], G
             labels = "; ".join(repr(g.label) for g in candidates)
             unclear.append((candidates[0].comparable, f"--against {against!r} matches {len(candidates)} groups of one "
                             f"setting ({labels}), none of them alone at the method's defaults"))  # fmt: skip
-        else:
-            out[key] = chosen
-    settled = {g.comparable for g in out.values()}
+        out[key] = chosen
+    settled = {g.comparable for g in out.values() if g is not None}
     for comparable, line in unclear:  # a dataset and protocol without any reference: the user must choose
         if comparable not in settled:
             raise ReportError(f"{line}: give one of these labels")
@@ -155,7 +155,7 @@ def references(groups: Sequence[Group], against: str) -> dict[tuple[Any, ...], G
     return out
 
 
-def reference_of(refs: dict[tuple[Any, ...], Group], group: Group) -> Group | None:
+def reference_of(refs: dict[tuple[Any, ...], Group | None], group: Group) -> Group | None:
     """``group``'s reference among :func:`references`: the one named by its label, else its method's at the
     group's own conditions; None where there is none (the reference method was not run under them)."""
     return refs.get(group.comparable) or refs.get((group.comparable, group.conditions))
@@ -257,21 +257,31 @@ def records(groups: Sequence[Group], against: str | None = None, std: str = "pop
     if against is not None and not any(rec["vs"] for rec in out):
         if unmatched:
             raise ReportError(
-                f"--against {against!r}: no other group was run under the conditions of {against}'s groups (the "
-                f"lines above say which differ); give a group's full label to compare every group with it"
+                f"--against {against!r}: no group could be compared with one of {against}'s (the lines above say "
+                f"why); give a group's full label to compare every group with it"
             )
         raise ReportError(f"--against {against!r}: no other group shares a dataset and protocol with it")
     return out
 
 
-def not_compared(refs: dict[tuple[Any, ...], Group], groups: Sequence[Group], against: str) -> list[str]:
-    """A note for each group left without a reference because ``against``'s groups on its dataset and protocol
-    were run under other conditions (:attr:`Group.conditions`): which, and how to compare it anyway."""
+def not_compared(refs: dict[tuple[Any, ...], Group | None], groups: Sequence[Group], against: str) -> list[str]:
+    """A note for each group left without a reference: because ``against`` has several groups under its conditions
+    (:attr:`Group.conditions`), none alone at the method's defaults (the warning of :func:`references` lists them),
+    or because ``against``'s groups on its dataset and protocol were run under other conditions: which, and how to
+    compare it anyway."""
     notes = []
     for g in groups:
         if reference_of(refs, g) is not None or g.setting.method_label == against:
             continue
-        others = [ref for key, ref in refs.items() if len(key) == 2 and key[0] == g.comparable]
+        if (g.comparable, g.conditions) in refs:  # several of against's groups under these conditions
+            mine = ", ".join(f"{k}={v}" for k, v in g.conditions) or "the same conditions"
+            notes.append(printable(
+                f"dfcil report: note: --against {against!r}: {g.label!r} is compared with none: {against} has "
+                f"several groups under {mine}, none of them alone at the method's defaults (the warning above lists "
+                f"them); give one of their labels to compare every group with it"
+            ))  # fmt: skip
+            continue
+        others = [ref for key, ref in refs.items() if len(key) == 2 and key[0] == g.comparable and ref is not None]
         if others:
             mine = ", ".join(f"{k}={v}" for k, v in g.conditions)
             theirs = "; ".join(", ".join(f"{k}={v}" for k, v in ref.conditions) for ref in others)

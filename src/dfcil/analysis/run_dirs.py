@@ -7,6 +7,7 @@ Pure reading: neither torch nor the engine is imported.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fnmatch
 import json
@@ -430,7 +431,7 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     for same in by_setting.values():  # label what tells apart groups of one setting
         conditions = set().union(*(across[g.comparable] for g in same))  # own data: a setting spans folders
         differ = sorted(set(_differing(same)) | conditions)
-        labels = [_config_label(g, told_keys(g, differ), differ) for g in same]
+        labels = [_config_label(g, told_keys(g, differ, same), differ) for g in same]
         if len(set(labels)) < len(same):  # the short labels do not tell the groups apart: every differing key
             labels = [_config_label(g, differ, differ) for g in same]
         for g, label in zip(same, labels, strict=True):
@@ -459,22 +460,33 @@ def method_changes(group: Group) -> list[list[Any]] | None:
     return changed if changed and all(isinstance(c, list) for c in changed) else None
 
 
-def told_keys(group: Group, differ: Sequence[str]) -> list[str]:
-    """Of the keys ``differ`` in which groups of one method and setting differ, those that tell ``group`` apart:
-    every key outside the method section, and the method keys its runs changed from the method's defaults
-    (``method_changed`` of each finished run's ``summary.json``), so that a switch's group is labelled by the
-    switch and not by every key another group changed; all of ``differ`` where a run does not say (unfinished,
-    or saved before ``method_changed`` existed)."""
+def told_keys(group: Group, differ: Sequence[str], peers: Sequence[Group] = ()) -> list[str]:
+    """Of the keys ``differ`` in which groups of one method and setting (``peers``, ``group`` among them) differ,
+    those that tell ``group`` apart: every key outside the method section, and the method keys its runs changed
+    from the method's defaults (``method_changed`` of each finished run's ``summary.json``), so that a switch's
+    group is labelled by the switch and not by every key another group changed; all of ``differ`` where a run does
+    not say (unfinished, or saved before ``method_changed`` existed). A method key that every one of ``peers``
+    changed is the protocol's (``cifar100-mini``'s 80 inversion steps, which one switch sets to 0): it labels only
+    the groups whose value is not the one most of them share."""
     changed = method_changes(group)
     if changed is None:
         return list(differ)
-    moved = {str(k) for c in changed for k in c}
 
-    def changed_key(key: str) -> bool:
+    def moved(g: Group) -> set[str]:
+        return {str(k) for c in method_changes(g) or [] for k in c}
+
+    def changed_key(key: str, keys: set[str]) -> bool:
         key = key.removeprefix("method.")
-        return any(key == m or key.startswith(m + ".") for m in moved)
+        return any(key == m or key.startswith(m + ".") for m in keys)
 
-    return [k for k in differ if not k.startswith("method.") or changed_key(k)]
+    def protocols(key: str) -> bool:  # every peer moved it, and group holds the value most of them share
+        if not peers or any(method_changes(g) is None or not changed_key(key, moved(g)) for g in peers):
+            return False
+        counts = collections.Counter(g.config.get(key) for g in peers).most_common(2)
+        return counts[0][0] == group.config.get(key) and (len(counts) == 1 or counts[0][1] > counts[1][1])
+
+    mine = moved(group)
+    return [k for k in differ if not k.startswith("method.") or (changed_key(k, mine) and not protocols(k))]
 
 
 def _config_label(group: Group, keys: Sequence[str], differ: Sequence[str]) -> str:
