@@ -69,7 +69,11 @@ def runs_root(tmp_path):
     write_run(root, "ablation/o0", C100_N10 | {"num_tasks": 20}, RDFCIL | {"new_kd": "none"}, summary=summary(22, 41))
     mini = C100_N10 | {"num_tasks": 4, "num_classes": 20, "train_per_class": 250}
     write_run(root, "mini/o0", mini, RDFCIL, summary=summary(30.0, 45.0))
-    inet = {"name": "imagenet100", "num_tasks": 5, "class_order": [68, 56, 78]}
+    inet = {
+        "name": "imagenet100",
+        "num_tasks": 5,
+        "class_order": [68, 56, 78, *(c for c in range(100) if c not in (68, 56, 78))],
+    }
     write_run(root, "inet/o0", inet, RDFCIL, summary=summary(52.10, 68.0))
     write_run(root, "b50/o0", C100_N10 | {"num_tasks": 11, "base_classes": 50}, RDFCIL, summary=summary(50.0, 60.0))
     (root / "empty" / "checkpoints").mkdir(parents=True)  # no config.yaml: not a run
@@ -1358,3 +1362,24 @@ def test_an_rdfcil_plus_run_from_before_the_apr_and_cycle_switches_groups_with_o
     write_run(root, "cycle", mini, today | {"cycle": True}, summary=summary(42.0, 59.0))
     groups = {g.label: len(g.finished) for g in group_runs(find_runs([root]))}
     assert sorted(groups.values()) == [1, 2] and any("method.cycle=true" in label for label in groups), groups
+
+
+def test_an_explicit_order_of_fewer_classes_is_a_reduced_protocol_never_averaged_with_the_full_one(tmp_path):
+    """data.class_order is what runs of one experiment differ in, so it was left out of the groups: an order of 50
+    CIFAR-100 classes read as the paper's protocol (and was set against its numbers), and 3 classes of a 10-class
+    dataset were averaged with all 10."""
+    root = tmp_path / "runs"
+    order = list(range(50))
+    write_run(root, "half", {"name": "cifar100", "num_tasks": 5, "class_order": order}, RDFCIL, summary=summary(40, 60))
+    write_run(root, "full", {"name": "cifar100", "num_tasks": 5}, RDFCIL, summary=summary(50, 60))
+    groups = {g.runs[0].name: g for g in group_runs(find_runs([root]))}
+    assert groups["runs/half"].setting.reduced == "50 classes" and groups["runs/half"].setting.paper_row() is None
+    assert groups["runs/full"].setting.reduced == "" and groups["runs/full"].setting.paper_row() is not None
+    root = tmp_path / "fake"
+    fake = {"name": "fake", "num_tasks": 2}
+    write_run(root, "three", fake | {"class_order": [1, 2, 3]}, RDFCIL, summary=summary(40, 60))
+    write_run(root, "other-three", fake | {"class_order": [4, 5, 6]}, RDFCIL, summary=summary(42, 60))
+    write_run(root, "all", fake, RDFCIL, summary=summary(50, 60))
+    groups = group_runs(find_runs([root]))
+    assert sorted(len(g.runs) for g in groups) == [1, 2]  # the two 3-class orders are one experiment
+    assert {g.config_label for g in groups} == {"data.num_classes=3", "data.num_classes=null"}

@@ -156,14 +156,23 @@ def setting_of(config: dict[str, Any]) -> Setting:
         return Setting(dataset, protocol, name, variant, "")
     reduced = []
     classes, pixels = DATASETS[dataset]
-    if data.get("num_classes") not in (None, classes):
-        reduced.append(f"{data['num_classes']} classes")
+    if (used := classes_of(data)) not in (None, classes):  # data.num_classes, or an explicit order of fewer
+        reduced.append(f"{used} classes")
     for key, what in (("train_per_class", "train"), ("test_per_class", "test")):
         if data.get(key) is not None:
             reduced.append(f"{data[key]} {what}/class")
     if data.get("image_size") not in (None, pixels):
         reduced.append(f"{data['image_size']} px")
     return Setting(dataset, protocol, name, variant, ", ".join(reduced))
+
+
+def classes_of(data: dict[str, Any]) -> int | None:
+    """How many classes a run's data section trains, where it says: ``data.num_classes`` (the first of the order),
+    or the length of an explicit ``data.class_order`` (a subset of the dataset's classes); None where it does not (a
+    seeded order over all of the dataset's classes)."""
+    order, limit = data.get("class_order"), data.get("num_classes")
+    counts = [n for n in (limit, len(order) if isinstance(order, list) else None) if isinstance(n, int)]
+    return min(counts) if counts else None
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -417,6 +426,12 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
         setting = setting_of(run.config)
         kept = {"data.root"} if not setting.in_paper else set()
         flat = {k: v for k, v in (defaults | _flat(run.config)).items() if k not in SAME_EXPERIMENT or k in kept}
+        # the classes trained are the protocol's, whichever key says so: an explicit order of 3 classes is never
+        # averaged with runs of all 10 (data.class_order, which runs of one experiment differ in, is left out above)
+        used = classes_of(run.config.get("data") or {})
+        full = DATASETS[setting.dataset][0] if setting.in_paper else None
+        if used is not None and used != full:
+            flat["data.num_classes"] = json.dumps(used)
         key = (setting, tuple(sorted(flat.items())))
         groups.setdefault(key, Group(setting, flat, [])).runs.append(run)
     by_setting: dict[Setting, list[Group]] = {}
