@@ -354,6 +354,12 @@ def test_presets_are_listed_with_their_paper_numbers_and_found_by_name(capsys, t
         load_config(["smoke"])
     with pytest.raises(ConfigError, match="'nope' does not exist, and no preset is named so; `dfcil presets` lists"):
         load_config(["nope"])
+    # a sweep's joined config given to train: said, with the flags that work (it read "no preset is named so")
+    with pytest.raises(ConfigError, match="`\\+` joins config files in `dfcil sweep` only; elsewhere give each file "
+                       "its own flag: --config cifar100-long --config cifar100-mini/apr"):  # fmt: skip
+        load_config(["cifar100-long+cifar100-mini/apr"])
+    with pytest.raises(ConfigError, match="no preset is named so"):  # a part that is no file: the plain error
+        load_config(["cifar100-long+nope"])
     for bad in ("../pyproject", "/etc/passwd", ".hidden"):  # names stay inside the presets
         assert presets.preset_file(bad) is None
 

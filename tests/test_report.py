@@ -326,6 +326,20 @@ def test_a_truncated_summary_skips_its_run_and_says_how_many_were_skipped(runs_r
     assert "| rdfcil · cifar100 · n10 · method.lambda_hkd=0.15 | 1 (+1 unfinished) | 40.00 |" in captured.out
 
 
+def test_when_every_run_is_skipped_the_error_says_so_and_metric_needs_by(runs_root, capsys):
+    """A folder whose only run was skipped ended in "no run directories (folders with a config.yaml)", though there
+    was one; --metric without --by was ignored without a word (the long table has no first_acc column)."""
+    only = runs_root / "rdfcil" / "o1"
+    (only / "summary.json").write_text("{")
+    assert main(["report", str(only)]) == 2
+    err = capsys.readouterr().err
+    assert "skipping" in err and "every run directory found (1) was skipped: the lines above say why" in err
+    assert "no run directories" not in err
+    assert main(["report", str(runs_root), "--metric", "first_acc"]) == 2
+    assert "--metric first_acc picks the metric of a --by table" in capsys.readouterr().err
+    assert main(["report", str(runs_root), "--metric", "first_acc", "--by", "method,config"]) == 0
+
+
 def test_a_summary_or_config_that_is_no_regular_file_is_skipped_without_waiting(runs_root, tmp_path):
     """A FIFO named summary.json hung `dfcil report` forever (the read waits for a writer): anything but a regular
     file is skipped with a warning. A new process, with a timeout, so that a regression fails instead of hanging."""

@@ -148,7 +148,8 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--no-estimate", dest="estimate", action="store_false",
         help="skip the expected time that a dry run prints and a new run of 100 steps or more logs first (it times "
-        "a few steps of each kind: seconds)",
+        "a few steps of each kind, and a method's task-end work once: seconds, or minutes where that work is long, "
+        "as APR's ADC)",
     )  # fmt: skip
     train.add_argument("--log", action="append", metavar="NAME", help=LOG_HELP)
     train.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=PLUGIN_HELP)

@@ -594,6 +594,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = load_yaml(read_regular_text(path))  # a FIFO is refused at once, not waited on
     except FileNotFoundError:
+        parts = given.split("+")
+        if len(parts) > 1 and all(p and presets.resolve(p).is_file() for p in parts):  # a sweep's config, in train
+            flags = " ".join(f"--config {p}" for p in parts)
+            raise ConfigError(
+                f"config file {given!r} does not exist: `+` joins config files in `dfcil sweep` only; elsewhere "
+                f"give each file its own flag: {flags}"
+            ) from None
         raise ConfigError(
             f"config file {given!r} does not exist, and no preset is named so; `dfcil presets` lists the presets"
         ) from None

@@ -608,9 +608,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("md", "csv", "latex"), default="md", help="output format (default md)")
     p.add_argument("--by", metavar="ROWS,COLS", help=f"a table of one metric; ROWS and COLS among {DIMENSIONS}")
     p.add_argument(
-        "--metric", choices=list(METRICS), default="last_acc",
-        help="the metric of --by (default last_acc); bwt is backward transfer, negative for forgetting; first_acc "
-        "the accuracy on the first task's classes after the last task",
+        "--metric", choices=list(METRICS), default=None,
+        help="the metric of --by's table (default last_acc; only with --by); bwt is backward transfer, negative "
+        "for forgetting; first_acc the accuracy on the first task's classes after the last task",
     )  # fmt: skip
     p.add_argument(
         "--against",
@@ -651,6 +651,12 @@ def main(args: argparse.Namespace) -> int:
             print("\n\n".join(tables))
             return 0
         by = parse_by(args.by) if args.by else None
+        if args.metric is not None and by is None:
+            raise ReportError(
+                f"--metric {args.metric} picks the metric of a --by table; the long table shows A_N, Ā_N, "
+                f"forgetting and old/new accuracy (CSV: every metric): add --by ROWS,COLS (e.g. --by method,config)"
+            )
+        args.metric = args.metric or "last_acc"
         sys.stdout.write(report(runs, args.format, by, args.metric, args.against, args.std))
         if args.format == "csv":
             notes = csv_notes(runs, args.metric if by is not None else None, args.against, args.std)

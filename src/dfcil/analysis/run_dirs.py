@@ -261,6 +261,8 @@ def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -
             f"dfcil report: skipped {skipped} of {len(runs)} run director{'ies' if len(runs) > 1 else 'y'} (above)",
             file=sys.stderr,
         )
+    if runs and skipped == len(runs):  # not "no run directories": there were, and the lines above say why not
+        raise ReportError(f"every run directory found ({len(runs)}) was skipped: the lines above say why")
     return [r for r in runs.values() if r is not None]
 
 
