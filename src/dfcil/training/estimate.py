@@ -401,11 +401,13 @@ class RunClock(Callback):
         """Seconds left from ``done`` steps into task ``task``'s ``part`` (None: all of it done), and whether every
         kind of step left is timed (else the seconds count only the timed ones: a lower bound). The method's work at
         a task's start and end counts once it has run, without making the time a lower bound before: a run times it
-        only at the end of its first incremental task (it is mostly small beside the steps; APR's ADC is not, and the
-        line before it may read low)."""
+        only at the end of its first incremental task (it is mostly small beside the steps). A method whose end work
+        grows over the run (:meth:`~dfcil.methods.Method.end_units` above 1: APR's ADC, minutes a task) is not
+        small: until that work is timed, the time left is a lower bound."""
         step_s = self.step_s()
         at, done = (self.index(task, part, last=True) + 1, 0) if done is None else (self.index(task, part), done)
-        minor = {kind_of(t, w) for t in (0, 1) for w in (SETUP, END)}
+        grows = any(s.steps > 1 for s in self.plan if s.part == END)
+        minor = {kind_of(t, w) for t in (0, 1) for w in (SETUP, *(() if grows else (END,)))}
         return seconds_left(self.plan, step_s, at, done), set(untimed(self.plan[at:], step_s)) <= minor
 
     def load_timings(self, timings: Sequence[Mapping[str, Any]], batch_size: Callable[[int], int]) -> None:
