@@ -427,6 +427,13 @@ def test_stability_points_are_each_groups_last_old_and_new_accuracy_mean_and_std
     assert got[("rdfcil", "method.lambda_hkd=0.15")] == pytest.approx((72.0, std_new, 33.0, std_old, 3))
     assert got[("rdfcil", "method.lambda_hkd=1.0")] == (40.0, 0.0, 50.0, 0.0, 1)
     assert got[("abd", "")] == (60.0, 0.0, 20.0, 0.0, 1)
+    # R-DFCIL's two groups are a sweep of one key: a curve; with a third group that differs in another key too (an
+    # augmentation and a switch), the points are not joined (the curve drew a trade-off never swept)
+    assert {p.method: p.joined for p in points[("cifar100", "n10")]} == {"rdfcil": True, "abd": False}
+    extra = write_run(tmp_path / "more", "aa/o0", C100_N10 | {"augment": "autoaugment"}, RDFCIL | {"lambda_rkd": 2.0},
+                      summary=summary(40.0, 50.0))  # fmt: skip
+    more = stability_points(group_runs(find_runs([tmp_path])))
+    assert extra.exists() and not any(p.joined for p in more[("cifar100", "n10")] if p.method == "rdfcil")
     pytest.importorskip("matplotlib")
     files = plot_stability(groups, tmp_path / "plots")
     assert [f.relative_to(tmp_path / "plots").as_posix() for f in files] == [

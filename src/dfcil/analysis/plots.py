@@ -225,12 +225,22 @@ class StabilityPoint:
     old_mean: float
     old_std: float
     n: int
+    joined: bool = False  # one of a method's points that differ in one config key only (a sweep): a curve
 
 
 def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[StabilityPoint]]:
     """Per (dataset, protocol), one :class:`StabilityPoint` per group with finished runs of two tasks or more (a
-    single task has no old classes), in the groups' order."""
+    single task has no old classes), in the groups' order; a method's points are ``joined`` where its groups there
+    differ in one key only (a sweep of it), not where they differ in more (an ablation's switches, an augmentation
+    and a switch), whose points joined would draw a trade-off never swept."""
     out: dict[tuple[str, str], list[StabilityPoint]] = {}
+    series: dict[tuple[str, str, str], list[Group]] = {}
+    for g in groups:
+        series.setdefault((g.setting.dataset, g.setting.protocol_label, g.setting.method_label), []).append(g)
+    swept = {
+        key for key, same in series.items()
+        if len({k for k in {k for g in same for k in g.config} if len({g.config.get(k) for g in same}) > 1}) == 1
+    }  # fmt: skip
     for g in groups:
         pairs = [(r.metric("new_acc"), r.metric("old_acc")) for r in g.finished]
         pairs = [(n, o) for n, o in pairs if n is not None and o is not None]
@@ -242,6 +252,7 @@ def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[Stab
             g.config_label,
             *map(float, (new.mean(), new.std(), old.mean(), old.std())),
             len(pairs),
+            (g.setting.dataset, g.setting.protocol_label, g.setting.method_label) in swept,
         )
         out.setdefault((g.setting.dataset, g.setting.protocol_label), []).append(point)
     return out
@@ -249,7 +260,8 @@ def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[Stab
 
 def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
     """One figure per dataset and protocol of :func:`stability_points`: new-class accuracy (x) against old-class
-    accuracy (y) after the last task, error bars of one std over each group's runs, a method's points joined."""
+    accuracy (y) after the last task, error bars of one std over each group's runs, a method's points joined where
+    they are a sweep of one key."""
     files, settings = [], stability_points(groups)
     for ((dataset, protocol), points), stem in zip(settings.items(), _setting_stems(settings), strict=True):
         fig = _figure(figsize=(6.4, 4.8), layout="constrained")
@@ -262,7 +274,8 @@ def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
             x, y = [p.new_mean for p in same], [p.old_mean for p in same]
             xerr, yerr = [p.new_std for p in same], [p.old_std for p in same]
             runs = "/".join(sorted({str(p.n) for p in same}))
-            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="-o", color=f"C{i % 10}", capsize=3, markersize=4,
+            fmt = "-o" if all(p.joined for p in same) else "o"
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=fmt, color=f"C{i % 10}", capsize=3, markersize=4,
                         label=f"{method} (n={runs})")  # fmt: skip
             for j, p in enumerate(same):  # a sweep's neighbouring labels alternate above and below their points
                 if p.variant:
