@@ -1404,3 +1404,16 @@ def test_an_explicit_order_of_fewer_classes_is_a_reduced_protocol_never_averaged
     groups = group_runs(find_runs([root]))
     assert sorted(len(g.runs) for g in groups) == [1, 2]  # the two 3-class orders are one experiment
     assert {g.config_label for g in groups} == {"data.num_classes=3", "data.num_classes=null"}
+
+
+def test_a_condition_off_its_default_is_in_the_label_even_of_a_report_of_one_group(tmp_path):
+    """A report of AutoAugment runs alone labelled them `rdfcil · cifar100 · n10`: nothing told that they were not
+    run at the default crop and flip (a probe). Off its default, the augmentation (and the precision) is said."""
+    for order in (0, 1):
+        data = C100_N10 | {"augment": "autoaugment", "class_order_seed": order}
+        write_run(tmp_path / "aa", f"o{order}", data, RDFCIL, summary=summary(40.0, 50.0))
+        write_run(tmp_path / "cf", f"o{order}", C100_N10 | {"class_order_seed": order}, RDFCIL, summary=summary(40, 50))
+    (group,) = group_runs(find_runs([tmp_path / "aa"]))
+    assert group.config_label == 'data.augment="autoaugment"'
+    (group,) = group_runs(find_runs([tmp_path / "cf"]))
+    assert group.config_label == ""  # the default needs no word

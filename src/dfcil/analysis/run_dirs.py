@@ -32,6 +32,8 @@ from dfcil.io import read_regular_text
 SAME_EXPERIMENT = {"seed", "data.class_order_seed", "data.class_order", "train.eval_batch_size"}
 SAME_EXPERIMENT |= RUNTIME_KEYS | {f"engine.{k}" for k in ("merge_passes", "channels_last", "compile")}
 SAME_EXPERIMENT |= {"engine.cudnn_benchmark", "engine.fused_optimizer"}
+# conditions that change every number (the augmentation, the precision): off their defaults, in every label
+SAID_OFF_DEFAULT = ("data.augment", "engine.precision")
 METHOD_ORDER = ("joint", "finetune", "lwf", "lwf_mc", "deepinversion", "dgr", "ucir_df", "podnet_df", "abd", "rdfcil")
 
 
@@ -447,6 +449,8 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     across = {c: _differing(same, is_condition) for c, same in by_protocol.items()}
     for same in by_setting.values():  # label what tells apart groups of one setting
         conditions = set().union(*(across[g.comparable] for g in same))  # own data: a setting spans folders
+        # a condition off its default is said even where no other group differs: a report of AutoAugment runs alone
+        conditions |= {k for k in SAID_OFF_DEFAULT for g in same if g.config.get(k, defaults.get(k)) != defaults.get(k)}
         differ = sorted(set(_differing(same)) | conditions)
         labels = [_config_label(g, told_keys(g, differ, same), differ) for g in same]
         if len(set(labels)) < len(same):  # the short labels do not tell the groups apart: every differing key
