@@ -84,6 +84,13 @@ def test_a_tasks_seconds_and_the_next_ones_estimate_by_hand():
     assert Budget(100.0, lambda: 40.0, trained=1).refuses([t0, t1, grows], 3, units=6) == (
         "task 3 would take about 66 s, and 60 s of --budget-s are left"
     )
+    # a plugin's end_units of 0 is read as 1 everywhere (the estimate divided by it; the budget dropped the work)
+    from types import SimpleNamespace
+
+    from dfcil.training.budget import units_of
+
+    assert units_of(SimpleNamespace(end_units=lambda task: 0), None) == 1
+    assert units_of(SimpleNamespace(end_units=lambda task: 7), None) == 7
     budget = Budget(deadline=100.0, clock=lambda: 45.0)
     assert budget.refuses([t0, t1], 2) == "task 2 would take about 58 s, and 55 s of --budget-s are left"
     budget.trained = 1  # this process trained task 1: its steps are compiled

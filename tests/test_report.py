@@ -434,6 +434,13 @@ def test_stability_points_are_each_groups_last_old_and_new_accuracy_mean_and_std
                       summary=summary(40.0, 50.0))  # fmt: skip
     more = stability_points(group_runs(find_runs([tmp_path])))
     assert extra.exists() and not any(p.joined for p in more[("cifar100", "n10")] if p.method == "rdfcil")
+    # nor where they differ in a condition alone (APR with and without AutoAugment, a review), or in a switch's modes
+    cases = [("cf", {}, {"name": "apr"}), ("aa", {"augment": "autoaugment"}, {"name": "apr"}),
+             ("off", {}, RDFCIL | {"new_kd": "rkd"}), ("none", {}, RDFCIL | {"new_kd": "none"})]  # fmt: skip
+    for name, data, method in cases:
+        write_run(tmp_path / "conditions", name, C100_N10 | data, method, summary=summary(40.0, 50.0))
+    apart = stability_points(group_runs(find_runs([tmp_path / "conditions"])))[("cifar100", "n10")]
+    assert len(apart) == 4 and not any(p.joined for p in apart)
     pytest.importorskip("matplotlib")
     files = plot_stability(groups, tmp_path / "plots")
     assert [f.relative_to(tmp_path / "plots").as_posix() for f in files] == [
@@ -770,6 +777,42 @@ def test_a_method_key_every_group_moved_is_the_protocols_and_labels_only_the_gro
     labels = {g.runs[0].name.split("/")[1]: g.config_label for g in group_runs(find_runs([root]))}
     assert labels["plus-aa"] == 'data.augment="autoaugment", method.inversion.steps=80'
     assert labels["maha"] == 'data.augment="cropflip", method.classifier="mahalanobis", method.inversion.steps=80'
+
+
+def test_the_default_beside_its_switches_under_one_protocol_is_short_and_found_by_against(tmp_path):
+    """The pseudo-replay report of docs/results.md (a review): the default, `extra` and `only`, all at cifar100-mini's
+    chr_epochs 3 and (but `only`) 80 inversion steps. The default read every differing key; --against rdfcil_plus
+    found no group at the method's defaults, since every group changed the protocol's keys (as the engine writes
+    them: dotted)."""
+    root = tmp_path / "runs"
+    plus = {"name": "rdfcil_plus", "chr_epochs": 3, "inversion": {"steps": 80}}
+    protocol = ["chr_epochs", "inversion.steps"]
+    cases = [
+        ("default", plus, protocol, 46.0),
+        ("extra", plus | {"pseudo_replay": "extra", "pseudo": {"per_class": 50}},
+         [*protocol, "pseudo.per_class", "pseudo_replay"], 48.0),
+        ("only", plus | {"inversion": {"steps": 0}, "pseudo_replay": "only", "pseudo": {"per_class": 50}},
+         [*protocol, "pseudo.per_class", "pseudo_replay"], 47.0),
+    ]  # fmt: skip
+    for name, method, changed, last in cases:
+        for order in (0, 1):
+            data = C100_N10 | {"class_order_seed": order}
+            write_run(
+                root, f"{name}/o{order}", data, method, summary=summary(last + order, 60) | {"method_changed": changed}
+            )
+    groups = group_runs(find_runs([root]))
+    labels = {g.runs[0].name.split("/")[1]: g.config_label for g in groups}
+    assert labels == {
+        "default": "method.inversion.steps=80",
+        "extra": 'method.pseudo.per_class=50, method.pseudo_replay="extra"',
+        "only": 'method.inversion.steps=0, method.pseudo.per_class=50, method.pseudo_replay="only"',
+    }
+    recs = {r["config"]: r for r in records(groups, against="rdfcil_plus")}
+    assert recs['method.pseudo.per_class=50, method.pseudo_replay="extra"']["last_acc_vs_mean"] == 2.0
+    assert (
+        recs['method.inversion.steps=0, method.pseudo.per_class=50, method.pseudo_replay="only"']["last_acc_vs_mean"]
+        == 1.0
+    )
 
 
 def test_groups_are_labelled_and_compared_at_their_own_augmentation(tmp_path, capsys):
@@ -1112,6 +1155,20 @@ def test_timing_scales_a_growing_end_work_by_the_units_each_task_recorded(tmp_pa
     assert "| 3 | estimated (tasks 1..2, less compile) | | | | | | 186.0 | |" in out  # 36 + 10 s x 15 units
     assert "| 4 | estimated (tasks 1..2, less compile) | | | | | | 236.0 | |" in out  # 36 + 10 s x 20 units
     assert "extrapolated total: 674 s (11.2 min) over 5 tasks" in out  # 30 + 86 + 136 + 186 + 236
+    # a part that does not grow (a real APR run: 68.6 and 96.0 s at 5 and 10 old classes): the line through them,
+    # 41.2 s + 5.48 s a class, gives 123.4 s at 15 where seconds per class alone gave 175 s (it read 136 s)
+    adc[0]["adc_s"], adc[1]["adc_s"] = 68.6, 96.0
+    records[1]["timing"], records[2]["timing"] = timing | adc[0], timing | adc[1]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", str(run), "--timing"]) == 0
+    assert "| 3 | estimated (tasks 1..2, less compile) | | | | | | 159.4 | |" in capsys.readouterr().out  # 36 + 123.4
+    # a run resumed across the commit that added end_units: its first task did not record them, so flat, not a
+    # rate of seconds per unit that mixes a count of 1 with a count of 10 (it read 601 s)
+    del adc[0]["end_units"]
+    records[1]["timing"] = timing | adc[0]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", str(run), "--timing"]) == 0
+    assert "| 3 | estimated (tasks 1..2, less compile) | | | | | | 118.3 | |" in capsys.readouterr().out  # 36 + 82.3
 
 
 def test_a_folder_of_links_to_runs_is_read_through_them_each_real_run_once(runs_root, tmp_path):
@@ -1400,10 +1457,20 @@ def test_an_explicit_order_of_fewer_classes_is_a_reduced_protocol_never_averaged
     fake = {"name": "fake", "num_tasks": 2}
     write_run(root, "three", fake | {"class_order": [1, 2, 3]}, RDFCIL, summary=summary(40, 60))
     write_run(root, "other-three", fake | {"class_order": [4, 5, 6]}, RDFCIL, summary=summary(42, 60))
-    write_run(root, "all", fake, RDFCIL, summary=summary(50, 60))
+    from dfcil.data.splits import class_order_from_seed
+
+    seeded = {"class_order": class_order_from_seed(10, 0)}  # what the run saved: its seeded order of all 10
+    write_run(root, "all", fake, RDFCIL, summary=summary(50, 60) | seeded)
     groups = group_runs(find_runs([root]))
     assert sorted(len(g.runs) for g in groups) == [1, 2]  # the two 3-class orders are one experiment
     assert {g.config_label for g in groups} == {"data.num_classes=3", "data.num_classes=null"}
+    # an explicit order of all 10 (a review): one experiment with the seeded order, as num_classes: 100 on CIFAR-100
+    write_run(root, "all-listed", fake | {"class_order": list(range(9, -1, -1))}, RDFCIL, summary=summary(48, 60))
+    assert sorted(len(g.runs) for g in group_runs(find_runs([root]))) == [2, 2]
+    write_run(tmp_path / "c100", "100", {"name": "cifar100", "num_tasks": 5, "num_classes": 100}, RDFCIL,
+              summary=summary(40, 60))  # fmt: skip
+    write_run(tmp_path / "c100", "unset", {"name": "cifar100", "num_tasks": 5}, RDFCIL, summary=summary(41, 60))
+    assert [len(g.runs) for g in group_runs(find_runs([tmp_path / "c100"]))] == [2]
 
 
 def test_a_condition_off_its_default_is_in_the_label_even_of_a_report_of_one_group(tmp_path):

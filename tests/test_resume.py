@@ -75,7 +75,7 @@ def _work(run):
 
 def test_reference_run_reports_every_phase_and_its_images(reference):
     # 15 steps of 16 images per epoch: 5 epochs less 3 CHR ones: task 0 trains 2; task 1 2 RRL and 3 CHR epochs
-    keys = ["eval_s", "peak_memory_mb", "phases", "setup_s", "task"]
+    keys = ["end_units", "eval_s", "peak_memory_mb", "phases", "setup_s", "task"]
     assert _work(reference) == [(keys, {"base": 480}), (keys, {"rrl": 480, "chr": 720})]
 
 

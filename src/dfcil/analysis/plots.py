@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import re
 import textwrap
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from dfcil.analysis.run_dirs import Group, Run
+from dfcil.analysis.run_dirs import Group, Run, is_condition
 from dfcil.errors import PlotError
 from dfcil.io import write_atomic
 from dfcil.metrics import AccuracyMatrix
@@ -228,19 +229,30 @@ class StabilityPoint:
     joined: bool = False  # one of a method's points that differ in one config key only (a sweep): a curve
 
 
+def _sweep(groups: Sequence[Group]) -> bool:
+    """Whether ``groups`` (one method's, in one setting) are a sweep: they differ in one key of the method's recipe
+    only (not a condition such as the augmentation), and its values are numbers (a weight, not a switch's modes)."""
+    keys = {k for g in groups for k in g.config}
+    differ = [k for k in keys if len({g.config.get(k) for g in groups}) > 1]
+    if len(differ) != 1 or is_condition(differ[0]):
+        return False
+    try:
+        values = [json.loads(g.config[differ[0]]) for g in groups]
+    except (KeyError, ValueError):
+        return False
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
 def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[StabilityPoint]]:
     """Per (dataset, protocol), one :class:`StabilityPoint` per group with finished runs of two tasks or more (a
     single task has no old classes), in the groups' order; a method's points are ``joined`` where its groups there
-    differ in one key only (a sweep of it), not where they differ in more (an ablation's switches, an augmentation
-    and a switch), whose points joined would draw a trade-off never swept."""
+    differ in one numeric key of its recipe only (a sweep of it: :func:`_sweep`), not where they differ otherwise
+    (an ablation's switches, an augmentation), whose points joined would draw a trade-off never swept."""
     out: dict[tuple[str, str], list[StabilityPoint]] = {}
     series: dict[tuple[str, str, str], list[Group]] = {}
     for g in groups:
         series.setdefault((g.setting.dataset, g.setting.protocol_label, g.setting.method_label), []).append(g)
-    swept = {
-        key for key, same in series.items()
-        if len({k for k in {k for g in same for k in g.config} if len({g.config.get(k) for g in same}) > 1}) == 1
-    }  # fmt: skip
+    swept = {key for key, same in series.items() if _sweep(same)}
     for g in groups:
         pairs = [(r.metric("new_acc"), r.metric("old_acc")) for r in g.finished]
         pairs = [(n, o) for n, o in pairs if n is not None and o is not None]

@@ -177,6 +177,12 @@ def classes_of(data: dict[str, Any]) -> int | None:
     return min(counts) if counts else None
 
 
+def _dataset_of(run: Run) -> tuple[str, str]:
+    """A run's dataset and the folder it read it from: own data's identity (two folders are two datasets)."""
+    data = run.config.get("data") or {}
+    return str(data.get("name")), str(data.get("root"))
+
+
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """Dotted key → JSON text of the value (hashable, comparable)."""
     out: dict[str, str] = {}
@@ -426,6 +432,12 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     folders of images are never averaged together."""
     groups: dict[tuple[Setting, tuple[tuple[str, str], ...]], Group] = {}
     defaults = _flat(section_defaults())
+    runs = list(runs)
+    # own data's class count, where a finished run of a seeded order over all of it saved its order
+    every = {
+        _dataset_of(r): len(r.summary["class_order"]) for r in runs
+        if classes_of(r.config.get("data") or {}) is None and isinstance((r.summary or {}).get("class_order"), list)
+    }  # fmt: skip
     for run in runs:
         setting = setting_of(run.config)
         kept = {"data.root"} if not setting.in_paper else set()
@@ -433,9 +445,9 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
         # the classes trained are the protocol's, whichever key says so: an explicit order of 3 classes is never
         # averaged with runs of all 10 (data.class_order, which runs of one experiment differ in, is left out above)
         used = classes_of(run.config.get("data") or {})
-        full = DATASETS[setting.dataset][0] if setting.in_paper else None
-        if used is not None and used != full:
-            flat["data.num_classes"] = json.dumps(used)
+        full = DATASETS[setting.dataset][0] if setting.in_paper else every.get(_dataset_of(run))
+        if used is not None:  # all of the dataset's classes read as the key unset, as a seeded order's
+            flat["data.num_classes"] = defaults["data.num_classes"] if used == full else json.dumps(used)
         key = (setting, tuple(sorted(flat.items())))
         groups.setdefault(key, Group(setting, flat, [])).runs.append(run)
     by_setting: dict[Setting, list[Group]] = {}
@@ -481,33 +493,42 @@ def method_changes(group: Group) -> list[list[Any]] | None:
     return changed if changed and all(isinstance(c, list) for c in changed) else None
 
 
+def _moved(group: Group) -> set[str]:
+    """The method keys ``group``'s finished runs changed from the method's defaults (``method_changed``)."""
+    return {str(k) for c in method_changes(group) or [] for k in c}
+
+
+def _changed_key(key: str, moved: set[str]) -> bool:
+    """Whether the flat ``key`` (``method.inversion.steps``) is one of ``moved`` (``inversion.steps``, or a section
+    above it: ``inversion``)."""
+    key = key.removeprefix("method.")
+    return any(key == m or key.startswith(m + ".") for m in moved)
+
+
+def _protocols(key: str, group: Group, peers: Sequence[Group]) -> bool:
+    """Whether method key ``key`` is the protocol's for ``group``: every one of ``peers`` (the method's groups of one
+    setting) changed it from the method's defaults (``cifar100-mini``'s 80 inversion steps), and ``group`` holds the
+    value most of them share (a switch that sets it to 0 is still told by it)."""
+    if not peers or any(method_changes(g) is None or not _changed_key(key, _moved(g)) for g in peers):
+        return False
+    counts = collections.Counter(g.config.get(key) for g in peers).most_common(2)
+    return counts[0][0] == group.config.get(key) and (len(counts) == 1 or counts[0][1] > counts[1][1])
+
+
 def told_keys(group: Group, differ: Sequence[str], peers: Sequence[Group] = ()) -> list[str]:
     """Of the keys ``differ`` in which groups of one method and setting (``peers``, ``group`` among them) differ,
     those that tell ``group`` apart: every key outside the method section, and the method keys its runs changed
     from the method's defaults (``method_changed`` of each finished run's ``summary.json``), so that a switch's
     group is labelled by the switch and not by every key another group changed; all of ``differ`` where a run does
-    not say (unfinished, or saved before ``method_changed`` existed). A method key that every one of ``peers``
-    changed is the protocol's (``cifar100-mini``'s 80 inversion steps, which one switch sets to 0): it labels only
-    the groups whose value is not the one most of them share."""
-    changed = method_changes(group)
-    if changed is None:
+    not say (unfinished, or saved before ``method_changed`` existed). A method key that is the protocol's
+    (:func:`_protocols`) labels only the groups whose value is not the one most of them share."""
+    if method_changes(group) is None:
         return list(differ)
-
-    def moved(g: Group) -> set[str]:
-        return {str(k) for c in method_changes(g) or [] for k in c}
-
-    def changed_key(key: str, keys: set[str]) -> bool:
-        key = key.removeprefix("method.")
-        return any(key == m or key.startswith(m + ".") for m in keys)
-
-    def protocols(key: str) -> bool:  # every peer moved it, and group holds the value most of them share
-        if not peers or any(method_changes(g) is None or not changed_key(key, moved(g)) for g in peers):
-            return False
-        counts = collections.Counter(g.config.get(key) for g in peers).most_common(2)
-        return counts[0][0] == group.config.get(key) and (len(counts) == 1 or counts[0][1] > counts[1][1])
-
-    mine = moved(group)
-    return [k for k in differ if not k.startswith("method.") or (changed_key(k, mine) and not protocols(k))]
+    mine = _moved(group)
+    return [
+        k for k in differ
+        if not k.startswith("method.") or (_changed_key(k, mine) and not _protocols(k, group, peers))
+    ]  # fmt: skip
 
 
 def _config_label(group: Group, keys: Sequence[str], differ: Sequence[str]) -> str:
@@ -515,14 +536,17 @@ def _config_label(group: Group, keys: Sequence[str], differ: Sequence[str]) -> s
         changed = method_changes(group)
         if changed is not None and not any(changed):
             return "method defaults"
-        keys = differ
+        # the protocol's keys it changed, where those are all it changed (80 inversion steps), else every key
+        mine = _moved(group)
+        keys = [k for k in differ if k.startswith("method.") and _changed_key(k, mine)] or differ
     return ", ".join(f"{k}={group.config.get(k, 'unset')}" for k in keys)
 
 
 def at_defaults(candidates: Sequence[Group]) -> Group | None:
     """Of groups of one method in one setting, the one whose settings that tell them apart are all defaults: the
     method's own for its keys (each finished run's ``summary.json`` lists its ``method_changed``; runs saved before
-    it did are never taken for it), the sections' for the others. None unless exactly one is."""
+    it did are never taken for it), but for the protocol's (:func:`_protocols`: ``cifar100-mini``'s 80 inversion
+    steps, which every group changed), and the sections' for the others. None unless exactly one is."""
     keys = sorted({k for g in candidates for k in g.config})
     differ = [k for k in keys if len({g.config.get(k) for g in candidates}) > 1]
     defaults = _flat(section_defaults())
@@ -530,11 +554,11 @@ def at_defaults(candidates: Sequence[Group]) -> Group | None:
     other = [k for k in differ if k not in own]
 
     def is_default(group: Group) -> bool:
-        changed = method_changes(group)
-        if changed is None:
+        if method_changes(group) is None:
             return False
-        moved = {f"method.{k}" for c in changed for k in c}
-        return not moved.intersection(own) and all(group.config.get(k) == defaults.get(k) for k in other)
+        mine = _moved(group)
+        switched = [k for k in own if _changed_key(k, mine) and not _protocols(k, group, candidates)]
+        return not switched and all(group.config.get(k) == defaults.get(k) for k in other)
 
     fits = [g for g in candidates if is_default(g)]
     return fits[0] if len(fits) == 1 else None

@@ -6,15 +6,18 @@ done is estimated as the mean of the finished tasks after the first, less their 
 step`` and a static head only the first of them compiles); evaluation, which grows with the classes seen, is a small
 part. The method's own work at a task's end can grow over a run (APR's ADC attacks each old class): a task records
 how many units of it it did (``end_units``, :meth:`~dfcil.methods.Method.end_units`), and a task not yet done gets
-the finished tasks' mean seconds per unit times its units, extrapolated from the last two finished tasks' (equal
-tasks add as many old classes each). The table says which tasks were measured and which estimated. Pure reading, as
-the rest of the report.
+the end work of its units (its units continued from the last two finished tasks': equal tasks add as many old
+classes each) on the straight line through the finished tasks' (seconds against units, least squares: ADC has a
+part that does not grow), or in proportion to their mean per unit while only one count of units is known. A run
+whose earlier tasks were saved before tasks recorded their units is estimated flat. The table says which tasks were
+measured and which estimated. Pure reading, as the rest of the report.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,19 @@ def task_seconds(timing: dict[str, Any]) -> dict[str, float]:
     end = sum(end_work(timing).values())
     parts = {"setup": timing.get("setup_s", 0.0), **phases, "end": end, "eval": timing.get("eval_s", 0.0)}
     return parts | {"compile": timing.get("compile_s", 0.0), "total": sum(parts.values())}
+
+
+def end_line(units: dict[int, float], seconds: dict[int, float]) -> Callable[[float], float]:
+    """The end work's seconds at a count of units, from the finished later tasks' (task -> units, task -> seconds):
+    the least-squares line through them where they hold two counts or more (its slope at least 0, its value at
+    least 0), else their mean seconds per unit times the count."""
+    xs, ys = [units[t] for t in units], [seconds[t] for t in units]
+    if len(set(xs)) > 1:
+        slope = max(0.0, statistics.linear_regression(xs, ys).slope)
+        base = statistics.mean(ys) - slope * statistics.mean(xs)
+        return lambda u: max(0.0, base + slope * u)
+    per_unit = statistics.mean(y / x for x, y in zip(xs, ys, strict=True)) if xs else 0.0
+    return lambda u: per_unit * u
 
 
 def units_at(units: dict[int, float], task: int) -> float:
@@ -53,8 +69,10 @@ def timing_table(run_dir: Path, num_tasks: int) -> str:
         return f"{run_dir}: no finished task yet"
     rows = {t: task_seconds(r.get("timing") or {}) for t, r in sorted(tasks.items())}
     later = [r["total"] - r["compile"] - r["end"] for t, r in rows.items() if t > 0]
-    units = {t: (tasks[t].get("timing") or {}).get("end_units") or 1 for t in rows if t > 0}
-    per_unit = statistics.mean(rows[t]["end"] / units[t] for t in units) if units else 0.0
+    recorded = {t: (tasks[t].get("timing") or {}).get("end_units") for t in rows if t > 0}
+    known = all(isinstance(u, int | float) and u > 0 for u in recorded.values())  # else flat: 1 unit a task
+    units = {t: float(u) if known else 1.0 for t, u in recorded.items()}
+    end_at = end_line(units, {t: rows[t]["end"] for t in units})
     head = "| task | how | setup s | phases s | task end s | eval s | of which compile s | total s | acc |"
     out = [f"{run_dir}", "", head, "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     total = 0.0
@@ -69,7 +87,7 @@ def timing_table(run_dir: Path, num_tasks: int) -> str:
                        f"{r['compile']:.1f} | {r['total']:.1f} | {tasks[t]['acc']:.2f} |")  # fmt: skip
             total += r["total"]
         elif later:
-            est = statistics.mean(later) + per_unit * units_at(units, t)
+            est = statistics.mean(later) + end_at(units_at(units, t))
             out.append(f"| {t} | estimated (tasks 1..{max(rows)}, less compile) | | | | | | {est:.1f} | |")
             total += est
         else:

@@ -18,6 +18,12 @@ from typing import Any
 SETUP_EVAL_COMPILE = frozenset({"setup_s", "eval_s", "compile_s"})
 
 
+def units_of(method: Any, task: Any) -> int:
+    """``method.end_units(task)`` (:meth:`~dfcil.methods.Method.end_units`), at least 1: a plugin's 0 would divide
+    the estimates' seconds per unit by zero and drop the budget's end work."""
+    return max(1, int(method.end_units(task)))
+
+
 def end_work(timing: Mapping[str, Any]) -> dict[str, float]:
     """A finished task's seconds of the method's own work besides its setup, phases and evaluation, by name
     (``{"drift": 55.0}``): the one reading of a task's timing that the log, the report, the estimates and the

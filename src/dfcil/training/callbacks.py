@@ -25,7 +25,7 @@ from dfcil.load import build_config
 from dfcil.model_file import save_model
 from dfcil.models.network import backbone_for
 from dfcil.progress import ProgressLog, run_left
-from dfcil.training.budget import end_work
+from dfcil.training.budget import end_work, units_of
 from dfcil.training.estimate import END, EVALUATION, INVERSION, SETUP, RunClock, kind_of
 from dfcil.training.loop import Callback, Loop
 
@@ -361,7 +361,7 @@ class Timer(Callback):
         self.timing["eval_s"] = round(time.perf_counter() - self.eval_started, 3)
         # how the method's own work at the task's end grows (Method.end_units): what the report's and the budget's
         # estimates of later tasks scale that work by (APR's ADC: per old class)
-        self.timing["end_units"] = self.loop.method.end_units(self.loop.ctx)
+        self.timing["end_units"] = units_of(self.loop.method, self.loop.ctx)
         self._note_memory()
         self.timings.append(self.timing)
         self.timing = {}

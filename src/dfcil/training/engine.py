@@ -42,6 +42,7 @@ from dfcil.errors import BudgetSpent, RunInterrupted
 from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
 from dfcil.models.network import backbone_for, build_network
 from dfcil.progress import make_progress
+from dfcil.training.budget import units_of
 from dfcil.training.callbacks import Checkpointing, Timer
 from dfcil.training.estimate import END, EVALUATION, SETUP, RunEstimate, estimate_run, plan, timed_config
 from dfcil.training.guard import LossGuard
@@ -258,7 +259,7 @@ def check_budget(loop: Loop, task: int) -> None:
     if budget is None:
         return
     budget.trained += task >= 1
-    units = loop.method.end_units(tasks_of(loop.protocol.split)[task + 1])
+    units = units_of(loop.method, tasks_of(loop.protocol.split)[task + 1])
     why = budget.refuses(loop.fields("summary_fields").get("timings", []), task + 1, units)
     if loop.runtime.dist.flag(why is not None):
         raise BudgetSpent(f"stopped after task {task} at its checkpoint: {why or 'another process is out of time'}")

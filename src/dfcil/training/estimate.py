@@ -33,7 +33,7 @@ from dfcil.compute.runtime import process_state_kept
 from dfcil.config import RunConfig
 from dfcil.context import Phase, Task, TaskContext
 from dfcil.progress import rough_duration
-from dfcil.training.budget import end_work
+from dfcil.training.budget import end_work, units_of
 from dfcil.training.loop import Callback, Loop
 from dfcil.training.state import Position
 
@@ -87,7 +87,7 @@ def plan(loop: Loop) -> list[Stretch]:
         n = sum(images[: t + 1]) if loop.batches.seen else images[t]  # joint: every task's images so far
         inversion = replay.cfg.steps if replay is not None and t > 0 else 0
         test = int(loop.evaluator.test.seen[t])
-        out += task_plan(t, method.phases(task), n // method.batch_size(t), inversion, test, method.end_units(task))
+        out += task_plan(t, method.phases(task), n // method.batch_size(t), inversion, test, units_of(method, task))
     return out
 
 
@@ -270,7 +270,7 @@ def measure(
                 end += watch.elapsed()
         watch.start()
         method.on_task_end(ctx)
-        samples[kind_of(t, END)] = ((end + watch.elapsed()) / method.end_units(ctx),)
+        samples[kind_of(t, END)] = ((end + watch.elapsed()) / units_of(method, ctx),)
     samples[EVALUATION] = _evaluation(loop, watch)
     return samples
 
