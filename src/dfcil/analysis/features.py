@@ -52,7 +52,7 @@ class Synthetic:
     x: Tensor  # (N, 3, H, W) normalised synthetic images
     y: Tensor  # (N,) labels (order positions) given by the model that labelled them
     source: str  # where they came from, for the plot's title
-    labeller: str = "the final model"  # the model whose argmax gave ``y``, for the plot's title
+    labeller: str = "the final model's head"  # the head whose argmax gave ``y``, for the plot's title
 
 
 def stored_generator(run: FinishedRun, device: torch.device) -> tuple[torch.nn.Module, IncrementalNet, str] | None:
@@ -105,7 +105,7 @@ def synthetic_images(run: FinishedRun, net: IncrementalNet, n: int, steps: int, 
     x = sample_images(generator, n, seed)
     with torch.no_grad():
         y = teacher(x).logits.argmax(dim=1)
-    return Synthetic(x, y, source, "the model before the last task" if stored else "the final model")
+    return Synthetic(x, y, source, "the head of the model before the last task" if stored else "the final model's head")
 
 
 def real_images(protocol: Protocol, per_class: int, device: torch.device) -> tuple[Tensor, Tensor]:
