@@ -1484,3 +1484,17 @@ def test_a_condition_off_its_default_is_in_the_label_even_of_a_report_of_one_gro
     assert group.config_label == 'data.augment="autoaugment"'
     (group,) = group_runs(find_runs([tmp_path / "cf"]))
     assert group.config_label == ""  # the default needs no word
+
+
+def test_a_report_of_reduced_protocols_alone_has_no_paper_columns(tmp_path, capsys):
+    """cifar100-mini's report printed paper columns of "–" and the note on Δ where nothing can be compared (a
+    probe): with reduced protocols alone they are left out, and the note says why there is no comparison."""
+    mini = C100_N10 | {"num_tasks": 4, "num_classes": 20, "train_per_class": 250}
+    write_run(tmp_path / "mini", "o0", mini, RDFCIL, summary=summary(40.0, 50.0))
+    assert main(["report", str(tmp_path / "mini")]) == 0
+    out = capsys.readouterr().out
+    assert "paper A_N" not in out and "Δ = ours − paper" not in out
+    assert "Reduced protocols (fewer classes, images or pixels) are never compared with the paper." in out
+    write_run(tmp_path / "mini", "full", C100_N10, RDFCIL, summary=summary(40.0, 50.0))
+    assert main(["report", str(tmp_path / "mini")]) == 0
+    assert "paper A_N" in capsys.readouterr().out  # beside a full protocol they stay

@@ -486,11 +486,17 @@ def scoring_notes(runs: Sequence[Run]) -> dict[str, str]:
     return notes
 
 
+def compares_paper(groups: Sequence[Group]) -> bool:
+    """Whether a group is on a protocol the paper's numbers can apply to: a dataset it ran, not reduced. A report of
+    reduced protocols alone (cifar100-mini) has no paper columns, which would all read "–"."""
+    return any(g.setting.in_paper and not g.setting.reduced for g in groups)
+
+
 def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: str | None = None) -> list[str]:
     """The notes under the tables: what a group's runs differ in, what a ``--by`` table's cells hold (``metric``),
-    what Δ and the marks mean, the unfinished runs (a list). The paper is mentioned only when a group is on a dataset
-    it ran. Which std ± is goes right under each table (:func:`std_line`)."""
-    paper = any(g.setting.in_paper for g in groups)
+    what Δ and the marks mean, the unfinished runs (a list). The paper is mentioned only when a group is on a protocol
+    its numbers can apply to (:func:`compares_paper`). Which std ± is goes right under each table (:func:`std_line`)."""
+    paper = compares_paper(groups)
     notes = [RUNS_NOTE + (PAPER_STD_NOTE if paper else "") + "."]
     if metric is not None:
         notes.append(
@@ -553,7 +559,7 @@ def report(
     style = _Style(fmt)
     if fmt == "csv" and by is None:
         return render_csv(recs)
-    paper = any(g.setting.in_paper for g in groups)
+    paper = compares_paper(groups)
     head, rows = long_table(recs, style, paper) if by is None else pivot_table(groups, recs, *by, metric, style)
     if fmt == "csv":
         buf = io.StringIO()
