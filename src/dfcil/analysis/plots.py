@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from dfcil.analysis.run_dirs import Group, Run, is_condition
+from dfcil.analysis.run_dirs import Group, Run, differing_keys, is_condition
 from dfcil.errors import PlotError
 from dfcil.io import write_atomic
 from dfcil.metrics import AccuracyMatrix
@@ -232,8 +232,7 @@ class StabilityPoint:
 def _sweep(groups: Sequence[Group]) -> bool:
     """Whether ``groups`` (one method's, in one setting) are a sweep: they differ in one key of the method's recipe
     only (not a condition such as the augmentation), and its values are numbers (a weight, not a switch's modes)."""
-    keys = {k for g in groups for k in g.config}
-    differ = [k for k in keys if len({g.config.get(k) for g in groups}) > 1]
+    differ = differing_keys(groups)
     if len(differ) != 1 or is_condition(differ[0]):
         return False
     try:

@@ -458,12 +458,12 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     by_protocol: dict[tuple[str, str, str, str], list[Group]] = {}
     for group in groups.values():
         by_protocol.setdefault(group.comparable, []).append(group)
-    across = {c: _differing(same, is_condition) for c, same in by_protocol.items()}
+    across = {c: differing_keys(same, is_condition) for c, same in by_protocol.items()}
     for same in by_setting.values():  # label what tells apart groups of one setting
         conditions = set().union(*(across[g.comparable] for g in same))  # own data: a setting spans folders
         # a condition off its default is said even where no other group differs: a report of AutoAugment runs alone
         conditions |= {k for k in SAID_OFF_DEFAULT for g in same if g.config.get(k, defaults.get(k)) != defaults.get(k)}
-        differ = sorted(set(_differing(same)) | conditions)
+        differ = sorted(set(differing_keys(same)) | conditions)
         labels = [_config_label(g, told_keys(g, differ, same), differ) for g in same]
         if len(set(labels)) < len(same):  # the short labels do not tell the groups apart: every differing key
             labels = [_config_label(g, differ, differ) for g in same]
@@ -480,7 +480,7 @@ def is_condition(key: str) -> bool:
     return not key.startswith(("method.", "train.", "model."))
 
 
-def _differing(groups: Sequence[Group], keep: Callable[[str], bool] = lambda key: True) -> list[str]:
+def differing_keys(groups: Sequence[Group], keep: Callable[[str], bool] = lambda key: True) -> list[str]:
     """The keys (those ``keep`` takes) whose values differ among ``groups``."""
     keys = sorted({k for g in groups for k in g.config if keep(k)})
     return [k for k in keys if len({g.config.get(k) for g in groups}) > 1]
@@ -547,8 +547,7 @@ def at_defaults(candidates: Sequence[Group]) -> Group | None:
     method's own for its keys (each finished run's ``summary.json`` lists its ``method_changed``; runs saved before
     it did are never taken for it), but for the protocol's (:func:`_protocols`: ``cifar100-mini``'s 80 inversion
     steps, which every group changed), and the sections' for the others. None unless exactly one is."""
-    keys = sorted({k for g in candidates for k in g.config})
-    differ = [k for k in keys if len({g.config.get(k) for g in candidates}) > 1]
+    differ = differing_keys(candidates)
     defaults = _flat(section_defaults())
     own = [k for k in differ if k.startswith("method.")]
     other = [k for k in differ if k not in own]
