@@ -484,7 +484,7 @@ def test_every_plot_from_a_real_smoke_run(tmp_path, capsys):
     assert main(["report", str(tmp_path / "runs"), "--plots", str(plots)]) == 0
     assert "| rdfcil · fake · n2 |" in capsys.readouterr().out
     files = sorted(str(p.relative_to(plots)) for p in plots.rglob("*") if p.is_file())
-    kinds = ["curves/fake_n2", "runs/runs__smoke", "stability/fake_n2", "synthetic/runs__smoke"]
+    kinds = ["curves/fake_n2", "first/fake_n2", "runs/runs__smoke", "stability/fake_n2", "synthetic/runs__smoke"]
     assert files == sorted(f"{k}.{ext}" for k in kinds for ext in ("pdf", "png"))
     assert all((plots / f).stat().st_size > 1000 for f in files)
 
@@ -1498,3 +1498,87 @@ def test_a_report_of_reduced_protocols_alone_has_no_paper_columns(tmp_path, caps
     write_run(tmp_path / "mini", "full", C100_N10, RDFCIL, summary=summary(40.0, 50.0))
     assert main(["report", str(tmp_path / "mini")]) == 0
     assert "paper A_N" in capsys.readouterr().out  # beside a full protocol they stay
+
+
+def _curves_of(fig):
+    """label → y-data of a figure's labelled lines (the legend's), the reference's zero line included."""
+    ax = fig.axes[0]
+    return {line.get_label(): list(line.get_ydata()) for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_the_first_tasks_classes_are_drawn_after_each_task_mean_over_runs(tmp_path, monkeypatch):
+    """The first figure a long sequence needs beyond A_N: the accuracy on the first task's classes after each task,
+    the first column of each run's accuracy matrix, averaged over the group's runs (hand-computed here)."""
+    pytest.importorskip("matplotlib")
+    from dfcil.analysis import plots
+
+    matrices = [[[90.0, None, None], [60.0, 80.0, None], [40.0, 70.0, 85.0]],
+                [[80.0, None, None], [50.0, 82.0, None], [30.0, 60.0, 88.0]]]  # fmt: skip
+    for order, matrix in enumerate(matrices):
+        data = C100_N10 | {"class_order_seed": order}
+        write_run(
+            tmp_path, f"lwf/o{order}", data, {"name": "lwf"}, summary=summary(50.0, 60.0) | {"accuracy_matrix": matrix}
+        )
+    assert plots.first_task_curve({"accuracy_matrix": matrices[0]}) == [90.0, 60.0, 40.0]
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append((path.parent.name, path.name, fig)) or [])
+    plots.plot_first_task(group_runs(find_runs([tmp_path])), tmp_path / "plots")
+    ((folder, name, fig),) = figures
+    assert (folder, name) == ("first", "cifar100_n10")
+    assert _curves_of(fig) == {"lwf (n=2)": [85.0, 55.0, 35.0]}
+    band = fig.axes[0].collections[0].get_paths()[0].vertices  # mean ± population std: 85 ± 5 after the first task
+    assert band[:, 1].min() == pytest.approx(30.0) and band[:, 1].max() == pytest.approx(90.0)
+
+
+def test_against_with_plots_draws_each_groups_paired_difference_after_each_task(tmp_path, monkeypatch, capsys):
+    """`report --against M --plots`: each group's accuracy after each task minus M's run of the same class order
+    (hand-computed), mean over the pairs; the reference itself is the zero line, a group without a partner run is
+    left out, and a warning the table printed is not printed again for the figures."""
+    pytest.importorskip("matplotlib")
+    from dfcil.analysis import plots
+
+    curves = {"rdfcil": [[90.0, 60.0, 40.0], [80.0, 50.0, 30.0]], "lwf": [[91.0, 58.0, 35.0], [82.0, 54.0, 36.0]]}
+    for name, runs in curves.items():
+        for order, acc in enumerate(runs):
+            done = summary(acc[-1], 60.0) | {"acc_per_task": acc}
+            write_run(tmp_path, f"{name}/o{order}", C100_N10 | {"class_order_seed": order}, RDFCIL | {"name": name}
+                      if name == "rdfcil" else {"name": name}, summary=done)  # fmt: skip
+    done = summary(20.0, 40.0) | {"acc_per_task": [70.0, 40.0, 20.0]}
+    write_run(tmp_path, "abd/o5", C100_N10 | {"class_order_seed": 5}, {"name": "abd"}, summary=done)  # no partner
+    groups = group_runs(find_runs([tmp_path]))
+    from dfcil.analysis.report import plot_pairs
+
+    pairs = plot_pairs(groups, "rdfcil")
+    assert list(pairs) == ["lwf · cifar100 · n10"]
+    assert plots.paired_curves(pairs["lwf · cifar100 · n10"][1]) == [[1.0, -2.0, -5.0], [2.0, 4.0, 6.0]]
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append((path.parent.name, path.name, fig)) or [])
+    plots.plot_against(groups, pairs, tmp_path / "plots")
+    ((folder, name, fig),) = figures
+    assert (folder, name) == ("against", "cifar100_n10")
+    lines = _curves_of(fig)
+    assert lines["lwf (n=2)"] == [1.5, 1.0, 0.5] and len(lines) == 2  # lwf and the reference's zero line
+    assert [v for k, v in lines.items() if "the reference" in k] == [[0.0, 0.0]]
+    # through the CLI: the figures' folder holds against/ only with --against
+    monkeypatch.undo()
+    assert main(["report", str(tmp_path), "--plots", str(tmp_path / "p1")]) == 0
+    assert main(["report", str(tmp_path), "--against", "rdfcil", "--plots", str(tmp_path / "p2")]) == 0
+    assert not (tmp_path / "p1" / "against").exists()
+    assert sorted(p.name for p in (tmp_path / "p2" / "against").iterdir()) == ["cifar100_n10.pdf", "cifar100_n10.png"]
+    assert not (tmp_path / "p2" / "first").exists()  # these summaries have no accuracy matrix: no first-task figure
+
+
+def test_a_reference_warning_is_printed_once_with_plots(tmp_path, capsys):
+    """Two R-DFCIL groups under crop and flip, none at its defaults, one under AutoAugment: the table warns that the
+    crop and flip groups are compared with none; drawing the figures reads the references again, silently."""
+    pytest.importorskip("matplotlib")
+    for name, augment, kd in (("a", "cropflip", 1.0), ("b", "cropflip", 2.0), ("c", "autoaugment", 0.15)):
+        for order in (0, 1):
+            data = C100_N10 | {"augment": augment, "class_order_seed": order}
+            done = summary(40.0 + order, 60.0) | {"method_changed": [] if name == "c" else ["lambda_hkd"]}
+            write_run(tmp_path, f"{name}/o{order}", data, RDFCIL | {"lambda_hkd": kd}, summary=done)
+        data = C100_N10 | {"augment": augment, "class_order_seed": 0}
+        write_run(tmp_path, f"lwf-{name}/o0", data, {"name": "lwf"}, summary=summary(30.0, 50.0))
+    assert main(["report", str(tmp_path), "--against", "rdfcil", "--plots", str(tmp_path / "plots")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("matches 2 groups of one setting") == 1

@@ -4,6 +4,10 @@
   runs with a ±std band, one line per group (the paper's incremental-accuracy figures), each group with its own
   colour, line style, marker and hatch (:func:`curve_styles`); a hollow marker with an error bar is the paper's
   A_N where it has one.
+* ``first/<dataset>_<protocol>``: the accuracy on the first task's classes after each task, mean ± std over a
+  group's runs: how each method forgets the classes it has kept longest.
+* ``against/<dataset>_<protocol>`` (with ``--against M``): each group's accuracy after each task minus that of M's
+  run of the same class order and seed, mean ± std over the pairs: the report's paired difference, task by task.
 * ``runs/<run>``: one run's accuracy matrix as a heatmap, old/new accuracy after each task, and forgetting after
   each task.
 * ``synthetic/<run>``: a run's ``synthetic_task<t>.png`` images side by side (runs without them are skipped).
@@ -158,54 +162,148 @@ def curve_styles(groups: Sequence[Group]) -> dict[tuple[str, str], CurveStyle]:
     }
 
 
-def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
-    """One figure per dataset and protocol: mean accuracy after each task against classes seen, ±std band."""
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One group's curves in a figure of :func:`_band_figure`: ``y`` one row per run (or pair of runs), one column
+    per task, drawn against ``x`` (the classes seen after each task) as their mean with a ±std band."""
+
+    group: Group
+    x: np.ndarray
+    y: np.ndarray
+    label: str
+
+
+def _series(g: Group, curves: Sequence[Sequence[float | None]], suffix: str = "") -> Series:
+    n_tasks = max(map(len, curves))
+    rows = [_floats(c) for c in curves if len(c) == n_tasks]  # runs of one group share the protocol
+    x = np.cumsum(g.finished[0].summary["task_sizes"])[:n_tasks]
+    name = " · ".join(p for p in (g.setting.method_label, g.config_label) if p)
+    return Series(g, x, np.array(rows, dtype=float), f"{name}{suffix} (n={len(rows)})")
+
+
+def _band_figure(series: Sequence[Series], styles: dict[tuple[str, str], CurveStyle], title: str,
+                 ylabel: str, legend: str, paper: bool = False, zero: str | None = None) -> Any:  # fmt: skip
+    """One figure of ``series``: each its mean after each task with a ±std band (population std, as the report's
+    tables) in its group's :class:`CurveStyle`; ``paper``: the paper's A_N ± std as a hollow marker at the last
+    task where it has one; ``zero``: a horizontal line at 0 with that legend label (a paired difference's)."""
     from matplotlib.patches import Patch
 
+    fig = _figure(figsize=(6.4, 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    marked, handles, labels = False, [], []
+    for s in series:
+        mean, std = np.nanmean(s.y, 0), np.nanstd(s.y, 0)
+        label, style = wrapped(s.label), styles[(s.group.setting.method_label, s.group.config_label)]
+        (line,) = ax.plot(s.x, mean, color=style.colour, linestyle=style.linestyle, marker=style.marker,
+                          markersize=4, linewidth=1.6, label=label, zorder=3)  # fmt: skip
+        handle: Any = line
+        if len(s.y) > 1:
+            # a light fill, its outline and a hatch of the group's own: two bands that overlap read as two
+            band = dict(facecolor=(*style.colour, BAND_ALPHA), edgecolor=(*style.colour, 0.5), hatch=style.hatch,
+                        linewidth=0.6)  # fmt: skip
+            ax.fill_between(s.x, mean - std, mean + std, zorder=2, **band)
+            handle = (Patch(**band), line)  # the legend shows the band under the line
+        handles.append(handle)
+        labels.append(label)
+        row = s.group.setting.paper_row() if paper else None
+        if row is not None and row.last_acc is not None:
+            v = row.last_acc
+            ax.errorbar(s.x[-1], v.mean, yerr=v.std or 0, fmt="o", mfc="none", color=style.colour, capsize=3)
+            marked = True
+    if zero is not None:
+        handles.append(ax.axhline(0.0, color="black", linewidth=0.9, zorder=1, label=wrapped(zero)))
+        labels.append(wrapped(zero))
+    x = max((s.x for s in series), key=len)
+    if len(x) <= 26:
+        ax.set_xticks(x)
+    ax.set(xlabel="classes seen", ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    title = legend + ("; ○ the paper's A_N ± std" if marked else "")
+    ax.legend(handles, labels, fontsize=8, title=title, title_fontsize=8, handlelength=3)
+    return fig
+
+
+def _by_setting(groups: Sequence[Group]) -> dict[tuple[str, str], list[Group]]:
     settings: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
         if g.finished:
             settings.setdefault((g.setting.dataset, g.setting.protocol_label), []).append(g)
+    return settings
+
+
+def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+    """One figure per dataset and protocol: mean accuracy after each task against classes seen, ±std band."""
+    settings = _by_setting(groups)
     styles = curve_styles([g for same in settings.values() for g in same])
     files = []
     for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
-        fig = _figure(figsize=(6.4, 4.4), layout="constrained")
-        ax = fig.add_subplot()
-        marked, handles, labels = False, [], []
-        for g in same:
-            curves = [r.summary["acc_per_task"] for r in g.finished]
-            n_tasks = max(map(len, curves))
-            curves = [c for c in curves if len(c) == n_tasks]  # runs of one group share the protocol
-            x = np.cumsum(g.finished[0].summary["task_sizes"])[:n_tasks]
-            y = np.array(curves, dtype=float)
-            mean, std = y.mean(0), y.std(0)  # population std, as the report's tables
-            label = wrapped(
-                " · ".join(p for p in (g.setting.method_label, g.config_label) if p) + f" (n={len(curves)})"
-            )
-            style = styles[(g.setting.method_label, g.config_label)]
-            (line,) = ax.plot(x, mean, color=style.colour, linestyle=style.linestyle, marker=style.marker,
-                              markersize=4, linewidth=1.6, label=label, zorder=3)  # fmt: skip
-            handle: Any = line
-            if len(curves) > 1:
-                # a light fill, its outline and a hatch of the group's own: two bands that overlap read as two
-                band = dict(facecolor=(*style.colour, BAND_ALPHA), edgecolor=(*style.colour, 0.5), hatch=style.hatch,
-                            linewidth=0.6)  # fmt: skip
-                ax.fill_between(x, mean - std, mean + std, zorder=2, **band)
-                handle = (Patch(**band), line)  # the legend shows the band under the line
-            handles.append(handle)
-            labels.append(label)
-            paper = g.setting.paper_row()
-            if paper is not None and paper.last_acc is not None:
-                v = paper.last_acc
-                ax.errorbar(x[-1], v.mean, yerr=v.std or 0, fmt="o", mfc="none", color=style.colour, capsize=3)
-                marked = True
-        if len(x) <= 26:
-            ax.set_xticks(x)
-        ax.set(xlabel="classes seen", ylabel="accuracy on all seen classes (%)", title=f"{dataset}, {protocol}")
-        ax.grid(alpha=0.3)
-        title = "mean ± std over runs" + ("; ○ the paper's A_N ± std" if marked else "")
-        ax.legend(handles, labels, fontsize=8, title=title, title_fontsize=8, handlelength=3)
+        series = [_series(g, [r.summary["acc_per_task"] for r in g.finished]) for g in same]
+        fig = _band_figure(series, styles, f"{dataset}, {protocol}", "accuracy on all seen classes (%)",
+                           "mean ± std over runs", paper=True)  # fmt: skip
         files += _save(fig, out_dir / "curves" / stem)
+    return files
+
+
+def first_task_curve(summary: dict[str, Any]) -> list[float | None]:
+    """The accuracy on the first task's classes after each task: the first column of summary.json's
+    ``accuracy_matrix`` (so its last entry is the report's ``first_acc``)."""
+    return [row[0] for row in summary["accuracy_matrix"]]
+
+
+def plot_first_task(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+    """One figure per dataset and protocol of two tasks or more: the accuracy on the first task's classes after
+    each task (:func:`first_task_curve`), mean ± std over a group's runs: how each method forgets the classes it
+    has kept longest, which a long sequence shows best."""
+    settings = {
+        key: same
+        for key, same in _by_setting(groups).items()
+        if all("accuracy_matrix" in r.summary for g in same for r in g.finished)
+        and max(len(r.summary["accuracy_matrix"]) for g in same for r in g.finished) > 1
+    }
+    styles = curve_styles([g for same in settings.values() for g in same])
+    files = []
+    for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
+        series = [_series(g, [first_task_curve(r.summary) for r in g.finished]) for g in same]
+        fig = _band_figure(series, styles, f"{dataset}, {protocol}: the first task's classes",
+                           "accuracy on the first task's classes (%)", "mean ± std over runs")  # fmt: skip
+        files += _save(fig, out_dir / "first" / stem)
+    return files
+
+
+Pairs = dict[str, tuple[Group, Sequence[tuple[Run, Run]]]]  # a group's label: its reference, (run, reference's run)
+
+
+def paired_curves(pairs: Sequence[tuple[Run, Run]]) -> list[list[float]]:
+    """For each (run, reference's run) of one class order and seed: the run's accuracy after each task minus the
+    reference run's, over the tasks both have."""
+    out = []
+    for run, ref in pairs:
+        a, b = run.summary["acc_per_task"], ref.summary["acc_per_task"]
+        out.append([x - y for x, y in zip(a, b, strict=False) if x is not None and y is not None])
+    return out
+
+
+def plot_against(groups: Sequence[Group], pairs: Pairs, out_dir: Path) -> list[Path]:
+    """``dfcil report --against M --plots``: one figure per dataset and protocol, each compared group's accuracy
+    after each task minus its reference's run of the same class order and seed, mean ± std over the pairs (the
+    report's paired difference, task by task): where along the sequence a method gains or loses on M."""
+    settings = {k: [g for g in same if g.label in pairs] for k, same in _by_setting(groups).items()}
+    settings = {k: same for k, same in settings.items() if same}
+    styles = curve_styles([g for same in settings.values() for g in same])
+    files = []
+    for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
+        refs = {pairs[g.label][0].label: pairs[g.label][0] for g in same}
+        several = len(refs) > 1  # a reference per condition (with and without AutoAugment): each line names its own
+        series = []
+        for g in same:
+            ref, curves = pairs[g.label][0], paired_curves(pairs[g.label][1])
+            versus = f" − {ref.setting.method_label} · {ref.config_label}".rstrip(" ·") if several else ""
+            series.append(_series(g, curves, versus))
+        names = " or ".join(" · ".join(p for p in (r.setting.method_label, r.config_label) if p) for r in refs.values())
+        fig = _band_figure(series, styles, wrapped(f"{dataset}, {protocol}: minus {names}, run by run", 70),
+                           "accuracy minus the reference's (points)", "mean ± std over the pairs",
+                           zero=f"{names} (the reference)")  # fmt: skip
+        files += _save(fig, out_dir / "against" / stem)
     return files
 
 
@@ -398,14 +496,17 @@ def plot_synthetic(run: Run, out_dir: Path, stem: str | None = None) -> list[Pat
     return _save(fig, out_dir / "synthetic" / (stem or figure_stems([run.name])[0]))
 
 
-def write_plots(groups: Sequence[Group], out_dir: Path) -> list[Path]:
-    """Every figure for ``groups``: the curves, each finished run's panels, each run's synthetic images. A folder
-    that cannot be written, or a run's image that cannot be read, is a :class:`PlotError` naming it."""
+def write_plots(groups: Sequence[Group], out_dir: Path, pairs: Pairs | None = None) -> list[Path]:
+    """Every figure for ``groups``: the curves, the first task's classes, stability against plasticity, with
+    ``pairs`` (``--against``) the paired differences after each task, each finished run's panels, each run's
+    synthetic images. A folder that cannot be written, or a run's image that cannot be read, is a
+    :class:`PlotError` naming it."""
     _figure()  # fail early, before any file, without matplotlib
     if out_dir.exists() and not out_dir.is_dir():
         raise PlotError(f"--plots {out_dir} is a file; give a folder for the figures")
     try:
-        files = plot_curves(groups, out_dir) + plot_stability(groups, out_dir)
+        files = plot_curves(groups, out_dir) + plot_first_task(groups, out_dir) + plot_stability(groups, out_dir)
+        files += plot_against(groups, pairs, out_dir) if pairs else []
         runs = [r for g in groups for r in g.runs]
         for run, stem in zip(runs, figure_stems([r.name for r in runs]), strict=True):
             matrices = run.summary is not None and all(k in run.summary for k in ("accuracy_matrix", "count_matrix"))

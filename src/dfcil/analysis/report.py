@@ -117,14 +117,15 @@ def pairing_key(run: Run) -> str:
     return f"class order {order}, seed {run.config.get('seed', 1)}"
 
 
-def references(groups: Sequence[Group], against: str) -> dict[tuple[Any, ...], Group | None]:
+def references(groups: Sequence[Group], against: str, quiet: bool = False) -> dict[tuple[Any, ...], Group | None]:
     """The reference group of each dataset and protocol that has one (:attr:`Group.comparable`): the group whose
     label is ``against``, or else whose method (``rdfcil``, ``lwf[ldc]``) is, one for each of the conditions its
     groups were run under (:attr:`Group.conditions`: a method with and without AutoAugment), so that a group is
     compared at its own conditions (:func:`reference_of`). Of several groups of that method in one setting and
     conditions (the method under several configs, an ablation), the one at the method's defaults
     (:func:`at_defaults`); where none or several are, an error lists their labels to choose from, or (where other
-    conditions of the protocol have a reference) a warning, and the conditions map to None."""
+    conditions of the protocol have a reference) a warning (none with ``quiet``: the tables said it), and the
+    conditions map to None."""
     by_setting: dict[tuple[Any, ...], list[Group]] = {}
     exact = [g for g in groups if g.label == against]
     for g in exact:  # one group named: every group of its dataset and protocol is compared with it
@@ -149,7 +150,7 @@ def references(groups: Sequence[Group], against: str) -> dict[tuple[Any, ...], G
     for comparable, line in unclear:  # a dataset and protocol without any reference: the user must choose
         if comparable not in settled:
             raise ReportError(f"{line}: give one of these labels")
-    for _, line in unclear:  # other conditions of the same protocol have theirs: these groups are left without one
+    for _, line in [] if quiet else unclear:  # other conditions of the protocol have theirs: these groups have none
         print(printable(f"dfcil report: warning: {line}: the groups under these conditions are compared with none "
                         f"(give one of these labels to compare every group with it)"), file=sys.stderr)  # fmt: skip
     return out
@@ -197,21 +198,43 @@ def repeated_runs(groups: Sequence[Group]) -> list[tuple[str, list[str]]]:
     ]
 
 
-def paired(group: Group, reference: Group, metric: str, std: str = "population") -> tuple[Stat, int]:
-    """``metric`` of each of ``group``'s finished runs minus that of the reference's run with the same class
-    order and training seed (:func:`pairing_key`): their mean ± ``std`` over the pairs where both runs have the
-    metric, and how many of ``group``'s runs have no partner run at all. A class order and seed with two runs on
-    either side is ambiguous, and left out (:func:`ambiguous_pairs`)."""
+def run_pairs(group: Group, reference: Group) -> tuple[list[tuple[Run, Run]], int]:
+    """Each of ``group``'s finished runs with the reference's run of the same class order and training seed
+    (:func:`pairing_key`), and how many of ``group``'s runs have no partner run at all. A class order and seed with
+    two runs on either side is ambiguous, and left out (:func:`ambiguous_pairs`)."""
     ref = _runs_by_pair(reference)
-    diffs, alone = [], 0
+    out, alone = [], 0
     for key, r in _runs_by_pair(group).items():
         if key not in ref:
             alone += 1
-        elif r is None or (partner := ref[key]) is None:
-            continue
-        elif (v := r.metric(metric)) is not None and (w := partner.metric(metric)) is not None:
-            diffs.append(v - w)
+        elif r is not None and (partner := ref[key]) is not None:
+            out.append((r, partner))
+    return out, alone
+
+
+def paired(group: Group, reference: Group, metric: str, std: str = "population") -> tuple[Stat, int]:
+    """``metric`` of each of ``group``'s finished runs minus that of the reference's run with the same class
+    order and training seed (:func:`run_pairs`): their mean ± ``std`` over the pairs where both runs have the
+    metric, and how many of ``group``'s runs have no partner run at all."""
+    pairs, alone = run_pairs(group, reference)
+    diffs = [
+        v - w
+        for r, partner in pairs
+        if (v := r.metric(metric)) is not None and (w := partner.metric(metric)) is not None
+    ]
     return Stat.of(diffs, std), alone
+
+
+def plot_pairs(groups: Sequence[Group], against: str) -> dict[str, tuple[Group, list[tuple[Run, Run]]]]:
+    """For ``--plots`` with ``--against``: each compared group's label, its reference group and their pairs of
+    runs (:func:`run_pairs`), for the groups with at least one pair (the tables have said why others have none)."""
+    refs = references(groups, against, quiet=True)
+    out = {}
+    for g in groups:
+        ref = reference_of(refs, g)
+        if ref is not None and ref is not g and (pairs := run_pairs(g, ref)[0]):
+            out[g.label] = (ref, pairs)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -671,8 +694,10 @@ def main(args: argparse.Namespace) -> int:
             from dfcil.analysis.plots import write_plots
             from dfcil.errors import PlotError
 
+            groups = group_runs(runs)
+            pairs = plot_pairs(groups, args.against) if args.against is not None else None
             try:
-                files = write_plots(group_runs(runs), Path(args.plots))
+                files = write_plots(groups, Path(args.plots), pairs)
             except PlotError as err:
                 raise ReportError(str(err)) from None
             print(f"dfcil report: {len(files)} figure files in {args.plots}", file=sys.stderr)
