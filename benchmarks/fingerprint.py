@@ -4,9 +4,12 @@
     python benchmarks/fingerprint.py --out after.json --compare before.json
 
 Each method runs ``configs/smoke.yaml`` (plus ``configs/smoke/<method>.yaml`` where a method needs one) through
-``dfcil.runs.runner.train``. The fingerprint holds, per method: the summary without its timings, every metrics.jsonl
-record without its times, the SHA-256 of every final weight tensor, and the layout of the last checkpoint (keys,
-tensor dtypes and shapes). ``--compare`` prints what differs and exits 1 if anything does.
+``dfcil.runs.runner.train``. A name in ``--methods`` that is not a registered method is an overlay of
+``configs/cifar100-mini/`` (``lwf_ldc``, ``rdfcil_plus_cycle``): its ``method`` section on the smoke preset of the
+method it names, so that a method's switches are fingerprinted too. The fingerprint holds, per method: the summary
+without its timings, every metrics.jsonl record without its times, the SHA-256 of every final weight tensor, and the
+layout of the last checkpoint (keys, tensor dtypes and shapes). ``--compare`` prints what differs and exits 1 if
+anything does.
 """
 
 from __future__ import annotations
@@ -31,6 +34,20 @@ def smoke_configs(name: str) -> list[Path]:
     return [REPO / "configs" / "smoke.yaml", *([overlay] if overlay.exists() else [])]
 
 
+def variant(name: str, tmp: Path) -> tuple[str, list[Path]]:
+    """The registered method a ``configs/cifar100-mini/<name>.yaml`` overlay names, and the configs that run its
+    ``method`` section on that method's smoke preset (the overlay's train keys, a recipe's schedule, left out)."""
+    import yaml
+
+    overlay = REPO / "configs" / "cifar100-mini" / f"{name}.yaml"
+    if not overlay.is_file():
+        raise SystemExit(f"--methods {name}: neither a registered method nor an overlay {overlay}")
+    method = yaml.safe_load(overlay.read_text())["method"]
+    path = tmp / f"{name}.method.yaml"
+    path.write_text(yaml.safe_dump({"method": method}))
+    return method["name"], [*smoke_configs(method["name"]), path]
+
+
 def _layout(obj: Any) -> Any:
     """Keys and tensor shapes of a checkpoint payload; times and sizes that vary between runs left out."""
     if isinstance(obj, torch.Tensor):
@@ -48,7 +65,7 @@ def _digest(t: torch.Tensor) -> str:
     ]
 
 
-def fingerprint(name: str, out: Path) -> dict[str, Any]:
+def fingerprint(name: str, out: Path, configs: list[Path] | None = None) -> dict[str, Any]:
     try:
         from dfcil.load import load_config
     except ImportError:  # before dfcil.load existed
@@ -60,7 +77,7 @@ def fingerprint(name: str, out: Path) -> dict[str, Any]:
     except ImportError:  # the layout before dfcil.checkpoint existed
         from dfcil.training.state import loads
 
-    cfg, _ = load_config(smoke_configs(name), [("method.name", name)])
+    cfg, _ = load_config(configs or smoke_configs(name), [("method.name", name)])
     try:
         from dfcil.training.loop import RunOptions
     except ImportError:  # before run options were one object
@@ -92,7 +109,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.methods or METHODS.names():
             print(f"{name} ...", flush=True)
-            result[name] = fingerprint(name, Path(tmp) / name)
+            method, configs = (name, None) if name in METHODS.names() else variant(name, Path(tmp))
+            result[name] = fingerprint(method, Path(tmp) / name, configs)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True))
     if args.compare is None:
         return 0

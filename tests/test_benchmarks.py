@@ -423,3 +423,23 @@ def test_gpu_check_queue_dry_run_prints_the_plan_and_the_cells_dry_run(tmp_path)
     assert (tmp_path / "runs" / "queue-7" / "rdfcil-order1" / "run.log").exists()
     code, out = queue(QUEUE_FILE=str(path), QUEUE_LEFT="10")
     assert code == 3 and "# refused: " in out and "queue: nothing run" in out and "cell: would run" not in out
+
+
+def test_fingerprint_runs_a_mini_overlay_as_a_variant_of_the_method_it_names(tmp_path):
+    """`fingerprint.py --methods lwf_ldc`: LwF + LDC is a switch of LwF, not a registered method; its overlay's method
+    section runs on LwF's smoke preset (so the pairing of its rows across commits is checked too); a name that is
+    neither is refused, naming it."""
+    import yaml
+
+    fingerprint = _load("fingerprint")
+    method, configs = fingerprint.variant("lwf_ldc", tmp_path)
+    assert method == "lwf" and configs[0] == REPO / "configs" / "smoke.yaml"
+    assert yaml.safe_load(configs[-1].read_text())["method"] == {
+        "name": "lwf", "lambda_kd": 10.0, "temperature": 2.0, "head": "cosine", "ce": "local", "ldc": True
+    }  # fmt: skip
+    from dfcil.load import load_config
+
+    cfg, _ = load_config(configs, [("method.name", method)])
+    assert cfg.method.ldc is True and cfg.data.name == "fake"
+    with pytest.raises(SystemExit, match="--methods nonesuch: neither a registered method nor an overlay"):
+        fingerprint.variant("nonesuch", tmp_path)
