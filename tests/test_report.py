@@ -1550,7 +1550,7 @@ def test_against_with_plots_draws_each_groups_paired_difference_after_each_task(
 
     pairs = plot_pairs(groups, "rdfcil")
     assert list(pairs) == ["lwf · cifar100 · n10"]
-    assert plots.paired_curves(pairs["lwf · cifar100 · n10"][1]) == [[1.0, -2.0, -5.0], [2.0, 4.0, 6.0]]
+    assert [c for _, c in plots.paired_curves(pairs["lwf · cifar100 · n10"][1])] == [[1.0, -2.0, -5.0], [2.0, 4.0, 6.0]]
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append((path.parent.name, path.name, fig)) or [])
     plots.plot_against(groups, pairs, tmp_path / "plots")
@@ -1582,3 +1582,82 @@ def test_a_reference_warning_is_printed_once_with_plots(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--against", "rdfcil", "--plots", str(tmp_path / "plots")]) == 0
     err = capsys.readouterr().err
     assert err.count("matches 2 groups of one setting") == 1
+
+
+def _styled_lines(fig):
+    from matplotlib.colors import to_rgba
+
+    ax = fig.axes[0]
+    return {
+        line.get_label().split(" (n=")[0].split(" − ")[0]: (to_rgba(line.get_color()), line.get_linestyle())
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
+
+
+def test_against_figures_keep_each_groups_style_follow_std_and_split_by_reference(tmp_path, monkeypatch, capsys):
+    """Found by a new-user probe of the figures: a group had another colour in against/ than in curves/ (styles were
+    dealt out again without the reference); --std sample changed no band; a reference under two augmentations drew
+    lines from two baselines about one zero; a one-task protocol drew against/ as one dot; a group whose first run
+    held fewer tasks raised a traceback; and the figures of an earlier report stayed in the folder unsaid."""
+    pytest.importorskip("matplotlib")
+    from dfcil.analysis import plots
+    from dfcil.analysis.report import plot_pairs
+
+    acc = {"rdfcil": [[90.0, 60.0, 40.0], [80.0, 50.0, 30.0], [85.0, 55.0, 35.0]],
+           "apr": [[91.0, 62.0, 44.0], [82.0, 51.0, 31.0], [86.0, 58.0, 41.0]],
+           "lwf": [[88.0, 55.0, 30.0], [79.0, 45.0, 25.0], [84.0, 50.0, 33.0]]}  # fmt: skip
+    for augment in ("cropflip", "autoaugment"):
+        for name, runs in acc.items():
+            for order, curve in enumerate(runs):
+                data = C100_N10 | {"class_order_seed": order, "augment": augment}
+                done = summary(curve[-1], 60.0) | {"acc_per_task": curve, "method_changed": []}
+                write_run(tmp_path, f"{augment}/{name}/o{order}", data, {"name": name}, summary=done)
+    groups = group_runs(find_runs([tmp_path]))
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append((path.parent.name, path.name, fig)) or [])
+    plots.write_plots(groups, tmp_path / "plots", plot_pairs(groups, "rdfcil"), "sample")
+    by_kind = {}
+    for folder, name, fig in figures:
+        by_kind.setdefault(folder, []).append((name, fig))
+    assert len(by_kind["against"]) == 2  # one figure per reference (augmentation), each with its own zero
+    assert all("vs_rdfcil" in name for name, _ in by_kind["against"])
+    curves = _styled_lines(by_kind["curves"][0][1])
+    for _, fig in by_kind["against"]:
+        for label, style in _styled_lines(fig).items():
+            if "the reference" not in label:
+                assert style == curves[label], label  # the style of curves/
+    # the band is the sample std over the pairs: apr − rdfcil at the last task is 4, 1, 6
+    diffs = np.array([4.0, 1.0, 6.0])
+    fig = by_kind["against"][0][1]
+    tops = {round(float(v), 6) for c in fig.axes[0].collections for v in c.get_paths()[0].vertices[:, 1]}
+    assert round(diffs.mean() + diffs.std(ddof=1), 6) in tops and round(diffs.mean() + diffs.std(), 6) not in tops
+    assert "mean ± sample std over the pairs" in fig.axes[0].get_legend().get_title().get_text()
+    # one task: no against/ (nor first/); a group whose first run holds fewer tasks: drawn without it, no traceback
+    short = tmp_path / "cropflip" / "apr" / "o0" / "summary.json"
+    s = json.loads(short.read_text())
+    short.write_text(json.dumps(s | {"acc_per_task": s["acc_per_task"][:2], "task_sizes": [10, 10]}))
+    figures.clear()
+    groups = group_runs(find_runs([tmp_path]))
+    plots.write_plots(groups, tmp_path / "plots", plot_pairs(groups, "rdfcil"))
+    curves = {n: f for folder, n, f in figures if folder == "curves"}
+    (fig,) = curves.values()
+    assert any(k.startswith('apr · data.augment="cropflip" (n=2)') for k in _curves_of(fig))
+    monkeypatch.undo()
+    one = tmp_path / "one"
+    for name in ("rdfcil", "lwf"):
+        for order in (0, 1):
+            done = summary(50.0, 50.0) | {"acc_per_task": [50.0 + order], "task_sizes": [10]}
+            write_run(one, f"{name}/o{order}", C100_N10 | {"num_tasks": 1, "class_order_seed": order}, {"name": name},
+                      summary=done)  # fmt: skip
+    assert main(["report", str(one), "--against", "rdfcil", "--plots", str(tmp_path / "p1")]) == 0
+    assert not (tmp_path / "p1" / "against").exists() and (tmp_path / "p1" / "curves").is_dir()
+    # an earlier report's figures in the folder: said, with one of them
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "cropflip"), "--plots", str(tmp_path / "p1")]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {tmp_path / 'p1'} also holds " in err and "figure files this report did not write" in err
+    assert f"e.g. {tmp_path / 'p1' / 'curves' / 'cifar100_n1.pdf'}" in err
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "cropflip"), "--plots", str(tmp_path / "p2")]) == 0
+    assert "also holds" not in capsys.readouterr().err  # a fresh folder: nothing to say

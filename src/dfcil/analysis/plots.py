@@ -173,32 +173,41 @@ class Series:
     label: str
 
 
-def _series(g: Group, curves: Sequence[Sequence[float | None]], suffix: str = "") -> Series:
-    n_tasks = max(map(len, curves))
-    rows = [_floats(c) for c in curves if len(c) == n_tasks]  # runs of one group share the protocol
-    x = np.cumsum(g.finished[0].summary["task_sizes"])[:n_tasks]
+def _series(g: Group, curves: Sequence[tuple[Run, Sequence[float | None]]], suffix: str = "") -> Series | None:
+    """``g``'s :class:`Series` of (run, curve) pairs: the curves as long as the group's protocol (a run whose
+    summary holds fewer tasks is left out, and counted out of n), ``x`` from that run's task sizes; None if none."""
+    n_tasks = max((len(r.summary["task_sizes"]) for r, _ in curves), default=0)
+    full = [(r, c) for r, c in curves if len(c) == n_tasks and len(r.summary["task_sizes"]) == n_tasks]
+    if not full:
+        return None
+    x = np.cumsum(full[0][0].summary["task_sizes"])
     name = " · ".join(p for p in (g.setting.method_label, g.config_label) if p)
-    return Series(g, x, np.array(rows, dtype=float), f"{name}{suffix} (n={len(rows)})")
+    return Series(g, x, np.array([_floats(c) for _, c in full], dtype=float), f"{name}{suffix} (n={len(full)})")
 
 
-def _band_figure(series: Sequence[Series], styles: dict[tuple[str, str], CurveStyle], title: str,
-                 ylabel: str, legend: str, paper: bool = False, zero: str | None = None) -> Any:  # fmt: skip
-    """One figure of ``series``: each its mean after each task with a ±std band (population std, as the report's
-    tables) in its group's :class:`CurveStyle`; ``paper``: the paper's A_N ± std as a hollow marker at the last
-    task where it has one; ``zero``: a horizontal line at 0 with that legend label (a paired difference's)."""
+LEGEND_INSIDE = 6  # lines of text a legend may have inside the axes; more go beside them, where they hide no curve
+
+
+def _band_figure(series: Sequence[Series], styles: dict[tuple[str, str], CurveStyle], title: str, ylabel: str,
+                 legend: str, ddof: int, paper: bool = False, zero: str | None = None) -> Any:  # fmt: skip
+    """One figure of ``series``: each its mean after each task with a ±std band (``ddof`` 0 the population std, 1
+    the sample std, as the report's ``--std``) in its group's :class:`CurveStyle`; ``paper``: the paper's A_N ± std as
+    a hollow marker at the last task where it has one; ``zero``: a horizontal line at 0 with that legend label (a
+    paired difference's reference)."""
     from matplotlib.patches import Patch
 
     fig = _figure(figsize=(6.4, 4.4), layout="constrained")
     ax = fig.add_subplot()
     marked, handles, labels = False, [], []
     for s in series:
-        mean, std = np.nanmean(s.y, 0), np.nanstd(s.y, 0)
+        mean = s.y.mean(0)
         label, style = wrapped(s.label), styles[(s.group.setting.method_label, s.group.config_label)]
         (line,) = ax.plot(s.x, mean, color=style.colour, linestyle=style.linestyle, marker=style.marker,
                           markersize=4, linewidth=1.6, label=label, zorder=3)  # fmt: skip
         handle: Any = line
-        if len(s.y) > 1:
+        if len(s.y) > ddof:
             # a light fill, its outline and a hatch of the group's own: two bands that overlap read as two
+            std = s.y.std(0, ddof=ddof)
             band = dict(facecolor=(*style.colour, BAND_ALPHA), edgecolor=(*style.colour, 0.5), hatch=style.hatch,
                         linewidth=0.6)  # fmt: skip
             ax.fill_between(s.x, mean - std, mean + std, zorder=2, **band)
@@ -219,27 +228,46 @@ def _band_figure(series: Sequence[Series], styles: dict[tuple[str, str], CurveSt
     ax.set(xlabel="classes seen", ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
     title = legend + ("; ○ the paper's A_N ± std" if marked else "")
-    ax.legend(handles, labels, fontsize=8, title=title, title_fontsize=8, handlelength=3)
+    lines = sum(label.count("\n") + 1 for label in labels)
+    if lines > LEGEND_INSIDE:  # beside the axes, on a figure wider by the legend's width (56 characters at 8 pt)
+        fig.set_size_inches(6.4 + 4.0, max(4.4, 0.16 * lines + 0.6))
+        fig.legend(
+            handles, labels, fontsize=8, title=title, title_fontsize=8, handlelength=3, loc="outside right upper"
+        )
+    else:
+        ax.legend(handles, labels, fontsize=8, title=title, title_fontsize=8, handlelength=3)
     return fig
 
 
-def _by_setting(groups: Sequence[Group]) -> dict[tuple[str, str], list[Group]]:
+def _by_setting(groups: Sequence[Group], min_tasks: int = 1) -> dict[tuple[str, str], list[Group]]:
+    """The groups with finished runs by (dataset, protocol), for settings of at least ``min_tasks`` tasks."""
     settings: dict[tuple[str, str], list[Group]] = {}
     for g in groups:
-        if g.finished:
+        if g.finished and max(len(r.summary["task_sizes"]) for r in g.finished) >= min_tasks:
             settings.setdefault((g.setting.dataset, g.setting.protocol_label), []).append(g)
     return settings
 
 
-def plot_curves(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+def _ddof(std: str) -> int:
+    return {"population": 0, "sample": 1}[std]
+
+
+def _std_words(std: str) -> str:
+    return {"population": "std", "sample": "sample std"}[std]
+
+
+def plot_curves(
+    groups: Sequence[Group], out_dir: Path, styles: Styles | None = None, std: str = "population"
+) -> list[Path]:
     """One figure per dataset and protocol: mean accuracy after each task against classes seen, ±std band."""
     settings = _by_setting(groups)
-    styles = curve_styles([g for same in settings.values() for g in same])
+    styles = styles or curve_styles([g for same in settings.values() for g in same])
     files = []
     for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
-        series = [_series(g, [r.summary["acc_per_task"] for r in g.finished]) for g in same]
-        fig = _band_figure(series, styles, f"{dataset}, {protocol}", "accuracy on all seen classes (%)",
-                           "mean ± std over runs", paper=True)  # fmt: skip
+        series = [_series(g, [(r, r.summary["acc_per_task"]) for r in g.finished]) for g in same]
+        fig = _band_figure([s for s in series if s], styles, f"{dataset}, {protocol}",
+                           "accuracy on all seen classes (%)", f"mean ± {_std_words(std)} over runs", _ddof(std),
+                           paper=True)  # fmt: skip
         files += _save(fig, out_dir / "curves" / stem)
     return files
 
@@ -250,59 +278,74 @@ def first_task_curve(summary: dict[str, Any]) -> list[float | None]:
     return [row[0] for row in summary["accuracy_matrix"]]
 
 
-def plot_first_task(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+def plot_first_task(groups: Sequence[Group], out_dir: Path, styles: Styles | None = None,
+                    std: str = "population") -> list[Path]:  # fmt: skip
     """One figure per dataset and protocol of two tasks or more: the accuracy on the first task's classes after
     each task (:func:`first_task_curve`), mean ± std over a group's runs: how each method forgets the classes it
-    has kept longest, which a long sequence shows best."""
-    settings = {
-        key: same
-        for key, same in _by_setting(groups).items()
-        if all("accuracy_matrix" in r.summary for g in same for r in g.finished)
-        and max(len(r.summary["accuracy_matrix"]) for g in same for r in g.finished) > 1
-    }
-    styles = curve_styles([g for same in settings.values() for g in same])
+    has kept longest, which a long sequence shows best. Runs from before summaries held the accuracy matrix are
+    left out (a group's n says how many are drawn)."""
+    settings = _by_setting(groups, min_tasks=2)
+    styles = styles or curve_styles([g for same in settings.values() for g in same])
     files = []
     for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
-        series = [_series(g, [first_task_curve(r.summary) for r in g.finished]) for g in same]
+        curves = [
+            [(r, first_task_curve(r.summary)) for r in g.finished if "accuracy_matrix" in r.summary] for g in same
+        ]
+        series = [s for g, c in zip(same, curves, strict=True) if (s := _series(g, c))]
+        if not series:
+            continue
         fig = _band_figure(series, styles, f"{dataset}, {protocol}: the first task's classes",
-                           "accuracy on the first task's classes (%)", "mean ± std over runs")  # fmt: skip
+                           "accuracy on the first task's classes (%)", f"mean ± {_std_words(std)} over runs",
+                           _ddof(std))  # fmt: skip
         files += _save(fig, out_dir / "first" / stem)
     return files
 
 
 Pairs = dict[str, tuple[Group, Sequence[tuple[Run, Run]]]]  # a group's label: its reference, (run, reference's run)
+Styles = dict[tuple[str, str], CurveStyle]
 
 
-def paired_curves(pairs: Sequence[tuple[Run, Run]]) -> list[list[float]]:
-    """For each (run, reference's run) of one class order and seed: the run's accuracy after each task minus the
-    reference run's, over the tasks both have."""
+def paired_curves(pairs: Sequence[tuple[Run, Run]]) -> list[tuple[Run, list[float]]]:
+    """For each (run, reference's run) of one class order and seed: the run and its accuracy on all seen classes
+    after each task minus the reference run's, over the tasks both have."""
     out = []
     for run, ref in pairs:
         a, b = run.summary["acc_per_task"], ref.summary["acc_per_task"]
-        out.append([x - y for x, y in zip(a, b, strict=False) if x is not None and y is not None])
+        out.append((run, [x - y for x, y in zip(a, b, strict=False) if x is not None and y is not None]))
     return out
 
 
-def plot_against(groups: Sequence[Group], pairs: Pairs, out_dir: Path) -> list[Path]:
-    """``dfcil report --against M --plots``: one figure per dataset and protocol, each compared group's accuracy
-    after each task minus its reference's run of the same class order and seed, mean ± std over the pairs (the
-    report's paired difference, task by task): where along the sequence a method gains or loses on M."""
-    settings = {k: [g for g in same if g.label in pairs] for k, same in _by_setting(groups).items()}
-    settings = {k: same for k, same in settings.items() if same}
-    styles = curve_styles([g for same in settings.values() for g in same])
-    files = []
-    for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
-        refs = {pairs[g.label][0].label: pairs[g.label][0] for g in same}
-        several = len(refs) > 1  # a reference per condition (with and without AutoAugment): each line names its own
-        series = []
+def _name(g: Group) -> str:
+    return " · ".join(p for p in (g.setting.method_label, g.config_label) if p)
+
+
+def plot_against(groups: Sequence[Group], pairs: Pairs, out_dir: Path, styles: Styles | None = None,
+                 std: str = "population") -> list[Path]:  # fmt: skip
+    """``dfcil report --against M --plots``: per dataset, protocol (of two tasks or more) and reference group, each
+    compared group's accuracy after each task minus its reference's run of the same class order and seed, mean ±
+    std over the pairs (the report's paired difference, task by task): where along the sequence a method gains or
+    loses on M. M with groups under several conditions (with and without AutoAugment) is one figure per condition,
+    each with its own zero."""
+    figures: dict[tuple[str, str, str], list[Group]] = {}
+    for (dataset, protocol), same in _by_setting(groups, min_tasks=2).items():
         for g in same:
-            ref, curves = pairs[g.label][0], paired_curves(pairs[g.label][1])
-            versus = f" − {ref.setting.method_label} · {ref.config_label}".rstrip(" ·") if several else ""
-            series.append(_series(g, curves, versus))
-        names = " or ".join(" · ".join(p for p in (r.setting.method_label, r.config_label) if p) for r in refs.values())
-        fig = _band_figure(series, styles, wrapped(f"{dataset}, {protocol}: minus {names}, run by run", 70),
-                           "accuracy minus the reference's (points)", "mean ± std over the pairs",
-                           zero=f"{names} (the reference)")  # fmt: skip
+            if g.label in pairs:
+                figures.setdefault((dataset, protocol, pairs[g.label][0].label), []).append(g)
+    styles = styles or curve_styles([g for same in figures.values() for g in same])
+    several = Counter((d, p) for d, p, _ in figures)
+    names = [f"{d}_{p}".replace("/", " per ") + (f" vs {_name(pairs[same[0].label][0])}" if several[(d, p)] > 1 else "")
+             for (d, p, _), same in figures.items()]  # fmt: skip
+    files = []
+    for ((dataset, protocol, _), same), stem in zip(figures.items(), figure_stems(names), strict=True):
+        ref = _name(pairs[same[0].label][0])
+        series = [s for g in same if (s := _series(g, paired_curves(pairs[g.label][1])))]
+        if not series:
+            continue
+        title = wrapped(f"{dataset}, {protocol}: minus {ref}, paired by class order and seed", 70)
+        fig = _band_figure(series, styles, title,
+                           "accuracy on all seen classes,\nminus the reference's (points)",
+                           f"mean ± {_std_words(std)} over the pairs (n: pairs)", _ddof(std),
+                           zero=f"{ref} (the reference)")  # fmt: skip
         files += _save(fig, out_dir / "against" / stem)
     return files
 
@@ -496,17 +539,22 @@ def plot_synthetic(run: Run, out_dir: Path, stem: str | None = None) -> list[Pat
     return _save(fig, out_dir / "synthetic" / (stem or figure_stems([run.name])[0]))
 
 
-def write_plots(groups: Sequence[Group], out_dir: Path, pairs: Pairs | None = None) -> list[Path]:
+def write_plots(
+    groups: Sequence[Group], out_dir: Path, pairs: Pairs | None = None, std: str = "population"
+) -> list[Path]:
     """Every figure for ``groups``: the curves, the first task's classes, stability against plasticity, with
     ``pairs`` (``--against``) the paired differences after each task, each finished run's panels, each run's
-    synthetic images. A folder that cannot be written, or a run's image that cannot be read, is a
+    synthetic images; bands of one ``std`` (``population`` or ``sample``, the report's ``--std``), each group in one
+    :class:`CurveStyle` in every figure. A folder that cannot be written, or a run's image that cannot be read, is a
     :class:`PlotError` naming it."""
     _figure()  # fail early, before any file, without matplotlib
     if out_dir.exists() and not out_dir.is_dir():
         raise PlotError(f"--plots {out_dir} is a file; give a folder for the figures")
     try:
-        files = plot_curves(groups, out_dir) + plot_first_task(groups, out_dir) + plot_stability(groups, out_dir)
-        files += plot_against(groups, pairs, out_dir) if pairs else []
+        styles = curve_styles([g for same in _by_setting(groups).values() for g in same])
+        files = plot_curves(groups, out_dir, styles, std) + plot_first_task(groups, out_dir, styles, std)
+        files += plot_stability(groups, out_dir)
+        files += plot_against(groups, pairs, out_dir, styles, std) if pairs else []
         runs = [r for g in groups for r in g.runs]
         for run, stem in zip(runs, figure_stems([r.name for r in runs]), strict=True):
             matrices = run.summary is not None and all(k in run.summary for k in ("accuracy_matrix", "count_matrix"))

@@ -697,10 +697,17 @@ def main(args: argparse.Namespace) -> int:
             groups = group_runs(runs)
             pairs = plot_pairs(groups, args.against) if args.against is not None else None
             try:
-                files = write_plots(groups, Path(args.plots), pairs)
+                files = write_plots(groups, Path(args.plots), pairs, args.std)
             except PlotError as err:
                 raise ReportError(str(err)) from None
             print(f"dfcil report: {len(files)} figure files in {args.plots}", file=sys.stderr)
+            written = {f.resolve() for f in files}
+            stale = [f for f in sorted(Path(args.plots).rglob("*")) if f.suffix in (".png", ".pdf")]
+            stale = [f for f in stale if f.resolve() not in written]
+            if stale:  # an earlier report's figures, which read as this one's
+                print(printable(f"dfcil report: note: {args.plots} also holds {len(stale)} figure files this report "
+                                f"did not write (an earlier report's?), e.g. {stale[0]}; give an empty folder to "
+                                f"have only this report's"), file=sys.stderr)  # fmt: skip
     except ReportError as err:
         print(printable(f"dfcil: error: {err}"), file=sys.stderr)
         return 2
