@@ -36,13 +36,15 @@ def smoke_configs(name: str) -> list[Path]:
 
 def variant(name: str, tmp: Path) -> tuple[str, list[Path]]:
     """The registered method a ``configs/cifar100-mini/<name>.yaml`` overlay names, and the configs that run its
-    ``method`` section on that method's smoke preset (the overlay's train keys, a recipe's schedule, left out)."""
+    ``method`` section on that method's smoke preset (the overlay's train keys and its protocol's
+    ``inversion.steps`` left out)."""
     import yaml
 
     overlay = REPO / "configs" / "cifar100-mini" / f"{name}.yaml"
     if not overlay.is_file():
         raise SystemExit(f"--methods {name}: neither a registered method nor an overlay {overlay}")
     method = yaml.safe_load(overlay.read_text())["method"]
+    method.get("inversion", {}).pop("steps", None)  # the protocol's synthesis budget: the smoke preset keeps its own
     path = tmp / f"{name}.method.yaml"
     path.write_text(yaml.safe_dump({"method": method}))
     return method["name"], [*smoke_configs(method["name"]), path]

@@ -441,5 +441,9 @@ def test_fingerprint_runs_a_mini_overlay_as_a_variant_of_the_method_it_names(tmp
 
     cfg, _ = load_config(configs, [("method.name", method)])
     assert cfg.method.ldc is True and cfg.data.name == "fake"
+    method, configs = fingerprint.variant("rdfcil_plus_cycle", tmp_path)  # the protocol's 80 inversion steps left out
+    cfg, _ = load_config(configs, [("method.name", method)])
+    assert method == "rdfcil_plus" and cfg.method.cycle is True
+    assert cfg.method.inversion.steps == load_config(fingerprint.smoke_configs(method))[0].method.inversion.steps
     with pytest.raises(SystemExit, match="--methods nonesuch: neither a registered method nor an overlay"):
         fingerprint.variant("nonesuch", tmp_path)

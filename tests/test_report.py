@@ -1648,10 +1648,12 @@ def test_against_figures_keep_each_groups_style_follow_std_and_split_by_referenc
     for name in ("rdfcil", "lwf"):
         for order in (0, 1):
             done = summary(50.0, 50.0) | {"acc_per_task": [50.0 + order], "task_sizes": [10]}
+            done |= {"accuracy_matrix": [[50.0 + order]]}  # a first task's column, which one task draws no figure of
             write_run(one, f"{name}/o{order}", C100_N10 | {"num_tasks": 1, "class_order_seed": order}, {"name": name},
                       summary=done)  # fmt: skip
     assert main(["report", str(one), "--against", "rdfcil", "--plots", str(tmp_path / "p1")]) == 0
     assert not (tmp_path / "p1" / "against").exists() and (tmp_path / "p1" / "curves").is_dir()
+    assert not (tmp_path / "p1" / "first").exists()
     # an earlier report's figures in the folder: said, with one of them
     capsys.readouterr()
     assert main(["report", str(tmp_path / "cropflip"), "--plots", str(tmp_path / "p1")]) == 0
@@ -1659,5 +1661,30 @@ def test_against_figures_keep_each_groups_style_follow_std_and_split_by_referenc
     assert f"note: {tmp_path / 'p1'} also holds " in err and "figure files this report did not write" in err
     assert f"e.g. {tmp_path / 'p1' / 'curves' / 'cifar100_n1.pdf'}" in err
     capsys.readouterr()
+    (tmp_path / "p2").mkdir()
+    (tmp_path / "p2" / "my-own-figure.png").write_bytes(b"not the report's")  # the user's, beside the report's folders
     assert main(["report", str(tmp_path / "cropflip"), "--plots", str(tmp_path / "p2")]) == 0
-    assert "also holds" not in capsys.readouterr().err  # a fresh folder: nothing to say
+    assert "also holds" not in capsys.readouterr().err  # no earlier report's figures: nothing to say
+
+
+def test_one_run_draws_no_band_and_a_group_without_a_full_run_is_left_out_of_its_figure(tmp_path, monkeypatch):
+    """From a review: a group of one run drew a band of zero width, shown in the legend as a band; and a group
+    whose every summary holds fewer accuracies than tasks raised a bare ValueError from the figure's axes."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.collections import PolyCollection
+
+    from dfcil.analysis import plots
+
+    write_run(tmp_path, "lwf/o0", C100_N10, {"name": "lwf"}, summary=summary(40.0, 50.0))
+    for order in (0, 1):
+        write_run(tmp_path, f"ft/o{order}", C100_N10 | {"class_order_seed": order}, {"name": "finetune"},
+                  summary=summary(30.0, 40.0) | {"acc_per_task": [90.0, 40.0]})  # fmt: skip
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or [])
+    plots.plot_curves(group_runs(find_runs([tmp_path])), tmp_path / "plots")
+    (fig,) = figures
+    assert list(_curves_of(fig)) == ["lwf (n=1)"]  # finetune's runs hold 2 accuracies of 3 tasks: not drawn
+    assert not [c for c in fig.axes[0].collections if isinstance(c, PolyCollection)]  # one run: no band
+    figures.clear()
+    plots.plot_curves(group_runs(find_runs([tmp_path / "ft"])), tmp_path / "plots")
+    assert figures == []  # nothing to draw in the setting: no figure, and no error

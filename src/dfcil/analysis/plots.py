@@ -31,7 +31,7 @@ import re
 import textwrap
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +173,13 @@ class Series:
     label: str
 
 
-def _series(g: Group, curves: Sequence[tuple[Run, Sequence[float | None]]], suffix: str = "") -> Series | None:
+def _name(g: Group) -> str:
+    """A group's name in a legend: its method and what sets it apart, without the dataset and protocol the figure
+    is of."""
+    return " · ".join(p for p in (g.setting.method_label, g.config_label) if p)
+
+
+def _series(g: Group, curves: Sequence[tuple[Run, Sequence[float | None]]]) -> Series | None:
     """``g``'s :class:`Series` of (run, curve) pairs: the curves as long as the group's protocol (a run whose
     summary holds fewer tasks is left out, and counted out of n), ``x`` from that run's task sizes; None if none."""
     n_tasks = max((len(r.summary["task_sizes"]) for r, _ in curves), default=0)
@@ -181,8 +187,7 @@ def _series(g: Group, curves: Sequence[tuple[Run, Sequence[float | None]]], suff
     if not full:
         return None
     x = np.cumsum(full[0][0].summary["task_sizes"])
-    name = " · ".join(p for p in (g.setting.method_label, g.config_label) if p)
-    return Series(g, x, np.array([_floats(c) for _, c in full], dtype=float), f"{name}{suffix} (n={len(full)})")
+    return Series(g, x, np.array([_floats(c) for _, c in full], dtype=float), f"{_name(g)} (n={len(full)})")
 
 
 LEGEND_INSIDE = 6  # lines of text a legend may have inside the axes; more go beside them, where they hide no curve
@@ -205,7 +210,7 @@ def _band_figure(series: Sequence[Series], styles: dict[tuple[str, str], CurveSt
         (line,) = ax.plot(s.x, mean, color=style.colour, linestyle=style.linestyle, marker=style.marker,
                           markersize=4, linewidth=1.6, label=label, zorder=3)  # fmt: skip
         handle: Any = line
-        if len(s.y) > ddof:
+        if len(s.y) > 1:  # one run (or pair) has no spread to draw
             # a light fill, its outline and a hatch of the group's own: two bands that overlap read as two
             std = s.y.std(0, ddof=ddof)
             band = dict(facecolor=(*style.colour, BAND_ALPHA), edgecolor=(*style.colour, 0.5), hatch=style.hatch,
@@ -248,12 +253,17 @@ def _by_setting(groups: Sequence[Group], min_tasks: int = 1) -> dict[tuple[str, 
     return settings
 
 
+STD_DDOF = {"population": (0, "std"), "sample": (1, "sample std")}  # the report's --std: ddof, and its legend's word
+
+
 def _ddof(std: str) -> int:
-    return {"population": 0, "sample": 1}[std]
+    if std not in STD_DDOF:
+        raise PlotError(f"std {std!r}: give one of {', '.join(STD_DDOF)}")
+    return STD_DDOF[std][0]
 
 
 def _std_words(std: str) -> str:
-    return {"population": "std", "sample": "sample std"}[std]
+    return STD_DDOF[std][1]
 
 
 def plot_curves(
@@ -264,8 +274,10 @@ def plot_curves(
     styles = styles or curve_styles([g for same in settings.values() for g in same])
     files = []
     for ((dataset, protocol), same), stem in zip(settings.items(), _setting_stems(settings), strict=True):
-        series = [_series(g, [(r, r.summary["acc_per_task"]) for r in g.finished]) for g in same]
-        fig = _band_figure([s for s in series if s], styles, f"{dataset}, {protocol}",
+        series = [s for g in same if (s := _series(g, [(r, r.summary["acc_per_task"]) for r in g.finished]))]
+        if not series:
+            continue
+        fig = _band_figure(series, styles, f"{dataset}, {protocol}",
                            "accuracy on all seen classes (%)", f"mean ± {_std_words(std)} over runs", _ddof(std),
                            paper=True)  # fmt: skip
         files += _save(fig, out_dir / "curves" / stem)
@@ -301,22 +313,20 @@ def plot_first_task(groups: Sequence[Group], out_dir: Path, styles: Styles | Non
     return files
 
 
-Pairs = dict[str, tuple[Group, Sequence[tuple[Run, Run]]]]  # a group's label: its reference, (run, reference's run)
+Pairs = Mapping[str, tuple[Group, Sequence[tuple[Run, Run]]]]  # a group's label: its reference, (run, its partner)
 Styles = dict[tuple[str, str], CurveStyle]
+FOLDERS = ("curves", "first", "against", "stability", "runs", "synthetic")  # what write_plots writes into
 
 
 def paired_curves(pairs: Sequence[tuple[Run, Run]]) -> list[tuple[Run, list[float]]]:
     """For each (run, reference's run) of one class order and seed: the run and its accuracy on all seen classes
-    after each task minus the reference run's, over the tasks both have."""
+    after each task minus the reference run's, over the tasks both have (NaN where either has no value)."""
     out = []
     for run, ref in pairs:
-        a, b = run.summary["acc_per_task"], ref.summary["acc_per_task"]
-        out.append((run, [x - y for x, y in zip(a, b, strict=False) if x is not None and y is not None]))
+        a, b = _floats(run.summary["acc_per_task"]), _floats(ref.summary["acc_per_task"])
+        n = min(len(a), len(b))
+        out.append((run, list(a[:n] - b[:n])))
     return out
-
-
-def _name(g: Group) -> str:
-    return " · ".join(p for p in (g.setting.method_label, g.config_label) if p)
 
 
 def plot_against(groups: Sequence[Group], pairs: Pairs, out_dir: Path, styles: Styles | None = None,
@@ -548,6 +558,7 @@ def write_plots(
     :class:`CurveStyle` in every figure. A folder that cannot be written, or a run's image that cannot be read, is a
     :class:`PlotError` naming it."""
     _figure()  # fail early, before any file, without matplotlib
+    _ddof(std)  # and with a std it does not know
     if out_dir.exists() and not out_dir.is_dir():
         raise PlotError(f"--plots {out_dir} is a file; give a folder for the figures")
     try:

@@ -691,7 +691,7 @@ def main(args: argparse.Namespace) -> int:
             notes = csv_notes(runs, args.metric if by is not None else None, args.against, args.std)
             print("".join(f"dfcil report: {printable(n)}\n" for n in notes if n), end="", file=sys.stderr)
         if args.plots:
-            from dfcil.analysis.plots import write_plots
+            from dfcil.analysis.plots import FOLDERS, write_plots
             from dfcil.errors import PlotError
 
             groups = group_runs(runs)
@@ -702,7 +702,8 @@ def main(args: argparse.Namespace) -> int:
                 raise ReportError(str(err)) from None
             print(f"dfcil report: {len(files)} figure files in {args.plots}", file=sys.stderr)
             written = {f.resolve() for f in files}
-            stale = [f for f in sorted(Path(args.plots).rglob("*")) if f.suffix in (".png", ".pdf")]
+            folders = [Path(args.plots) / name for name in FOLDERS]  # its own: not a user's images beside them
+            stale = [f for d in folders for f in sorted(d.rglob("*")) if f.suffix in (".png", ".pdf")]
             stale = [f for f in stale if f.resolve() not in written]
             if stale:  # an earlier report's figures, which read as this one's
                 print(printable(f"dfcil report: note: {args.plots} also holds {len(stale)} figure files this report "
