@@ -173,12 +173,6 @@ class Series:
     label: str
 
 
-def _name(g: Group) -> str:
-    """A group's name in a legend: its method and what sets it apart, without the dataset and protocol the figure
-    is of."""
-    return " · ".join(p for p in (g.setting.method_label, g.config_label) if p)
-
-
 def _series(g: Group, curves: Sequence[tuple[Run, Sequence[float | None]]]) -> Series | None:
     """``g``'s :class:`Series` of (run, curve) pairs: the curves as long as the group's protocol (a run whose
     summary holds fewer tasks is left out, and counted out of n), ``x`` from that run's task sizes; None if none."""
@@ -187,7 +181,7 @@ def _series(g: Group, curves: Sequence[tuple[Run, Sequence[float | None]]]) -> S
     if not full:
         return None
     x = np.cumsum(full[0][0].summary["task_sizes"])
-    return Series(g, x, np.array([_floats(c) for _, c in full], dtype=float), f"{_name(g)} (n={len(full)})")
+    return Series(g, x, np.array([_floats(c) for _, c in full], dtype=float), f"{g.short_label} (n={len(full)})")
 
 
 LEGEND_INSIDE = 6  # lines of text a legend may have inside the axes; more go beside them, where they hide no curve
@@ -343,11 +337,12 @@ def plot_against(groups: Sequence[Group], pairs: Pairs, out_dir: Path, styles: S
                 figures.setdefault((dataset, protocol, pairs[g.label][0].label), []).append(g)
     styles = styles or curve_styles([g for same in figures.values() for g in same])
     several = Counter((d, p) for d, p, _ in figures)
-    names = [f"{d}_{p}".replace("/", " per ") + (f" vs {_name(pairs[same[0].label][0])}" if several[(d, p)] > 1 else "")
-             for (d, p, _), same in figures.items()]  # fmt: skip
+    refs = [pairs[same[0].label][0] for same in figures.values()]
+    names = [f"{d}_{p}".replace("/", " per ") + (f" vs {ref.short_label}" if several[(d, p)] > 1 else "")
+             for (d, p, _), ref in zip(figures, refs, strict=True)]  # fmt: skip
     files = []
-    for ((dataset, protocol, _), same), stem in zip(figures.items(), figure_stems(names), strict=True):
-        ref = _name(pairs[same[0].label][0])
+    for ((dataset, protocol, _), same), stem, reference in zip(figures.items(), figure_stems(names), refs, strict=True):
+        ref = reference.short_label
         series = [s for g in same if (s := _series(g, paired_curves(pairs[g.label][1])))]
         if not series:
             continue

@@ -322,7 +322,7 @@ def _versus(group: Group, ref: Group | None, std: str) -> dict[str, Any]:
     if ref is None or ref is group:
         ref, rec = None, {"vs": "", "vs_short": ""}
     else:
-        rec = {"vs": ref.label, "vs_short": " · ".join(p for p in (ref.setting.method_label, ref.config_label) if p)}
+        rec = {"vs": ref.label, "vs_short": ref.short_label}
     for metric in METRICS:
         stat, alone = paired(group, ref, metric, std) if ref is not None else (Stat(None, None, 0), 0)
         rec |= {f"{metric}_vs_mean": stat.mean, f"{metric}_vs_std": stat.std, f"{metric}_vs_n": stat.n}

@@ -212,6 +212,11 @@ class Group:
         return " · ".join(p for p in (s.method_label, s.dataset, s.protocol_label, self.config_label) if p)
 
     @property
+    def short_label(self) -> str:
+        """The label without dataset and protocol (where a table's row or a figure already says them)."""
+        return " · ".join(p for p in (self.setting.method_label, self.config_label) if p)
+
+    @property
     def finished(self) -> list[Run]:
         return [r for r in self.runs if r.summary is not None]
 
