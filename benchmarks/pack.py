@@ -15,6 +15,13 @@ along where it still fits. A pack that cannot fit is written anyway and split in
 
 On the other machine: ``mkdir -p DIR && tar xzf OUT.tgz -C DIR`` and the same ``dfcil sweep`` (or ``dfcil resume
 DIR/RUN``): it continues from the packed checkpoints, with results identical to one uninterrupted run.
+
+    python benchmarks/pack.py SWEEP_DIR --records DIR
+
+copies instead, as plain files, the records of the finished runs only (each run's records, the sweep's own files and
+those runs' logs; no checkpoint, no image): a few kB a run, small enough to keep in git beside the results they back.
+``dfcil report DIR`` reads them as it reads the sweep, and the same ``dfcil sweep`` with ``--out`` on a copy of
+``DIR`` skips those runs and starts the others afresh.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -78,6 +86,34 @@ def records(root: Path, cache: Path | None) -> list[Path]:
         dirs[:] = [d for d in dirs if d != "checkpoints" and (cache is None or (here / d).resolve() != cache.resolve())]
         out += [here / f for f in files if f not in LEFT_BEHIND and not f.endswith(".png") and not f.endswith(".tmp")]
     return sorted(out)
+
+
+def keep_records(root: Path, dest: Path) -> list[str]:
+    """Copy the records of ``root``'s finished runs into ``dest`` as plain files (see the module's docstring); returns
+    a line per run and one for the copy. ``root`` may be one run directory: it goes to ``dest/<its name>``. A file
+    already in ``dest`` is replaced."""
+    runs = runs_of(root)
+    finished = [run for run in runs if (run / "summary.json").exists()]
+    lines = [f"{run.relative_to(root.parent).as_posix() if run == root else run.relative_to(root).as_posix()}: "
+             f"{'kept' if run in finished else 'unfinished, left out'}" for run in runs]  # fmt: skip
+    base = root.parent if runs == [root] else root  # a run directory keeps its own name under dest
+    copied = [f for run in finished for f in records(run, None)]
+    if base == root:  # a sweep: its own files, and the logs of the runs kept
+        copied += [p for p in root.iterdir() if p.is_file() and p.name not in LEFT_BEHIND]
+        kept = [run.relative_to(root).as_posix() for run in finished]
+        logs = root / "logs"
+        copied += (
+            [p for p in sorted(logs.iterdir()) if any(p.name.startswith(f"{k}.") for k in kept)]
+            if logs.is_dir()
+            else []
+        )
+    for f in copied:
+        target = dest / f.relative_to(base)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+    size = sum(f.stat().st_size for f in copied)
+    lines.append(f"{dest}: {len(finished)} finished runs, {len(copied)} files, {size / 2**10:.0f} kB")
+    return lines
 
 
 def choose(carried: list[Carried], base: int, limit: int) -> None:
@@ -165,12 +201,19 @@ def size_of(text: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="a sweep directory, or one run directory")
-    parser.add_argument("out", type=Path, help="the pack, a .tgz")
+    parser.add_argument("out", type=Path, nargs="?", help="the pack, a .tgz")
+    parser.add_argument("--records", type=Path, metavar="DIR", help="copy the finished runs' records to DIR instead")
     parser.add_argument("--limit", type=size_of, default=size_of("15M"), help="the largest file (default 15M)")
     parser.add_argument("--cache", type=Path, help="a compile cache inside ROOT, carried where it fits")
     args = parser.parse_args(argv)
     if not args.root.is_dir():
         parser.error(f"{args.root} is not a directory")
+    if (args.out is None) == (args.records is None):
+        parser.error("give either OUT.tgz (a pack) or --records DIR (the finished runs' records)")
+    if args.records is not None:
+        for line in keep_records(args.root, args.records):
+            print(line)
+        return 0
     for line in pack(args.root, args.out, args.limit, args.cache):
         print(line)
     return 0

@@ -65,7 +65,8 @@ def test_the_code_is_lint_clean_and_its_functions_small():
 
 def test_no_file_sends_readers_to_files_the_repository_does_not_hold():
     """spec/ is the project's private notes: the repository states what it relies on in docs/ instead."""
-    files = [REPO / "README.md", *REPO.glob("docs/**/*.md"), *SRC.rglob("*.py"), *REPO.glob("configs/**/*.yaml")]
+    files = [REPO / "README.md", *REPO.glob("docs/**/*.md"), *REPO.glob("results/*.md"), *SRC.rglob("*.py")]
+    files += [*REPO.glob("configs/**/*.yaml")]
     files += [*REPO.glob("benchmarks/*"), *(f for f in REPO.glob("tests/*.py") if f.name != "test_core.py")]
     assert [str(f.relative_to(REPO)) for f in files if f.is_file() and "spec/" in f.read_text()] == []
 
@@ -80,11 +81,11 @@ def _anchors(doc: Path) -> set[str]:
 
 
 def test_relative_links_in_the_readme_and_docs_resolve():
-    """Every relative link of the README and docs/ names a file that exists, and a heading of it where it names one."""
+    """Every relative link of the README, docs/ and results/ names a file that exists, and a heading of it where it names one."""
     import re
 
     broken = []
-    for doc in [REPO / "README.md", *REPO.glob("docs/**/*.md")]:
+    for doc in [REPO / "README.md", *REPO.glob("docs/**/*.md"), *REPO.glob("results/*.md")]:
         for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)]*))?\)", doc.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue

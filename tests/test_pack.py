@@ -16,6 +16,7 @@ from dfcil.cli import main
 from dfcil.errors import BudgetSpent, RunInterrupted
 from dfcil.load import load_config
 from dfcil.runs.runner import resume, train
+from dfcil.sweep.plan import run_status
 from dfcil.training.budget import Budget, next_task_seconds, task_seconds
 from dfcil.training.loop import RunOptions
 from dfcil.training.state import Interrupt
@@ -274,3 +275,44 @@ def test_a_task_boundary_of_rdfcil_plus_at_cifar100_size_fits_one_16_mib_file(tm
     assert boundary <= 16 * 2**20 < (out / "checkpoints" / "task9-static.pt").stat().st_size
     lines = pack.pack(out, tmp_path / "run.tgz", 16 * 2**20)
     assert "its newest checkpoint, task 10 start" in lines[0] and (tmp_path / "run.tgz").stat().st_size <= 16 * 2**20
+
+
+def test_the_records_of_a_sweep_are_its_finished_runs_without_weights_and_report_reads_them(whole, tmp_path):
+    """``pack.py SWEEP --records DIR``: the finished runs' records as plain files (no checkpoint, no model, nothing of
+    an unfinished run, the logs of the runs kept), which ``dfcil report`` reads and a sweep takes as done."""
+    pack = _load("pack")
+    sweep = tmp_path / "sweep"
+    shutil.copytree(whole, sweep / "done")
+    shutil.copytree(_interrupted_in_task_2(tmp_path), sweep / "stopped")
+    (sweep / "sweep.json").write_text("{}")
+    (sweep / "logs").mkdir()
+    for name in ("done.log", "done.config.yaml", "stopped.log", "done-too.log"):
+        (sweep / "logs" / name).write_text(name)
+    lines = pack.keep_records(sweep, tmp_path / "kept")
+    assert lines[:2] == ["done: kept", "stopped: unfinished, left out"]
+    files = {p.relative_to(tmp_path / "kept").as_posix() for p in (tmp_path / "kept").rglob("*") if p.is_file()}
+    assert {"sweep.json", "done/summary.json", "done/config.yaml", "done/metrics.jsonl", "done/run.log"} <= files
+    assert {"logs/done.log", "logs/done.config.yaml"} <= files
+    assert not [f for f in files if "stopped" in f or "done-too" in f or f.endswith((".pt", ".png", ".lock"))]
+    assert run_status(tmp_path / "kept" / "done") == "done"
+    assert main(["report", str(tmp_path / "kept")]) == 0
+
+
+@pytest.mark.slow  # three runs through `dfcil sweep`, each its own process
+def test_the_same_sweep_on_a_copy_of_its_records_runs_only_the_runs_not_kept(tmp_path):
+    """The records of a sweep with one run unfinished, copied elsewhere: the same sweep there skips the kept run
+    and runs the other afresh, to the same result."""
+    pack = _load("pack")
+    out, over = tmp_path / "sweep", [a for (k, v) in OVERRIDES for a in (f"--{k}", v)]
+    argv = ["sweep", "--config", str(CONFIGS / "smoke.yaml"), "--grid", "seed=1,2", *over, "--data.num_tasks", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    seed2 = {k: v for k, v in json.loads((out / "seed2" / "summary.json").read_text()).items() if k not in VOLATILE}
+    (out / "seed2" / "summary.json").unlink()  # seed2 as if stopped before its end
+    pack.keep_records(out, tmp_path / "kept")
+    again = tmp_path / "again"
+    shutil.copytree(tmp_path / "kept", again)
+    kept_summary = (again / "seed1" / "summary.json").read_bytes()
+    assert main([*argv, "--out", str(again)]) == 0
+    assert (again / "seed1" / "summary.json").read_bytes() == kept_summary  # skipped, not run again
+    rerun = json.loads((again / "seed2" / "summary.json").read_text())
+    assert {k: v for k, v in rerun.items() if k not in VOLATILE} == seed2  # run afresh, to the same result
