@@ -81,7 +81,8 @@ def _anchors(doc: Path) -> set[str]:
 
 
 def test_relative_links_in_the_readme_and_docs_resolve():
-    """Every relative link of the README, docs/ and results/ names a file that exists, and a heading of it where it names one."""
+    """Every relative link of the README, docs/ and results/ names a file that exists, and a heading of it where it
+    names one."""
     import re
 
     broken = []
