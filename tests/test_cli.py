@@ -62,6 +62,7 @@ def test_smoke_run_records_and_config(smoke_run):
     assert saved == load_config([SMOKE], [("log", "[csv, tensorboard]")])[0]  # the session run logs both
     meta = json.loads((smoke_run / "meta.json").read_text())
     assert {"git_sha", "torch", "device", "argv"} <= set(meta)
+    assert meta["cpu"] == meta["device_name"] and f"{os.cpu_count()} CPUs" in meta["cpu"]  # the machine, in words
     assert "task 1: accuracy on 10 seen classes" in (smoke_run / "run.log").read_text()
 
 
@@ -632,3 +633,16 @@ def test_a_dry_run_refuses_an_unknown_logger_as_the_run_does(tmp_path, capsys, m
         assert "dfcil: error: unknown logger 'bogus'. Registered loggers: csv" in capsys.readouterr().err
     assert main(["train", "--config", SMOKE, "--dry-run", "--log", "csv"]) == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cpu_is_named_from_cpuinfo_and_without_it(tmp_path):
+    """meta.json's ``cpu``: /proc/cpuinfo's model name (platform.processor() is empty on Linux), the logical CPUs and
+    PyTorch's vector instructions; a machine without /proc/cpuinfo still gets a name."""
+    from dfcil.runs.runner import cpu_name
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\nflags\t\t: fpu\n")
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert cpu_name(info) == f"AMD EPYC 9B14, {os.cpu_count()} CPUs, {capability}"
+    assert cpu_name(tmp_path / "absent").endswith(f", {os.cpu_count()} CPUs, {capability}")
+    assert not cpu_name(tmp_path / "absent").startswith(",")

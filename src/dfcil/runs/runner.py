@@ -86,12 +86,29 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
         "numpy": numpy.__version__,
         "platform": platform.platform(),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "cpu": cpu_name(),  # the host's, on a GPU run too: timings of data and host work depend on it
         "torch_threads": torch.get_num_threads(),
         "processes": distributed.current().world,  # torchrun: the run's processes (docs/distributed.md)
         "argv": list(argv) if argv is not None else sys.argv,
         "plugins": [plugin_provenance(module) for module in plugin_modules(cfg)],
     }
+
+
+def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The host's processor, in words: its model name (Linux's ``/proc/cpuinfo``, else ``platform.processor()``),
+    the logical CPUs and the vector instructions PyTorch uses: ``Intel(R) Xeon(R) Processor, 2 CPUs, AVX512``. The
+    model name alone can be as generic as that, so the instructions tell machines apart too."""
+    name = ""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.partition(":")[2].strip()
+                break
+    except OSError:  # not Linux
+        pass
+    name = name or platform.processor() or platform.machine() or "unknown processor"
+    return f"{name}, {os.cpu_count()} CPUs, {torch.backends.cpu.get_cpu_capability()}"
 
 
 def plugin_modules(cfg: RunConfig) -> list[str]:
