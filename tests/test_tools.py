@@ -625,6 +625,28 @@ def test_exported_safetensors_rebuild_the_final_network(finished, tmp_path, caps
     assert "invalid choice: 'onnx' (choose from 'safetensors')" in capsys.readouterr().err
 
 
+def test_export_writes_its_own_earlier_export_again_and_refuses_to_replace_anything_else(finished, tmp_path, capsys):
+    """An --out that exists is written again only where it is this run's export (its card names the run's id); an
+    export of another run, or a file that is no export, is left as it is, with one line saying so."""
+    out = tmp_path / "net.safetensors"
+    assert main(["export", str(finished), "--out", str(out)]) == 0
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert card["run_id"] == json.loads((finished / "summary.json").read_text())["run_id"]
+    assert main(["export", str(finished), "--out", str(out)]) == 0  # the same run's export, again
+    capsys.readouterr()
+    out.with_suffix(".json").write_text(json.dumps({**card, "run_id": "another"}))
+    theirs = {p: p.read_bytes() for p in (out, out.with_suffix(".json"))}
+    assert main(["export", str(finished), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists, an export of another run (another); remove it or choose" in err
+    mine = tmp_path / "mine.safetensors"
+    mine.write_bytes(b"a user's own file")
+    assert main(["export", str(finished), "--out", str(mine)]) == 2
+    assert "already exists, not an export of this run" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in theirs} == theirs and mine.read_bytes() == b"a user's own file"
+    assert not mine.with_suffix(".json").exists()
+
+
 def test_the_card_names_classes_by_raw_id_as_the_summary_does_and_outputs_apart(finished):
     """summary.json and the model card index class_names by raw class id; the card's output_names go by output.
     model.pt keeps its names by output, as runs written before the card changed do, so their export reads alike."""

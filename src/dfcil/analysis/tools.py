@@ -386,9 +386,26 @@ def model_card(run: FinishedRun, weights: str) -> dict[str, Any]:
         "build": "net = dfcil.models.network.build_network(backbone, head); net.expand(n) for n in head_sizes; "
         "state = safetensors.torch.load_file(weights); "
         "net.load_state_dict({k: v for k, v in state.items() if not k.startswith('method.')}); net(x).logits",
-        "last_acc": (run.summary or {}).get("last_acc"),
+        "last_acc": (run.summary or {}).get("last_acc"), "run_id": _run_id(run.dir, run.summary),
         **method_card(run),
     }  # fmt: skip
+
+
+def check_not_another_export(out: Path, card: Path, run: FinishedRun) -> None:
+    """Refuse an ``--out`` outside the run directory where a file already is, unless it is this run's own earlier
+    export (weights and a card naming this run's id), which an export writes again: two runs exported to one name,
+    or a user's own file there, would be lost without a word."""
+    if out.resolve().parent == run.dir.resolve() or not (out.exists() or card.exists()):
+        return  # the run's own export, or nothing to replace
+    try:
+        earlier = json.loads(read_regular_text(card)).get("run_id") if out.exists() else None
+    except (OSError, ValueError, AttributeError):
+        earlier = None
+    mine = _run_id(run.dir, run.summary)
+    if earlier is None or earlier != mine:
+        whose = f"an export of another run ({earlier})" if earlier else "not an export of this run"
+        there = " and ".join(str(p) for p in (out, card) if p.exists())
+        raise ConfigError(f"--out {out}: {there} already exists, {whose}; remove it or choose another --out")
 
 
 def method_card(run: FinishedRun) -> dict[str, Any]:
@@ -461,6 +478,7 @@ def export_run(
                 f"--out {out}: {path} would replace or add to the run's own files; write the export outside {run.dir} "
                 f"(or leave --out unset for {run.dir / default})"
             )
+    check_not_another_export(out, card, run)
     about = model_card(run, out.name)  # before anything is written: an error here leaves no weights without a card
     exporter.write(run, out)
     write_json(card, about)
