@@ -19,7 +19,8 @@ DIR/RUN``): it continues from the packed checkpoints, with results identical to 
     python benchmarks/pack.py SWEEP_DIR --records DIR
 
 copies instead, as plain files, the records of the finished runs only (each run's records, the sweep's own files and
-those runs' logs; no checkpoint, no image): a few kB a run, small enough to keep in git beside the results they back.
+the configs those runs were started from; no checkpoint, no image, no console log, which repeats ``run.log``): up to
+a few hundred kB a run, small enough to keep in git beside the results they back.
 ``dfcil report DIR`` reads them as it reads the sweep, and the same ``dfcil sweep`` with ``--out`` on a copy of
 ``DIR`` skips those runs and starts the others afresh.
 """
@@ -98,15 +99,11 @@ def keep_records(root: Path, dest: Path) -> list[str]:
              f"{'kept' if run in finished else 'unfinished, left out'}" for run in runs]  # fmt: skip
     base = root.parent if runs == [root] else root  # a run directory keeps its own name under dest
     copied = [f for run in finished for f in records(run, None)]
-    if base == root:  # a sweep: its own files, and the logs of the runs kept
-        copied += [p for p in root.iterdir() if p.is_file() and p.name not in LEFT_BEHIND]
-        kept = [run.relative_to(root).as_posix() for run in finished]
+    if base == root:  # a sweep: its own files, and the configs the kept runs were started from (their console
+        copied += [p for p in root.iterdir() if p.is_file() and p.name not in LEFT_BEHIND]  # logs repeat run.log)
+        started = {f"{run.relative_to(root).as_posix()}.config.yaml" for run in finished}
         logs = root / "logs"
-        copied += (
-            [p for p in sorted(logs.iterdir()) if any(p.name.startswith(f"{k}.") for k in kept)]
-            if logs.is_dir()
-            else []
-        )
+        copied += [p for p in sorted(logs.iterdir()) if p.name in started] if logs.is_dir() else []
     for f in copied:
         target = dest / f.relative_to(base)
         target.parent.mkdir(parents=True, exist_ok=True)
