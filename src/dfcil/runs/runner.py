@@ -75,7 +75,7 @@ log = logging.getLogger("dfcil")
 def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, Any]:
     import numpy
 
-    device = resolve_device(cfg.device)
+    device, cpu = resolve_device(cfg.device), cpu_name()
     return {
         "dfcil": __version__,
         "code": source_revision(),  # the package's source that computes the run (dfcil.version)
@@ -86,8 +86,8 @@ def provenance(cfg: RunConfig, argv: Sequence[str] | None = None) -> dict[str, A
         "numpy": numpy.__version__,
         "platform": platform.platform(),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
-        "cpu": cpu_name(),  # the host's, on a GPU run too: timings of data and host work depend on it
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,
+        "cpu": cpu,  # the host's, on a GPU run too: timings of data and host work depend on it
         "torch_threads": torch.get_num_threads(),
         "processes": distributed.current().world,  # torchrun: the run's processes (docs/distributed.md)
         "argv": list(argv) if argv is not None else sys.argv,
