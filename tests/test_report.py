@@ -2,6 +2,7 @@
 formats, --by, the CLI; and every plot from a real smoke run."""
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -510,6 +511,44 @@ def test_the_report_says_how_a_method_scores_where_summary_json_says_it(tmp_path
     text = report(find_runs([tmp_path]))
     assert f"How methods score: fecam: {scoring}." in text and "can be negative" in scoring
     assert "How methods score" not in report(find_runs([tmp_path / "rdfcil"]))
+
+
+def test_a_run_trained_in_its_last_task_only_is_read_for_its_last_task_only(tmp_path):
+    """Joint with last_only has an untrained network until its last task: its Ā_N, forgetting and BWT, and its
+    curves' points before the last task, are no results; the report leaves them out (–, NaN, blank in the CSV) and
+    says why, whether the summary lists its unscored tasks or is older and the config says last_only."""
+    from dfcil.analysis.plots import first_task_curve
+
+    joint = {"name": "joint", "last_only": True}
+    matrix = [[19.0, None, None], [0.0, 14.0, None], [60.0, 55.0, 70.0]]
+    late = summary(61.0, 11.0, forgetting=-40.0, old=57.5, new=70.0) | {"accuracy_matrix": matrix, "bwt": 40.0}
+    write_run(tmp_path, "old/o0", C100_N10, joint, summary=late)  # a summary from before unscored_tasks
+    write_run(tmp_path, "new/o0", C100_N10 | {"class_order_seed": 1}, joint, summary=late | {"unscored_tasks": [0, 1]})
+    write_run(tmp_path, "rdfcil/o0", C100_N10, RDFCIL, summary=summary(40.0, 58.0))
+    runs = {r.name.partition("/")[2]: r for r in find_runs([tmp_path])}
+    for name in ("old/o0", "new/o0"):
+        r = runs[name]
+        assert [r.metric(m) for m in ("last_acc", "avg_inc_acc", "forgetting", "bwt", "old_acc")] == [
+            61.0, None, None, None, 57.5
+        ]  # fmt: skip
+        assert r.summary["acc_per_task"] == [None, None, 61.0] and r.summary["new_acc"] == [None, None, 70.0]
+        assert first_task_curve(r.summary) == [None, None, 60.0]
+    assert runs["rdfcil/o0"].metric("avg_inc_acc") == 58.0  # a run that scores every task is read whole
+    from dfcil.analysis.plots import run_figure
+
+    counts = [[100, 100, 100]] * 3
+    whole = runs["new/o0"].summary | {"correct_matrix": [[19, 0, 0], [0, 14, 0], [60, 55, 70]], "count_matrix": counts}
+    forgetting = run_figure(dataclasses.replace(runs["new/o0"], summary=whole)).axes[2].lines[0].get_ydata()
+    assert np.isnan(forgetting).all()  # after task 2 too: it reads rows 0 and 1
+    text = report(find_runs([tmp_path]))
+    head, joint_line = (next(ln for ln in text.splitlines() if ln.startswith(s)) for s in ("| group", "| joint"))
+    row = dict(zip(head.split(" | "), joint_line.split(" | "), strict=True))
+    assert (row["runs"], row["A_N"], row["Ā_N"], row["forgetting"]) == ("2", "61.00 ± 0.00", "–", "–"), row
+    assert "Not results: joint: untrained after tasks 0 to 1" in text
+    assert "Not results" not in report(find_runs([tmp_path / "rdfcil"]))
+    rows = list(csv.DictReader(io.StringIO(report(find_runs([tmp_path]), fmt="csv"))))
+    joint_row = next(r for r in rows if r["method"] == "joint")
+    assert joint_row["last_acc_mean"] == "61.0" and joint_row["avg_inc_acc_mean"] == ""
 
 
 def other_papers_runs(root: Path) -> Path:

@@ -470,7 +470,10 @@ def run_figure(run: Run) -> Any:
     ax_on.plot(tasks, _floats(s["acc_per_task"]), marker=".", linestyle="--", label="all seen: A_i")
     ax_on.set(xlabel="task i", ylabel="accuracy (%)", title="old and new accuracy", ylim=(-2, 102))
     ax_on.legend(fontsize=8)
-    ax_f.plot(tasks, forgetting_per_task(s["correct_matrix"], s["count_matrix"]), marker="o", color="C3")
+    forgetting = forgetting_per_task(s["correct_matrix"], s["count_matrix"])
+    if unscored := s.get("unscored_tasks"):  # forgetting after task i reads rows 0..i: none with an unscored row
+        forgetting[min(unscored) :] = np.nan
+    ax_f.plot(tasks, forgetting, marker="o", color="C3")
     ax_f.set(xlabel="task i", ylabel="forgetting (points)", title="forgetting after each task")
     if n <= 26:
         for ax in (ax_m, ax_on, ax_f):

@@ -509,6 +509,20 @@ def scoring_notes(runs: Sequence[Run]) -> dict[str, str]:
     return notes
 
 
+def unscored_notes(runs: Sequence[Run]) -> dict[str, str]:
+    """For each method with runs whose model was not its answer after some tasks (joint trained in the last task
+    only: :func:`dfcil.analysis.run_dirs.unscored_tasks`), what the report leaves out of them, by method."""
+    notes = {}
+    for r in runs:
+        if r.summary is not None and (tasks := r.summary.get("unscored_tasks")):
+            shown = f"task {tasks[0]}" if len(tasks) == 1 else f"tasks {tasks[0]} to {tasks[-1]}"
+            notes[str(r.config.get("method", {}).get("name", "?"))] = (
+                f"untrained after {shown} (trained later in the run), so its Ā_N, forgetting and BWT read – and its "
+                f"curves have no point there; its A_N and old/new accuracy after the last task are results"
+            )
+    return notes
+
+
 def compares_paper(groups: Sequence[Group]) -> bool:
     """Whether a group is on a protocol the paper's numbers can apply to: a dataset it ran, not reduced. A report of
     reduced protocols alone (cifar100-mini) has no paper columns, which would all read "–"."""
@@ -543,6 +557,10 @@ def footer(runs: Sequence[Run], groups: Sequence[Group], style: _Style, metric: 
             "How methods score: "
             + "; ".join(f"{style.text(m)}: {style.text(t)}" for m, t in sorted(scoring.items()))
             + "."
+        )
+    if unscored := unscored_notes(runs):
+        notes.append(
+            "Not results: " + "; ".join(f"{style.text(m)}: {style.text(t)}" for m, t in sorted(unscored.items())) + "."
         )
     if repeats := repeated_runs(groups):
         notes.append(

@@ -113,6 +113,40 @@ def first_acc(summary: dict[str, Any]) -> float | None:
     return matrix[-1][0] if matrix and matrix[-1] else None
 
 
+def unscored_tasks(config: dict[str, Any], summary: dict[str, Any]) -> list[int]:
+    """The tasks after which a run's model was not its method's answer yet (joint trained in the last task only):
+    the summary's ``unscored_tasks``, or for a summary written before it listed them, every task but the last of a
+    joint run with ``method.last_only``."""
+    if isinstance(listed := summary.get("unscored_tasks"), list):
+        return [t for t in listed if isinstance(t, int)]
+    method = config.get("method") or {}
+    if method.get("name") == "joint" and method.get("last_only") is True:
+        return list(range(len(summary.get("task_sizes") or []) - 1))
+    return []
+
+
+# what an unscored task's row of the accuracy matrix feeds: not a result where a run has one
+FROM_EVERY_ROW = ("avg_inc_acc", "avg_inc_acc_task_avg", "forgetting", "bwt")
+PER_TASK = ("acc_per_task", "acc_per_task_task_avg", "new_acc", "old_acc")
+
+
+def scored_view(summary: dict[str, Any], unscored: Sequence[int]) -> dict[str, Any]:
+    """``summary`` as a report reads it: without what comes from the rows of ``unscored`` tasks (each None: the
+    per-task entries, the matrix's rows and the averages over rows), so that no table, figure or CSV shows an
+    untrained network's accuracy as a result."""
+    if not unscored:
+        return summary
+    out = dict(summary)
+    out |= {key: None for key in FROM_EVERY_ROW if key in out}
+    for key in PER_TASK:
+        if isinstance(out.get(key), list):
+            out[key] = [None if t in unscored else v for t, v in enumerate(out[key])]
+    if isinstance(out.get("accuracy_matrix"), list):
+        out["accuracy_matrix"] = [[None] * len(row) if t in unscored else row
+                                  for t, row in enumerate(out["accuracy_matrix"])]  # fmt: skip
+    return out | {"unscored_tasks": list(unscored)}
+
+
 # metrics a report reads from a summary's matrices rather than a key of its own
 DERIVED: dict[str, Callable[[dict[str, Any]], float | None]] = {"first_acc": first_acc}
 
@@ -314,6 +348,7 @@ def _read_run(path: Path, name: str) -> Run | None:
         if (problem := disagreement(config, summary)) is not None:
             return skip(f"its config.yaml and summary.json disagree ({problem}): they are two runs' files; put back "
                         f"the run's own file, or {leave_out}")  # fmt: skip
+        summary = scored_view(summary, unscored_tasks(config, summary))
     return Run(path, name, with_added_method_keys(config), summary)
 
 

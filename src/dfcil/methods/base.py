@@ -101,6 +101,13 @@ class Method:
         the run's ``train`` schedule (:meth:`Phase.from_train`)."""
         return [Phase.from_train("train", self.train)]
 
+    def scored(self, task: Task) -> bool:
+        """Whether the model after task ``task.task_id`` is this method's answer for the classes seen so far, so that
+        its row of the accuracy matrix is a result; False for a task whose training the method leaves to a later one
+        (joint with ``last_only``: an untrained network until the last task). The summary lists the tasks that are
+        not (``unscored_tasks``), and a report reads only what comes after them (A_N where it is the last task)."""
+        return True
+
     def batch_size(self, task: int) -> int:
         """Real images per training step in task ``task``, for the whole task; default: ``train.batch_size``."""
         return self.train.batch_size

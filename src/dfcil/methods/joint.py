@@ -35,6 +35,9 @@ class Joint(Method):
             return []
         return super().phases(task)
 
+    def scored(self, task: Task) -> bool:
+        return not self.cfg.last_only or task.task_id == task.num_tasks - 1
+
     def on_task_start(self, ctx: TaskContext) -> None:
         if self.cfg.from_scratch and ctx.task_id > 0 and self.phases(ctx):
             ctx.net.reset_parameters()

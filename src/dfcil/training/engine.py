@@ -38,6 +38,7 @@ from dfcil.compute.optim import (
 from dfcil.compute.runtime import Runtime, compile_cache, process_state_kept, resolve_device, seed_everything
 from dfcil.config import RunConfig, changed_from_defaults, config_to_dict
 from dfcil.data.device import Normalizer
+from dfcil.data.splits import ClassIncrementalSplit
 from dfcil.errors import BudgetSpent, RunInterrupted
 from dfcil.methods import Method, Phase, TaskContext, build_method, loss_terms
 from dfcil.models.network import backbone_for, build_network
@@ -119,6 +120,7 @@ def run(
             "format": SUMMARY_FORMAT, "dfcil": __version__, "method": cfg.method.name, "stores": loop.method.stores,
             "method_changed": changed_from_defaults(cfg.method),  # method keys away from the method's defaults
             **({"scoring": loop.method.info.scoring} if loop.method.info.scoring else {}),
+            **({"unscored_tasks": unscored} if (unscored := unscored_tasks(loop.method, split)) else {}),
             "dataset": protocol.dataset.name, "augment": cfg.data.augment,
             "class_order": list(split.class_order), "tasks": split.tasks, "task_sizes": list(split.task_sizes),
             **state.acc.summary(), "wall_time_s": round(time.perf_counter() - started, 2),
@@ -128,6 +130,12 @@ def run(
         }  # fmt: skip
         loop.emit("on_run_end", summary)
         return summary
+
+
+def unscored_tasks(method: Method, split: ClassIncrementalSplit) -> list[int]:
+    """The tasks after which the model is not the method's answer yet (:meth:`Method.scored`): their rows of the
+    accuracy matrix are no results, and the summary lists them for the reports."""
+    return [task.task_id for task in tasks_of(split) if not method.scored(task)]
 
 
 def build(cfg: RunConfig, protocol: Protocol, options: RunOptions | None = None) -> Loop:
