@@ -1047,6 +1047,23 @@ def test_exclude_leaves_out_matching_run_directories_before_anything_else(tmp_pa
     assert "no run directories (folders with a config.yaml) that --exclude '*' nothing-like-it leaves under" in err
 
 
+def test_an_exclude_glob_that_matches_the_folder_given_is_read_against_the_names_below_it(tmp_path):
+    """``dfcil report results/long-cal --exclude 'long-*'`` leaves out the runs named ``long-*``, not the folder given
+    itself, whose name the glob matches too, and with it the name and path of every folder below it."""
+    root = tmp_path / "long-cal"
+    write_run(root, "long-order0", C100_N10, RDFCIL, summary=summary(40.0, 58.0))
+    write_run(root, "dpcr-order0", C100_N10, {"name": "dpcr"}, summary=summary(45.0, 60.0))
+
+    def kept(*globs: str) -> list[str]:
+        return sorted(r.name for r in find_runs([root], exclude=globs))
+
+    assert kept("long-*") == kept("*long*") == ["long-cal/dpcr-order0"]
+    assert kept(f"{tmp_path.resolve()}/*") == ["long-cal/dpcr-order0", "long-cal/long-order0"]  # the folder given
+    assert kept("long-cal/dpcr*") == kept(f"{root.resolve()}/dpcr-*") == ["long-cal/long-order0"]  # as before
+    assert kept("long-cal") == ["long-cal/dpcr-order0", "long-cal/long-order0"]
+    assert "long" not in tmp_path.name and find_runs([tmp_path], exclude=["long-*"]) == []  # a folder below: all of it
+
+
 def test_bwt_is_a_metric_of_by_and_the_csv_with_its_sign(tmp_path, capsys):
     """summary.json's ``bwt`` (as AccuracyMatrix writes it) is a --metric: negative where forgetting is positive;
     a run from before BWT was saved has none, and a bwt that is no number skips its run."""

@@ -285,6 +285,9 @@ def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -
         if not given.exists():
             raise ReportError(f"{given} does not exist")
         root = given.resolve()
+        # a glob that matches the folder given (its name or path) would match every path below it: it is read
+        # against the own names of the folders below, and never leaves out the folder given itself
+        inherited = [g for g in exclude if any(fnmatch.fnmatchcase(text, g) for text in (root.name, str(root)))]
         walked: set[Path] = set()  # the folders' real paths: a symlink loop, or a run reached twice, is read once
         for folder, subdirs, files in os.walk(root, followlinks=True):  # a folder of links to runs is a folder of runs
             here, name = Path(folder), str(Path(root.name) / Path(folder).relative_to(root))
@@ -293,7 +296,7 @@ def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -
                 subdirs[:] = []
                 continue
             walked.add(real)
-            if matched := excluded(here, name, exclude):
+            if here != root and (matched := excluded(here, name, exclude, inherited)):
                 unused |= dict.fromkeys(matched, False)
                 subdirs[:] = []  # nor anything below it
                 continue
@@ -313,11 +316,19 @@ def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -
     return [r for r in runs.values() if r is not None]
 
 
-def excluded(path: Path, name: str, globs: Sequence[str]) -> list[str]:
+def excluded(path: Path, name: str, globs: Sequence[str], own_name_only: Sequence[str] = ()) -> list[str]:
     """The ``globs`` (``fnmatch``: ``*`` also crosses ``/``) that match a folder (a run directory, or one above runs):
     its own name (``smoke-logs``), its name in the report (``runs/smoke-logs``, from the folder given on the command
-    line) or its absolute path."""
-    return [g for g in globs if any(fnmatch.fnmatchcase(text, g) for text in (path.name, name, str(path)))]
+    line) or its absolute path; those of ``own_name_only`` (globs that match the folder given, and so every path below
+    it) by its own name only."""
+    return [
+        g
+        for g in globs
+        if any(
+            fnmatch.fnmatchcase(text, g)
+            for text in ((path.name,) if g in own_name_only else (path.name, name, str(path)))
+        )
+    ]
 
 
 def _read_run(path: Path, name: str) -> Run | None:
