@@ -136,15 +136,16 @@ def scored_view(summary: dict[str, Any], unscored: Sequence[int]) -> dict[str, A
     untrained network's accuracy as a result."""
     if not unscored:
         return summary
+    skip = set(unscored)
     out = dict(summary)
     out |= {key: None for key in FROM_EVERY_ROW if key in out}
     for key in PER_TASK:
         if isinstance(out.get(key), list):
-            out[key] = [None if t in unscored else v for t, v in enumerate(out[key])]
+            out[key] = [None if t in skip else v for t, v in enumerate(out[key])]
     if isinstance(out.get("accuracy_matrix"), list):
-        out["accuracy_matrix"] = [[None] * len(row) if t in unscored else row
+        out["accuracy_matrix"] = [[None] * len(row) if t in skip else row
                                   for t, row in enumerate(out["accuracy_matrix"])]  # fmt: skip
-    return out | {"unscored_tasks": list(unscored)}
+    return out | {"unscored_tasks": sorted(skip)}
 
 
 # metrics a report reads from a summary's matrices rather than a key of its own
@@ -287,7 +288,7 @@ def find_runs(paths: Iterable[str | os.PathLike], exclude: Sequence[str] = ()) -
         root = given.resolve()
         # a glob that matches the folder given (its name or path) would match every path below it: it is read
         # against the own names of the folders below, and never leaves out the folder given itself
-        inherited = [g for g in exclude if any(fnmatch.fnmatchcase(text, g) for text in (root.name, str(root)))]
+        inherited = excluded(root, root.name, exclude)
         walked: set[Path] = set()  # the folders' real paths: a symlink loop, or a run reached twice, is read once
         for folder, subdirs, files in os.walk(root, followlinks=True):  # a folder of links to runs is a folder of runs
             here, name = Path(folder), str(Path(root.name) / Path(folder).relative_to(root))
