@@ -147,7 +147,11 @@ def test_sweep_runs_skips_resumes_and_retries(tmp_path, capsys):
     # again: nothing to do
     assert main(args) == 0
     assert {r["state"] for r in _records(out).values()} == {"skipped"}
-    assert "2 finished before, skipped" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "2 finished before, skipped" in text
+    # runs this invocation did not time show their own time, marked as such (not "—")
+    own = json.loads((out / "seed1" / "summary.json").read_text())["total_time_s"]
+    assert f"| seed1 | skipped | 0 | {own:.0f}* |" in text and "*: the run's own time" in text
 
     # a finished run's summary cut short: that run is reported failed with its file and the fix, the other skipped
     summary_file = out / "seed1" / "summary.json"

@@ -84,14 +84,19 @@ class Sweep:
 
     def table(self) -> str:
         lines = ["| run | state | attempts | time (s) | A_N |", "|---|---|---:|---:|---:|"]
+        own = False  # a finished run that no sweep timed (finished before, by `dfcil resume` or another sweep)
         for r in self.runs:
             acc = f"{r.result['last_acc']:.2f}" if r.result else "—"
             t = f"{r.time_s:.0f}" if r.time_s is not None else "—"
+            if r.time_s is None and r.result and isinstance(r.result.get("total_time_s"), int | float):
+                t, own = f"{r.result['total_time_s']:.0f}*", True
             lines.append(f"| {r.name} | {r.state} | {r.attempts} | {t} | {acc} |")
         counts: dict[str, int] = {}
         for r in self.runs:
             counts[r.state] = counts.get(r.state, 0) + 1
         lines.append("")
+        if own:
+            lines.append("*: the run's own time (its summary.json's total_time_s), finished before this sweep timed it")
         lines.append(
             ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; {time.time() - self.started:.0f} s in all"
         )
