@@ -129,6 +129,26 @@ def test_csv_rows_are_the_jsonl_records(finished):
             record[k] for k in ("acc", "new_acc", "old_acc")
         ]
         assert [_number(row[f"acc_task{j}"]) for j in range(2)][: record["task"] + 1] == record["acc_row"]
+        # the task's seconds by part, and their sum: the task's whole (the end work a method's own, e.g. drift_s)
+        t = record["timing"]
+        train = sum(p["time_s"] for p in t["phases"].values())
+        end = sum(v for k, v in t.items() if k.endswith("_s") and k not in ("setup_s", "eval_s", "compile_s"))
+        parts = [float(row[k]) for k in ("setup_s", "train_s", "end_s", "eval_s")]
+        assert parts == pytest.approx([t.get("setup_s", 0.0), train, end, t["eval_s"]], rel=1e-9)
+        assert float(row["task_s"]) == pytest.approx(sum(parts), rel=1e-9) and train > 0
+
+
+def test_tasks_csv_counts_a_methods_end_work():
+    from dfcil.training.loggers import task_row
+
+    timing = {"setup_s": 2.0, "phases": {"rrl": {"time_s": 10.0}, "chr": {"time_s": 3.0}}, "drift_s": 4.5,
+              "compile_s": 1.0, "eval_s": 0.5, "peak_memory_mb": 9.0}  # fmt: skip
+    record = {"task": 1, "n_seen": 4, "acc": 50.0, "acc_task_avg": 50.0, "new_acc": 60.0, "old_acc": 40.0,
+              "acc_row": [40.0, 60.0], "timing": timing}  # fmt: skip
+    row = task_row(record)
+    # compile_s lies inside the phases' and setup's seconds: not counted twice; memory is no time
+    assert (row["setup_s"], row["train_s"], row["end_s"], row["eval_s"], row["task_s"]) == (2.0, 13.0, 4.5, 0.5, 20.0)
+    assert task_row({**record, "timing": {}})["task_s"] is None  # a record without timings (an old run's)
 
 
 def test_csv_floats_have_ten_significant_digits():

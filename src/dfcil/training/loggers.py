@@ -41,6 +41,7 @@ from dfcil.errors import ConfigError
 from dfcil.extras import require
 from dfcil.io import write_atomic, write_json
 from dfcil.registry import Registry
+from dfcil.training.budget import end_work, task_seconds
 from dfcil.training.grid import synthetic_images_path
 from dfcil.training.loop import Callback, Loop
 from dfcil.training.protocol import tasks_of
@@ -98,17 +99,23 @@ def epoch_row(record: dict[str, Any]) -> dict[str, Any]:
 
 def task_columns(num_tasks: int) -> list[str]:
     accuracies = [f"acc_task{j}" for j in range(num_tasks)]
-    return ["task", "n_seen", "acc", "acc_task_avg", "new_acc", "old_acc", *accuracies, "setup_s", "eval_s"]
+    seconds = ["setup_s", "train_s", "end_s", "eval_s", "task_s"]
+    return ["task", "n_seen", "acc", "acc_task_avg", "new_acc", "old_acc", *accuracies, *seconds]
 
 
 def task_row(record: dict[str, Any]) -> dict[str, Any]:
     """A task record of ``metrics.jsonl`` as a ``tasks.csv`` row: ``acc_task<j>`` is the accuracy on task j's
-    classes after this task; an empty cell is a value that does not exist (old accuracy after the first task)."""
+    classes after this task; an empty cell is a value that does not exist (old accuracy after the first task).
+    Seconds: the setup (R-DFCIL's inversion), the training phases, the method's own work at the task's end (drift
+    compensation, ADC; :func:`~dfcil.training.budget.end_work`), the evaluation, and the task's whole."""
     timing = record.get("timing") or {}
+    train = sum(float(p.get("time_s", 0.0)) for p in timing.get("phases", {}).values()) if timing else None
     return {
         **{k: record[k] for k in ("task", "n_seen", "acc", "acc_task_avg", "new_acc", "old_acc")},
         **{f"acc_task{j}": a for j, a in enumerate(record["acc_row"])},
-        "setup_s": timing.get("setup_s"), "eval_s": timing.get("eval_s"),
+        "setup_s": timing.get("setup_s"), "train_s": train,
+        "end_s": sum(end_work(timing).values()) if timing else None,
+        "eval_s": timing.get("eval_s"), "task_s": task_seconds(timing) if timing else None,
     }  # fmt: skip
 
 
