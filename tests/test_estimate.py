@@ -197,6 +197,23 @@ def test_every_method_can_be_timed(method):
     assert estimate.total_s > 0 and not untimed(estimate.plan, estimate.step_s)
 
 
+def test_a_phase_first_trained_in_a_later_task_is_timed_there():
+    """Joint trained in the last task only (here task 3 of 4) has no training step in tasks 0 and 1: its steps, the
+    whole run's training, are timed in task 3, not counted as nothing (which said "about" a run's evaluation only)."""
+    over = [("method.last_only", "true"), ("data.num_tasks", "4")]
+    _, _, loop = _smoke("joint", over)
+    estimate = estimate_run(loop, engine.fit_task, engine.task_context, steps=1, budget_s=0.1)
+    assert not untimed(estimate.plan, estimate.step_s) and estimate.samples["train"]
+    assert [s.task for s in estimate.plan if s.part == "train"] == [3] and estimate.tasks == (0, 1, 3)
+    first, how = estimate.lines()
+    assert ": train " in first and "in tasks 0, 1 and 3 " in how and "not timed" not in how
+    train = seconds_by_part(estimate.plan, estimate.step_s)["train"]
+    assert train > seconds_by_part(estimate.plan, estimate.step_s)["evaluation"]
+    # a run whose every phase trains in tasks 0 and 1 is timed there only, as before
+    every = estimate_run(_smoke("joint")[2], engine.fit_task, engine.task_context, steps=1, budget_s=0.1)
+    assert every.tasks == (0, 1)
+
+
 def test_compiled_steps_are_timed_eagerly_and_said_so():
     cfg, _ = load_config(smoke_configs("rdfcil"), [("engine.compile", "default")])
     timed, notes = timed_config(cfg)

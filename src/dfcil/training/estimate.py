@@ -148,6 +148,7 @@ class RunEstimate:
     timed: int  # steps timed per kind at most (fewer where a kind's steps are slow)
     seconds: float  # what the timing took
     notes: tuple[str, ...] = ()  # what it did not time, beyond what every estimate leaves out
+    tasks: tuple[int, ...] = (0, 1)  # the tasks whose steps were timed (a later one: a phase first trained there)
 
     @property
     def step_s(self) -> dict[str, float]:
@@ -170,10 +171,17 @@ class RunEstimate:
         return [
             f"expected time on this machine ({self.device}): about {rough_duration(self.total_s)} "
             f"(±{percent} %): {shown or 'nothing to train'}",
-            f"  from up to {self.timed} steps of each kind timed after a warm-up, in task 0 and task 1 "
+            f"  from up to {self.timed} steps of each kind timed after a warm-up, in {in_tasks(self.tasks)} "
             f"({self.seconds:.1f}s); ±: those steps' spread; later tasks' steps taken as task 1's; "
             f"not counted: checkpoints and logs{''.join(f'; {n}' for n in notes)}",
         ]
+
+
+def in_tasks(tasks: Sequence[int]) -> str:
+    """``"task 0 and task 1"``, ``"tasks 0, 1 and 9"`` (a phase first trained in task 9 timed there)."""
+    if len(tasks) <= 2:
+        return " and ".join(f"task {t}" for t in tasks)
+    return f"tasks {', '.join(map(str, tasks[:-1]))} and {tasks[-1]}"
 
 
 class _Enough(Exception):
@@ -231,11 +239,12 @@ ContextOf = Callable[[Loop, int], TaskContext]
 
 def measure(
     loop: Loop, fit_task: FitTask, task_context: ContextOf, steps: int = 3, budget_s: float = 2.0
-) -> dict[str, tuple[float, ...]]:
+) -> tuple[dict[str, tuple[float, ...]], tuple[int, ...]]:
     """Seconds of a few steps of each kind of tasks 0 and 1 of the freshly built run ``loop`` (which it trains a
     little: a throwaway), by kind (:func:`kind_of`): each task's start and end, its inversion steps (stopped after a
-    few), its phases' training steps (a few of each, through ``fit_task``, the engine's own phase loop), and the
-    evaluation's seconds per test image (one batch)."""
+    few), its phases' training steps (a few of each, through ``fit_task``, the engine's own phase loop; a phase that
+    trains first in a later task, in that task: :func:`_later_phases`), and the evaluation's seconds per test image
+    (one batch). Returns them and the tasks whose steps were timed."""
     device = loop.runtime.device
     graphs = loop.runtime.graphs == "on" and device.type == "cuda"
     warmup = 4 if graphs else 1  # with CUDA graphs: StepGraph's two eager steps, its capture and a first replay
@@ -271,8 +280,37 @@ def measure(
         watch.start()
         method.on_task_end(ctx)
         samples[kind_of(t, END)] = ((end + watch.elapsed()) / units_of(method, ctx),)
+    later = _later_phases(loop, fit_task, task_context, watch, samples)
     samples[EVALUATION] = _evaluation(loop, watch)
-    return samples
+    return samples, (*range(min(2, loop.protocol.split.num_tasks)), *([later] if later is not None else []))
+
+
+def _later_phases(
+    loop: Loop, fit_task: FitTask, task_context: ContextOf, watch: Stopwatch, samples: dict[str, tuple[float, ...]]
+) -> int | None:
+    """Time the steps of a phase that no task before the third trains (joint trained in the last task only), in the
+    first task that trains it, the tasks between only growing the head (their training is not what is timed): else
+    those steps, often most of the run, would be counted as nothing. Returns that task, or None (no such phase)."""
+    method, state, split = loop.method, loop.state, loop.protocol.split
+
+    def untimed_phases(t: int) -> list[Phase]:
+        task = Task(task_id=t, n_old=split.offsets[t], n_new=split.task_sizes[t], num_tasks=split.num_tasks)
+        return [p for p in method.phases(task) if p.epochs and kind_of(t, p.name) not in samples]
+
+    later = next((t for t in range(2, split.num_tasks) if untimed_phases(t)), None)
+    if later is None:
+        return None
+    for t in range(2, later):
+        loop.net.expand(split.task_sizes[t])
+    ctx = loop.ctx = task_context(loop, later)
+    loop.net.expand(ctx.n_new)
+    method.on_task_start(ctx)
+    for phase in untimed_phases(later):
+        state.position, state.epoch, state.optimizer, loop.graph = Position(later, "setup"), None, None, None
+        with contextlib.suppress(_Enough):
+            fit_task(loop, ctx, [phase])
+        samples[kind_of(later, phase.name)] = watch.timed()
+    return later
 
 
 @torch.no_grad()
@@ -330,10 +368,10 @@ def estimate_run(
     stretches = tuple(plan(loop))
     busy = busy_note(loop.runtime.device)  # before this process's own timing adds to the load
     with process_state_kept(), quiet():
-        samples = measure(loop, fit_task, task_context, steps, budget_s)
+        samples, tasks = measure(loop, fit_task, task_context, steps, budget_s)
     return RunEstimate(
         device_name(loop.runtime.device), stretches, samples, steps, time.perf_counter() - started,
-        (*notes, *([busy] if busy else [])),
+        (*notes, *([busy] if busy else [])), tasks,
     )  # fmt: skip
 
 
