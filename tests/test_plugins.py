@@ -129,8 +129,12 @@ def test_an_installed_method_is_imported_when_a_config_names_it_and_only_then(si
     assert "A plugin's toy method" in line and "[plugin: plug_toy]" in line
 
 
-def test_dfcil_methods_lists_installed_plugins_from_their_metadata_without_importing_them_or_torch(site):
+def test_dfcil_methods_lists_installed_plugins_from_their_metadata_without_importing_them_or_torch(site, tmp_path):
     install(site, "toy-pkg", "1.0", {"dfcil.methods": {"plug_toy": "plug_toy"}}, plug_toy=TOY.format(name="plug_toy"))
+    # a package in the current directory is not installed: listed, with why a config naming it is refused
+    here = tmp_path / "here"
+    here.mkdir()
+    install(here, "stray", "1.0", {"dfcil.methods": {"stray_toy": "stray_toy"}}, stray_toy=TOY.format(name="stray_toy"))
     code = "\n".join(
         [
             "import sys",
@@ -139,9 +143,12 @@ def test_dfcil_methods_lists_installed_plugins_from_their_metadata_without_impor
             "print(sorted({'torch', 'plug_toy'} & {*sys.modules}))",
         ]
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=here).stdout
     (line,) = [line for line in out.splitlines() if line.startswith("plug_toy ")]
-    assert "[plugin: toy-pkg 1.0]" in line and "--plugin plug_toy" in line
+    assert "[plugin: toy-pkg 1.0]" in line and "--plugin plug_toy" in line and "not imported" not in line
+    (line,) = [line for line in out.splitlines() if line.startswith("stray_toy ")]
+    assert "[plugin: stray 1.0]" in line and "not imported by its name alone" in line, line
+    assert "not installed" in line and "found in the current directory" in line and "--plugin stray_toy" in line
     assert out.splitlines()[-1] == "[]"  # neither torch nor the plugin was imported
 
 

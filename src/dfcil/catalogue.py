@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dfcil.plugins import entry_points, package_of
+from dfcil.plugins import entry_point_outside, entry_points, package_of
 from dfcil.stores import SWITCHES, is_data_free
 
 METHODS_PACKAGE = Path(__file__).resolve().parent / "methods"
@@ -51,6 +51,7 @@ class PluginEntry:
     name: str
     package: str  # "mypkg 0.1"
     module: str  # the entry point's value: the module that registers the method
+    outside: str | None = None  # why its package is not an installed one (then it loads only with consent), in words
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,10 +74,15 @@ def plugin_of(entry: MethodEntry) -> str | None:
 
 
 def plugin_entries(listed: Iterable[str]) -> list[PluginEntry]:
-    """The methods installed packages declare that are not among ``listed`` (the registered ones), by name, read
-    from the packages' metadata: nothing is imported."""
+    """The methods packages on ``sys.path`` declare that are not among ``listed`` (the registered ones), by name,
+    read from the packages' metadata: nothing is imported. A package that is not installed (found in the current
+    directory or on ``PYTHONPATH``: :func:`~dfcil.plugins.entry_point_outside`) says so: its method loads only with
+    the user's consent."""
     listed = set(listed)
-    found = {ep.name: PluginEntry(ep.name, package_of(ep), ep.module) for ep in entry_points("dfcil.methods")}
+    found = {
+        ep.name: PluginEntry(ep.name, package_of(ep), ep.module, entry_point_outside(ep))
+        for ep in entry_points("dfcil.methods")
+    }
     return [entry for name, entry in sorted(found.items()) if name not in listed]
 
 

@@ -456,6 +456,8 @@ def _methods(args: argparse.Namespace) -> int:
         print(f"{entry.name:{width}s}  {entry.stores:{keeps}s}  {entry.summary}{note}")
     for plugin in plugins:
         what = f"(imported when a config names it; dfcil methods --plugin {plugin.module} describes it)"
+        if plugin.outside:  # a config naming it is refused (plugins.load_entry_point): say so here, not at the run
+            what = f"(not imported by its name alone: it {plugin.outside}; allow it with --plugin {plugin.module})"
         print(f"{plugin.name:{width}s}  {'?':{keeps}s}  {what}  [plugin: {plugin.package}]")
     print("\nswitches that change what a method keeps:")
     for switch in switch_entries(entries):
