@@ -449,6 +449,38 @@ def test_stability_points_are_each_groups_last_old_and_new_accuracy_mean_and_std
     assert all(f.stat().st_size > 1000 for f in files)
 
 
+def test_the_stability_figure_takes_the_reports_std_and_each_methods_colour_from_the_other_figures(
+    tmp_path, monkeypatch
+):
+    """`--std sample` drew the stability figure's error bars with the population std all the same, and its colours
+    were matplotlib's cycle by method, not each group's colour in the curves beside it."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_rgb
+
+    from dfcil.analysis import plots
+
+    for order, (old, new) in enumerate([(30.0, 70.0), (33.0, 74.0), (36.0, 72.0)]):
+        write_run(tmp_path, f"rdfcil/o{order}", C100_N10 | {"class_order_seed": order}, RDFCIL,
+                  summary=summary(40.0, 50.0, old=old, new=new))  # fmt: skip
+    write_run(tmp_path, "abd/o0", C100_N10, {"name": "abd"}, summary=summary(30.0, 45.0, old=20.0, new=60.0))
+    groups = group_runs(find_runs([tmp_path]))
+    got = {p.method: (p.new_std, p.old_std) for p in plots.stability_points(groups, "sample")[("cifar100", "n10")]}
+    assert got == {"rdfcil": pytest.approx((2.0, 3.0)), "abd": (0.0, 0.0)}  # sample: √(8/2), √(18/2); one run: 0
+    with pytest.raises(plots.PlotError, match="std 'n'"):
+        plots.stability_points(groups, "n")
+    styles = plots.curve_styles(list(reversed(groups)))  # not the cycle's order: the colours must come from here
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or [])
+    plots.plot_stability(groups, tmp_path / "plots", styles, "sample")
+    ax = figures[0].axes[0]
+    assert ax.get_legend().get_title().get_text() == "after the last task; mean ± sample std over runs"
+    handles, labels = ax.get_legend_handles_labels()
+    colours = {label.split(" ")[0]: to_rgb(h.lines[0].get_color()) for h, label in zip(handles, labels, strict=True)}
+    assert colours == {g.setting.method_label: to_rgb(styles[(g.setting.method_label, g.config_label)].colour)
+                       for g in groups}  # fmt: skip
+    assert colours["rdfcil"] != colours["abd"]
+
+
 def test_long_group_labels_are_wrapped_in_the_figures_without_a_layout_warning(tmp_path):
     """An ablation's labels of several config keys ran across the curves and off the figure, with matplotlib's
     'constrained_layout not applied' on the console (a new-user probe): they are wrapped, and the figure saved."""

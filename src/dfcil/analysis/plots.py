@@ -363,7 +363,8 @@ def _setting_stems(settings: dict[tuple[str, str], Any]) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class StabilityPoint:
     """One group's place in the stability–plasticity plane: after the last task, the accuracy on its new classes
-    (plasticity) and on the classes of the tasks before it (stability), mean and population std over ``n`` runs."""
+    (plasticity) and on the classes of the tasks before it (stability), mean and std (population or sample, the
+    report's ``--std``; 0 where ``n`` is too small for one) over ``n`` runs."""
 
     method: str
     variant: str  # the group's config label (what sets it apart from the method's other groups), "" if none
@@ -388,11 +389,12 @@ def _sweep(groups: Sequence[Group]) -> bool:
     return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
 
-def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[StabilityPoint]]:
+def stability_points(groups: Sequence[Group], std: str = "population") -> dict[tuple[str, str], list[StabilityPoint]]:
     """Per (dataset, protocol), one :class:`StabilityPoint` per group with finished runs of two tasks or more (a
     single task has no old classes), in the groups' order; a method's points are ``joined`` where its groups there
     differ in one numeric key of its recipe only (a sweep of it: :func:`_sweep`), not where they differ otherwise
     (an ablation's switches, an augmentation), whose points joined would draw a trade-off never swept."""
+    ddof = _ddof(std)
     out: dict[tuple[str, str], list[StabilityPoint]] = {}
     series: dict[tuple[str, str, str], list[Group]] = {}
     for g in groups:
@@ -404,10 +406,11 @@ def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[Stab
         if not pairs:
             continue
         new, old = np.array(pairs, dtype=float).T
+        spread = (new.std(ddof=ddof), old.std(ddof=ddof)) if len(pairs) > ddof else (0.0, 0.0)
         point = StabilityPoint(
             g.setting.method_label,
             g.config_label,
-            *map(float, (new.mean(), new.std(), old.mean(), old.std())),
+            *map(float, (new.mean(), spread[0], old.mean(), spread[1])),
             len(pairs),
             (g.setting.dataset, g.setting.protocol_label, g.setting.method_label) in swept,
         )
@@ -415,11 +418,17 @@ def stability_points(groups: Sequence[Group]) -> dict[tuple[str, str], list[Stab
     return out
 
 
-def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
+def plot_stability(
+    groups: Sequence[Group],
+    out_dir: Path,
+    styles: dict[tuple[str, str], CurveStyle] | None = None,
+    std: str = "population",
+) -> list[Path]:
     """One figure per dataset and protocol of :func:`stability_points`: new-class accuracy (x) against old-class
-    accuracy (y) after the last task, error bars of one std over each group's runs, a method's points joined where
-    they are a sweep of one key."""
-    files, settings = [], stability_points(groups)
+    accuracy (y) after the last task, error bars of one ``std`` over each group's runs, a method's points joined
+    where they are a sweep of one key; each method in the colour and marker of its first group's
+    :class:`CurveStyle` (``styles``: the other figures'), else of matplotlib's cycle."""
+    files, settings = [], stability_points(groups, std)
     for ((dataset, protocol), points), stem in zip(settings.items(), _setting_stems(settings), strict=True):
         fig = _figure(figsize=(6.4, 4.8), layout="constrained")
         ax = fig.add_subplot()
@@ -431,18 +440,19 @@ def plot_stability(groups: Sequence[Group], out_dir: Path) -> list[Path]:
             x, y = [p.new_mean for p in same], [p.old_mean for p in same]
             xerr, yerr = [p.new_std for p in same], [p.old_std for p in same]
             runs = "/".join(sorted({str(p.n) for p in same}))
-            fmt = "-o" if all(p.joined for p in same) else "o"
-            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=fmt, color=f"C{i % 10}", capsize=3, markersize=4,
-                        label=f"{method} (n={runs})")  # fmt: skip
+            style = (styles or {}).get((method, methods[method][0].variant))
+            colour, marker = (style.colour, style.marker) if style else (f"C{i % 10}", "o")
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=marker, linestyle="-" if all(p.joined for p in same) else "",
+                        color=colour, capsize=3, markersize=4, label=f"{method} (n={runs})")  # fmt: skip
             for j, p in enumerate(same):  # a sweep's neighbouring labels alternate above and below their points
                 if p.variant:
                     ax.annotate(wrapped(p.variant, 32), (p.new_mean, p.old_mean), textcoords="offset points",
-                                xytext=(4, 4 if j % 2 == 0 else -11), fontsize=7, color=f"C{i % 10}")  # fmt: skip
+                                xytext=(4, 4 if j % 2 == 0 else -11), fontsize=7, color=colour)  # fmt: skip
         ax.set(xlabel="new classes: accuracy on the last task's classes (%)",
                ylabel="old classes: accuracy on the earlier tasks' classes (%)",
                title=f"{dataset}, {protocol}: stability against plasticity")  # fmt: skip
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, title="after the last task; mean ± std over runs", title_fontsize=8)
+        ax.legend(fontsize=8, title=f"after the last task; mean ± {_std_words(std)} over runs", title_fontsize=8)
         files += _save(fig, out_dir / "stability" / stem)
     return files
 
@@ -562,7 +572,7 @@ def write_plots(
     try:
         styles = curve_styles([g for same in _by_setting(groups).values() for g in same])
         files = plot_curves(groups, out_dir, styles, std) + plot_first_task(groups, out_dir, styles, std)
-        files += plot_stability(groups, out_dir)
+        files += plot_stability(groups, out_dir, styles, std)
         files += plot_against(groups, pairs, out_dir, styles, std) if pairs else []
         runs = [r for g in groups for r in g.runs]
         for run, stem in zip(runs, figure_stems([r.name for r in runs]), strict=True):
