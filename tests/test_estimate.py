@@ -211,7 +211,23 @@ def test_a_phase_first_trained_in_a_later_task_is_timed_there():
     assert train > seconds_by_part(estimate.plan, estimate.step_s)["evaluation"]
     # a run whose every phase trains in tasks 0 and 1 is timed there only, as before
     every = estimate_run(_smoke("joint")[2], engine.fit_task, engine.task_context, steps=1, budget_s=0.1)
-    assert every.tasks == (0, 1)
+    assert every.tasks == (0, 1) and "later tasks' steps taken as task 1's; " in every.lines()[1]
+    assert "(a phase first trained later: that task's)" in how
+    # a method whose later task's start needs the tasks the timing skips: said, and the run is not stopped
+    _, _, loop = _smoke("joint", over)
+    start = loop.method.on_task_start
+
+    def needs_earlier_tasks(ctx):
+        if ctx.task_id >= 2:
+            raise RuntimeError("statistics of task 2\nmore")
+        start(ctx)
+
+    loop.method.on_task_start = needs_earlier_tasks
+    cut = estimate_run(loop, engine.fit_task, engine.task_context, steps=1, budget_s=0.1)
+    assert cut.tasks == (0, 1) and untimed(cut.plan, cut.step_s) == ["train"]
+    said = cut.lines()[1]
+    assert "train not timed in task 3, the first to train it (RuntimeError: statistics of task 2)" in said
+    assert "not timed (counted as nothing): train" in said
 
 
 def test_compiled_steps_are_timed_eagerly_and_said_so():

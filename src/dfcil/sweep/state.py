@@ -84,7 +84,7 @@ class Sweep:
 
     def table(self) -> str:
         lines = ["| run | state | attempts | time (s) | A_N |", "|---|---|---:|---:|---:|"]
-        own = False  # a finished run that no sweep timed (finished before, by `dfcil resume` or another sweep)
+        own = False  # a run finished before this invocation (by it earlier, `dfcil resume`, another machine)
         for r in self.runs:
             acc = f"{r.result['last_acc']:.2f}" if r.result else "—"
             t = f"{r.time_s:.0f}" if r.time_s is not None else "—"
@@ -96,7 +96,7 @@ class Sweep:
             counts[r.state] = counts.get(r.state, 0) + 1
         lines.append("")
         if own:
-            lines.append("*: the run's own time (its summary.json's total_time_s), finished before this sweep timed it")
+            lines.append("*: the run's own time (its summary.json's total_time_s): it finished before this invocation")
         lines.append(
             ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f"; {time.time() - self.started:.0f} s in all"
         )

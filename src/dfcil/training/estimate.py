@@ -7,7 +7,8 @@ training steps (epochs × batches per epoch), the method's work at the phases' a
 (:func:`seconds_by_part`, :func:`seconds_left`), measured
 
 * before the run by :func:`estimate_run`: a few steps of each kind timed on a throwaway build of the run, in task 0
-  and in the first incremental task (the later tasks' steps are taken to be as fast as that one's);
+  and in the first incremental task (the later tasks' steps are taken to be as fast as that one's), and a phase that
+  first trains after it in the first task that trains it (joint trained in the last task only);
 * while it runs by :class:`RunClock`: each kind's seconds so far in the run, the estimate's (or nothing) for a kind
   that has not run yet.
 
@@ -172,7 +173,7 @@ class RunEstimate:
             f"expected time on this machine ({self.device}): about {rough_duration(self.total_s)} "
             f"(±{percent} %): {shown or 'nothing to train'}",
             f"  from up to {self.timed} steps of each kind timed after a warm-up, in {in_tasks(self.tasks)} "
-            f"({self.seconds:.1f}s); ±: those steps' spread; later tasks' steps taken as task 1's; "
+            f"({self.seconds:.1f}s); ±: those steps' spread; later tasks' steps taken as {as_timed(self.tasks)}; "
             f"not counted: checkpoints and logs{''.join(f'; {n}' for n in notes)}",
         ]
 
@@ -182,6 +183,11 @@ def in_tasks(tasks: Sequence[int]) -> str:
     if len(tasks) <= 2:
         return " and ".join(f"task {t}" for t in tasks)
     return f"tasks {', '.join(map(str, tasks[:-1]))} and {tasks[-1]}"
+
+
+def as_timed(tasks: Sequence[int]) -> str:
+    """Whose steps the untimed tasks' take: task 1's, and a later timed task's for the phases first trained there."""
+    return "task 1's" if len(tasks) <= 2 else "task 1's (a phase first trained later: that task's)"
 
 
 class _Enough(Exception):
@@ -239,12 +245,12 @@ ContextOf = Callable[[Loop, int], TaskContext]
 
 def measure(
     loop: Loop, fit_task: FitTask, task_context: ContextOf, steps: int = 3, budget_s: float = 2.0
-) -> tuple[dict[str, tuple[float, ...]], tuple[int, ...]]:
+) -> tuple[dict[str, tuple[float, ...]], tuple[int, ...], tuple[str, ...]]:
     """Seconds of a few steps of each kind of tasks 0 and 1 of the freshly built run ``loop`` (which it trains a
     little: a throwaway), by kind (:func:`kind_of`): each task's start and end, its inversion steps (stopped after a
     few), its phases' training steps (a few of each, through ``fit_task``, the engine's own phase loop; a phase that
     trains first in a later task, in that task: :func:`_later_phases`), and the evaluation's seconds per test image
-    (one batch). Returns them and the tasks whose steps were timed."""
+    (one batch). Returns them, the tasks whose steps were timed, and what could not be timed, in words."""
     device = loop.runtime.device
     graphs = loop.runtime.graphs == "on" and device.type == "cuda"
     warmup = 4 if graphs else 1  # with CUDA graphs: StepGraph's two eager steps, its capture and a first replay
@@ -280,37 +286,42 @@ def measure(
         watch.start()
         method.on_task_end(ctx)
         samples[kind_of(t, END)] = ((end + watch.elapsed()) / units_of(method, ctx),)
-    later = _later_phases(loop, fit_task, task_context, watch, samples)
+    later, notes = _later_phases(loop, fit_task, task_context, watch, samples)
     samples[EVALUATION] = _evaluation(loop, watch)
-    return samples, (*range(min(2, loop.protocol.split.num_tasks)), *([later] if later is not None else []))
+    return samples, (*range(min(2, loop.protocol.split.num_tasks)), *later), tuple(notes)
 
 
 def _later_phases(
     loop: Loop, fit_task: FitTask, task_context: ContextOf, watch: Stopwatch, samples: dict[str, tuple[float, ...]]
-) -> int | None:
-    """Time the steps of a phase that no task before the third trains (joint trained in the last task only), in the
-    first task that trains it, the tasks between only growing the head (their training is not what is timed): else
-    those steps, often most of the run, would be counted as nothing. Returns that task, or None (no such phase)."""
+) -> tuple[list[int], list[str]]:
+    """Time the steps of each phase that no task before the third trains (joint trained in the last task only) in
+    the first task that trains it, the tasks between only growing the head (their training is not what is timed):
+    else those steps, often most of the run, would be counted as nothing. Returns the tasks timed, and a note where
+    one could not be: a method whose task start needs the tasks before it (which the timing skips) stops the timing
+    there, its phase then counted as nothing and said so, rather than the run."""
     method, state, split = loop.method, loop.state, loop.protocol.split
-
-    def untimed_phases(t: int) -> list[Phase]:
+    timed: list[int] = []
+    for t in range(2, split.num_tasks):
         task = Task(task_id=t, n_old=split.offsets[t], n_new=split.task_sizes[t], num_tasks=split.num_tasks)
-        return [p for p in method.phases(task) if p.epochs and kind_of(t, p.name) not in samples]
-
-    later = next((t for t in range(2, split.num_tasks) if untimed_phases(t)), None)
-    if later is None:
-        return None
-    for t in range(2, later):
-        loop.net.expand(split.task_sizes[t])
-    ctx = loop.ctx = task_context(loop, later)
-    loop.net.expand(ctx.n_new)
-    method.on_task_start(ctx)
-    for phase in untimed_phases(later):
-        state.position, state.epoch, state.optimizer, loop.graph = Position(later, "setup"), None, None, None
-        with contextlib.suppress(_Enough):
-            fit_task(loop, ctx, [phase])
-        samples[kind_of(later, phase.name)] = watch.timed()
-    return later
+        phases = [p for p in method.phases(task) if p.epochs and kind_of(t, p.name) not in samples]
+        if not phases:
+            loop.net.expand(task.n_new)
+            continue
+        try:
+            ctx = loop.ctx = task_context(loop, t)
+            loop.net.expand(ctx.n_new)
+            method.on_task_start(ctx)
+            for phase in phases:
+                state.position, state.epoch, state.optimizer, loop.graph = Position(t, "setup"), None, None, None
+                with contextlib.suppress(_Enough):
+                    fit_task(loop, ctx, [phase])
+                samples[kind_of(t, phase.name)] = watch.timed()
+        except Exception as err:  # noqa: BLE001 - a throwaway's timing: said in the estimate, never the run's end
+            first = str(err).splitlines()[0] if str(err) else ""
+            names = ", ".join(p.name for p in phases)
+            return timed, [f"{names} not timed in task {t}, the first to train it ({type(err).__name__}: {first})"]
+        timed.append(t)
+    return timed, []
 
 
 @torch.no_grad()
@@ -368,10 +379,10 @@ def estimate_run(
     stretches = tuple(plan(loop))
     busy = busy_note(loop.runtime.device)  # before this process's own timing adds to the load
     with process_state_kept(), quiet():
-        samples, tasks = measure(loop, fit_task, task_context, steps, budget_s)
+        samples, tasks, missed = measure(loop, fit_task, task_context, steps, budget_s)
     return RunEstimate(
         device_name(loop.runtime.device), stretches, samples, steps, time.perf_counter() - started,
-        (*notes, *([busy] if busy else [])), tasks,
+        (*notes, *([busy] if busy else []), *missed), tasks,
     )  # fmt: skip
 
 
