@@ -256,7 +256,7 @@ def measure(
     warmup = 4 if graphs else 1  # with CUDA graphs: StepGraph's two eager steps, its capture and a first replay
     watch = Stopwatch(device, warmup, steps, budget_s)
     loop.callbacks = [watch]
-    method, state = loop.method, loop.state
+    method = loop.method
     samples: dict[str, tuple[float, ...]] = {}
     for t in range(min(2, loop.protocol.split.num_tasks)):
         ctx = loop.ctx = task_context(loop, t)
@@ -272,12 +272,7 @@ def measure(
             samples[kind_of(t, INVERSION)] = watch.timed()
         end = 0.0
         for phase in phases:
-            state.position, state.epoch, state.optimizer, loop.graph = Position(t, "setup"), None, None, None
-            try:
-                fit_task(loop, ctx, [phase])  # a phase shorter than its timing: run whole, its end work included
-                cut = False
-            except _Enough:
-                cut = True
+            cut = _fit_phase(loop, fit_task, ctx, phase)  # shorter than its timing: run whole, end work included
             samples[kind_of(t, phase.name)] = watch.timed()
             if cut:  # the method's work at the phase's end (statistics, drift): the next task may need it
                 watch.start()
@@ -291,6 +286,18 @@ def measure(
     return samples, (*range(min(2, loop.protocol.split.num_tasks)), *later), tuple(notes)
 
 
+def _fit_phase(loop: Loop, fit_task: FitTask, ctx: TaskContext, phase: Phase) -> bool:
+    """Train ``phase`` of task ``ctx`` from its start through the engine's own phase loop until the stopwatch has
+    enough laps; returns whether it was cut there (False: the phase ran whole, its end work included)."""
+    state = loop.state
+    state.position, state.epoch, state.optimizer, loop.graph = Position(ctx.task_id, "setup"), None, None, None
+    try:
+        fit_task(loop, ctx, [phase])
+    except _Enough:
+        return True
+    return False
+
+
 def _later_phases(
     loop: Loop, fit_task: FitTask, task_context: ContextOf, watch: Stopwatch, samples: dict[str, tuple[float, ...]]
 ) -> tuple[list[int], list[str]]:
@@ -299,7 +306,7 @@ def _later_phases(
     else those steps, often most of the run, would be counted as nothing. Returns the tasks timed, and a note where
     one could not be: a method whose task start needs the tasks before it (which the timing skips) stops the timing
     there, its phase then counted as nothing and said so, rather than the run."""
-    method, state, split = loop.method, loop.state, loop.protocol.split
+    method, split = loop.method, loop.protocol.split
     timed: list[int] = []
     for t in range(2, split.num_tasks):
         task = Task(task_id=t, n_old=split.offsets[t], n_new=split.task_sizes[t], num_tasks=split.num_tasks)
@@ -312,9 +319,7 @@ def _later_phases(
             loop.net.expand(ctx.n_new)
             method.on_task_start(ctx)
             for phase in phases:
-                state.position, state.epoch, state.optimizer, loop.graph = Position(t, "setup"), None, None, None
-                with contextlib.suppress(_Enough):
-                    fit_task(loop, ctx, [phase])
+                _fit_phase(loop, fit_task, ctx, phase)
                 samples[kind_of(t, phase.name)] = watch.timed()
         except Exception as err:  # noqa: BLE001 - a throwaway's timing: said in the estimate, never the run's end
             first = str(err).splitlines()[0] if str(err) else ""
