@@ -55,6 +55,30 @@ def test_sigmoid_bce_kd():
     torch.testing.assert_close(torch.autograd.grad(loss, wrong)[0], torch.tensor([[1.0, -0.5]]))
 
 
+def test_sigmoid_bce_kd_on_a_static_head_equals_it_on_the_seen_columns():
+    """A static head (capacity 7, classes 0-3 old, 4-5 new, column 6 unseen and masked): the teacher's logits cover
+    every column, and the old-class mask picks its targets; the masked column adds exactly 0, so the loss and its
+    gradient are those of the growing head's 6 columns. Fails where the teacher's full width is taken as old."""
+    from dfcil.models.heads import MASKED_LOGIT
+
+    g = torch.Generator().manual_seed(1)
+    logits, teacher = torch.randn(5, 6, generator=g), torch.randn(5, 4, generator=g)
+    labels = torch.tensor([4, 5, 4, 5, 5])
+    pad = torch.full((5, 1), MASKED_LOGIT)
+    wide = torch.cat((logits, pad), dim=1).requires_grad_()
+    wide_teacher = torch.cat((teacher, torch.full((5, 3), MASKED_LOGIT)), dim=1)  # the old head masks 4, 5 and 6
+    old = torch.tensor([True] * 4 + [False] * 3)
+    growing = logits.clone().requires_grad_()
+    want = sigmoid_bce_kd(growing, labels, teacher)
+    got = sigmoid_bce_kd(wide, labels, wide_teacher, old)
+    torch.testing.assert_close(got, want)
+    (g_want,), (g_got,) = torch.autograd.grad(want, growing), torch.autograd.grad(got, wide)
+    torch.testing.assert_close(g_got[:, :6], g_want)
+    assert (g_got[:, 6] == 0).all()
+    # an int (a growing head's old-column count) keeps the teacher's own width, as before
+    torch.testing.assert_close(sigmoid_bce_kd(logits, labels, teacher, 4), want.detach())
+
+
 def test_head_feature_kd():
     w = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
     # d = W (f_s - f_t) = [1, 2]: mean of squares over the 2 old classes = 2.5

@@ -100,7 +100,7 @@ def _run(method: str, static: bool, *extra: tuple[str, str]):
     return run(cfg, options=RunOptions(progress=False)), cfg
 
 
-@pytest.mark.parametrize("method", ["rdfcil", pytest.param("finetune", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", ["rdfcil", "lwf_mc", pytest.param("finetune", marks=pytest.mark.slow)])
 def test_static_head_run_equals_growing_head_run(method: str) -> None:
     """The smoke preset with each head: the same accuracy matrix, and the same weights within rounding (a wider
     matrix product or softmax may sum in another order). Not R-DFCIL+: its anti-collapse term (a Cholesky factor

@@ -247,7 +247,7 @@ def test_dpcr_static_head_keeps_its_graph_promise(dpcr_static_run) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dpcr", "lwf"])
+@pytest.mark.parametrize("name", ["dpcr", "lwf", "lwf_mc"])
 def test_compile_step_compiles_once_per_phase_kind_and_keeps_the_results(name: str, monkeypatch) -> None:
     """Three tasks of the smoke preset with ``engine.compile: step`` (dynamo, eager backend): task 0 compiles the
     first task's step (no teacher), task 1 the step with the teacher, task 2 nothing; the compiled run's results

@@ -100,7 +100,9 @@ def kd_soft_ce(
     return -(target * log_p).sum(dim=1).mean()
 
 
-def sigmoid_bce_kd(logits: Tensor, y: Tensor, teacher_logits: Tensor | None = None) -> Tensor:
+def sigmoid_bce_kd(
+    logits: Tensor, y: Tensor, teacher_logits: Tensor | None = None, old: int | Tensor | None = None
+) -> Tensor:
     """LwF.MC's loss as ABD's code computes it (``LWF_MC``): per-class sigmoids, binary CE summed over classes and
     samples, divided by the batch size.
 
@@ -115,10 +117,16 @@ def sigmoid_bce_kd(logits: Tensor, y: Tensor, teacher_logits: Tensor | None = No
         logits: (B, K) student logits over the seen classes.
         y: (B,) labels in [0, K).
         teacher_logits: (B, K_t) the old model's logits, K_t ≤ K, or None on the first task.
+        old: a static head's (K,) boolean mask of the old classes' columns (``IncrementalNet.old_and_new``), the
+            teacher's logits then (B, K) too: the targets are the teacher's sigmoids where it is set, so that the
+            shapes never change between tasks. A masked (unseen) column's logit (``MASKED_LOGIT``) against its
+            target 0 adds exactly 0. An int (a growing head's old-column count) or None: the first K_t columns.
     """
     # one-hot without F.one_hot, which reads max(y) on the host (no CUDA graph could capture the step)
     target = (y.unsqueeze(1) == torch.arange(logits.shape[1], device=y.device)).float()
-    if teacher_logits is not None:
+    if teacher_logits is not None and isinstance(old, Tensor):
+        target = torch.where(old, torch.sigmoid(teacher_logits.float()), target)
+    elif teacher_logits is not None:
         k = teacher_logits.shape[1]
         target = torch.cat((torch.sigmoid(teacher_logits.float()), target[:, k:]), dim=1)
     bce = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="sum")

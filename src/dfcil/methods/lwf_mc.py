@@ -20,6 +20,7 @@ class LwFMCConfig(MethodConfig):
 @register_method(
     "lwf_mc",
     graph_safe=True,  # its step replays as a CUDA graph (checked by tests/test_graphs.py)
+    static_head=True,  # the teacher's targets through the head's old-class mask when it is static
 )
 class LwFMC(TeacherMethod):
     """LwF.MC (Rebuffi et al., 2017): per-class sigmoid BCE, the old classes' targets from the old model.
@@ -32,8 +33,9 @@ class LwFMC(TeacherMethod):
 
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         logits = net(batch.x).logits
-        old = self.teacher.logits(batch.x)  # (B, n_old), None on the first task
-        return {"bce": sigmoid_bce_kd(logits, batch.y, old)}  # one term: ABD logs no separate KD
+        teacher = self.teacher.logits(batch.x)  # (B, n_old), a static head's (B, capacity); None on the first task
+        old, _ = net.old_and_new(ctx.n_old)
+        return {"bce": sigmoid_bce_kd(logits, batch.y, teacher, old)}  # one term: ABD logs no separate KD
 
     def task0_signature(self) -> str | None:
         return "sigmoid-bce"  # one-hot BCE over the first task's classes: its own first-task model
