@@ -124,11 +124,10 @@ def sigmoid_bce_kd(
     """
     # one-hot without F.one_hot, which reads max(y) on the host (no CUDA graph could capture the step)
     target = (y.unsqueeze(1) == torch.arange(logits.shape[1], device=y.device)).float()
-    if teacher_logits is not None and isinstance(old, Tensor):
-        target = torch.where(old, torch.sigmoid(teacher_logits.float()), target)
-    elif teacher_logits is not None:
-        k = teacher_logits.shape[1]
-        target = torch.cat((torch.sigmoid(teacher_logits.float()), target[:, k:]), dim=1)
+    if teacher_logits is not None:
+        soft = torch.sigmoid(teacher_logits.float())
+        masked = isinstance(old, Tensor)  # the static head's mask, else the first K_t columns
+        target = torch.where(old, soft, target) if masked else torch.cat((soft, target[:, soft.shape[1] :]), dim=1)
     bce = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="sum")
     return bce / logits.shape[0]
 
