@@ -176,7 +176,7 @@ def test_every_module_imports_alone_and_the_light_ones_stay_light():
     that the order of imports hides would fail here), and what it pulls in is what the layering promises."""
     code = textwrap.dedent(f"""
         import importlib, sys
-        failed, loaded = [], {{}}
+        failed, loaded, compiler = [], {{}}, None
         for name in {sorted(MODULES)!r}:
             for m in [m for m in sys.modules if m == "dfcil" or m.startswith("dfcil.")]:
                 del sys.modules[m]
@@ -185,11 +185,16 @@ def test_every_module_imports_alone_and_the_light_ones_stay_light():
             except Exception as err:
                 failed.append(f"{{name}}: {{err!r}}")
             loaded[name] = sorted(m for m in sys.modules if m.startswith("dfcil."))
-        print(repr((failed, loaded)))
+            if "torch._dynamo" in sys.modules and not compiler:
+                compiler = name
+        print(repr((failed, loaded, compiler)))
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    failed, loaded = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's repr
+    failed, loaded, compiler = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own subprocess's repr
     assert failed == []
+    # the compiler (torch._dynamo) is imported by engine.compile only: seconds of every run's start-up otherwise
+    # (R-DFCIL+'s @torch.compiler.disable did, 2.3 s of `import dfcil.methods`' 6)
+    assert compiler is None, f"importing {compiler} imports torch._dynamo: use Runtime.eager, not a decorator"
     assert (
         "dfcil.training.engine" not in loaded["dfcil.analysis.tools"]
         and "dfcil.runs.runner" not in loaded["dfcil.analysis.tools"]

@@ -160,6 +160,15 @@ class RDFCILPlus(RDFCIL):
         self.classifier = CLASSIFIERS[cfg.classifier](cfg, self.memory)
         self.pseudo = PseudoReplay(cfg.pseudo) if cfg.pseudo_replay != "off" else None
         self.cycle: CycleDistiller | None = None  # the task's distiller (tasks > 0, method.cycle)
+        self.pseudo_eager, self.replay_eager = self._pseudo_images, self._replay  # bound per run: _keep_eager
+
+    def _keep_eager(self, ctx: TaskContext) -> None:
+        """The pseudo-replay and the memory's replay, kept out of ``engine.compile: step``'s graphs (run eagerly
+        between them) by the run's runtime, bound at each task's start and at a resume. Not a decorator:
+        ``torch.compiler.disable`` imports the compiler, seconds of start-up for every process that imports the
+        methods (each run of ``dfcil train``, ``resume``, ``eval``, a sweep's), with or without ``engine.compile``."""
+        self.pseudo_eager = ctx.runtime.eager(self._pseudo_images)
+        self.replay_eager = ctx.runtime.eager(self._replay)
 
     @property
     def eager_reason(self) -> str:
@@ -177,6 +186,7 @@ class RDFCILPlus(RDFCIL):
 
     def on_task_start(self, ctx: TaskContext) -> None:
         super().on_task_start(ctx)  # the old model's snapshot from the second task on
+        self._keep_eager(ctx)
         if self.pseudo is not None and len(self.memory):  # the stored Gaussians are in the old model's space
             self.pseudo.begin(ctx, self.teacher, self.memory.means, self.memory.covs)
         rows, d = 2 * self.train.batch_size, ctx.net.feature_dim  # [real; synthetic]
@@ -210,12 +220,11 @@ class RDFCILPlus(RDFCIL):
             return super().old_inputs(batch_size, ctx)
         if not len(self.pseudo):  # no stored class to start from (a task's start found the memory empty)
             raise ValueError("rdfcil_plus: the pseudo-replay has no candidates: no old class has statistics")
-        pseudo = self._pseudo_images(ctx)
+        pseudo = self.pseudo_eager(ctx)
         return pseudo if self.cfg.pseudo_replay == "only" else torch.cat([super().old_inputs(batch_size, ctx), pseudo])
 
-    # Outside engine.compile: step's graphs: the candidates' order is kept on the host, and the perturbation takes
-    # gradients of the old model with respect to its input
-    @torch.compiler.disable
+    # Outside engine.compile: step's graphs (_keep_eager): the candidates' order is kept on the host, and the
+    # perturbation takes gradients of the old model with respect to its input
     def _pseudo_images(self, ctx: TaskContext) -> Tensor:
         return self.pseudo.sample(ctx, self.teacher)
 
@@ -240,12 +249,12 @@ class RDFCILPlus(RDFCIL):
     def training_step(self, net: IncrementalNet, batch: Batch, ctx: TaskContext, phase: Phase) -> dict[str, Tensor]:
         terms = super().training_step(net, batch, ctx, phase)
         if phase.name == "chr" and self.cfg.replay:
-            terms |= self._replay(net, len(batch.x), ctx)
+            terms |= self.replay_eager(net, len(batch.x), ctx)
         return terms
 
-    # Outside engine.compile: step's graphs: the replayed classes and the memory grow with every task, so a compiled
-    # replay would compile again in each (its few small ops lose nothing eager, and a CUDA graph replays them still)
-    @torch.compiler.disable
+    # Outside engine.compile: step's graphs (_keep_eager): the replayed classes and the memory grow with every task,
+    # so a compiled replay would compile again in each (its few small ops lose nothing eager, and a CUDA graph
+    # replays them still)
     def _replay(self, net: IncrementalNet, batch_size: int, ctx: TaskContext) -> dict[str, Tensor]:
         """Features sampled from the old classes' Gaussians, class-uniform, ``replay_ratio`` per real image, and the
         head's CE on them."""
@@ -262,6 +271,7 @@ class RDFCILPlus(RDFCIL):
 
     def load_state_dict(self, state: dict[str, Any], ctx: TaskContext, static: dict[str, Any] | None = None) -> None:
         super().load_state_dict(state, ctx, static)
+        self._keep_eager(ctx)
         self.cycle = None
         if "cycle" in state:  # inside a task: its distiller and moments as the checkpoint left them (nothing drawn)
             self.cycle = self._cycle_distiller(ctx.net.feature_dim, ctx.device, None)
